@@ -1,0 +1,94 @@
+#include "core/thread_pool.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+
+namespace substrate {
+
+ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
+  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::RunChunks(int thread_index) {
+  for (;;) {
+    int64_t begin = next_.fetch_add(chunk_);
+    if (begin >= n_) break;
+    (*job_)(begin, std::min(n_, begin + chunk_), thread_index);
+  }
+}
+
+void ThreadPool::WorkerLoop(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+    }
+    RunChunks(index);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--pending_workers_ == 0) done_cv_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::ParallelFor(int64_t n, int64_t grain,
+                             const std::function<void(int64_t, int64_t, int)>& fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  if (n_threads_ == 1 || n <= grain) {
+    fn(0, n, 0);
+    return;
+  }
+  // About 4 chunks per thread balances load without much contention on next_.
+  int64_t chunk = std::max(grain, (n + 4 * n_threads_ - 1) / (4 * n_threads_));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = &fn;
+    n_ = n;
+    chunk_ = chunk;
+    next_.store(0);
+    pending_workers_ = n_threads_ - 1;
+    ++generation_;
+  }
+  wake_.notify_all();
+  RunChunks(0);
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] { return pending_workers_ == 0; });
+  job_ = nullptr;
+}
+
+namespace {
+std::unique_ptr<ThreadPool>& DefaultPoolStorage() {
+  static std::unique_ptr<ThreadPool> pool;
+  return pool;
+}
+}  // namespace
+
+ThreadPool& ThreadPool::Default() {
+  auto& pool = DefaultPoolStorage();
+  if (!pool) {
+    int n = static_cast<int>(std::thread::hardware_concurrency());
+    if (const char* env = std::getenv("SUBSTRATE_THREADS")) n = std::atoi(env);
+    pool = std::make_unique<ThreadPool>(std::max(1, n));
+  }
+  return *pool;
+}
+
+void ThreadPool::SetDefaultThreads(int n_threads) {
+  DefaultPoolStorage() = std::make_unique<ThreadPool>(std::max(1, n_threads));
+}
+
+}  // namespace substrate

@@ -1,0 +1,55 @@
+// ThreadPool: a fixed set of workers created once; ParallelFor splits an index range among them
+// and the calling thread, without creating threads per op (the token loop calls this hundreds of
+// times per token, so dispatch must cost microseconds, not a thread start).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace substrate {
+
+class ThreadPool {
+ public:
+  // n_threads counts the caller: ThreadPool(1) runs everything on the calling thread.
+  explicit ThreadPool(int n_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  // Calls fn(begin, end, thread_index) over [0, n) in chunks of at least `grain` items.
+  // Returns when all chunks are done. Not reentrant: fn must not call ParallelFor.
+  void ParallelFor(int64_t n, int64_t grain,
+                   const std::function<void(int64_t, int64_t, int)>& fn);
+
+  // A process-wide pool, sized on first use (SUBSTRATE_THREADS or hardware concurrency).
+  static ThreadPool& Default();
+  static void SetDefaultThreads(int n_threads);
+
+ private:
+  void WorkerLoop(int index);
+  void RunChunks(int thread_index);
+
+  int n_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::condition_variable done_cv_;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  int pending_workers_ = 0;
+
+  // The job of the current generation.
+  const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
+  int64_t n_ = 0;
+  int64_t chunk_ = 1;
+  std::atomic<int64_t> next_{0};
+};
+
+}  // namespace substrate

@@ -1,0 +1,101 @@
+// The residency contract: the only way a forward pass reaches weight bytes.
+//
+// An op asks for the tensors it needs (at a tier, optionally one expert slice) and gets handles
+// that stay valid until released. Whether the bytes came from RAM, a read from disk or an expert
+// cache is the WeightSource's business, not the op's. This is what lets one forward pass run
+// fully resident (ResidentWeightSource, model/), layer-streamed or expert-streamed (runtime/).
+//
+// Tensor names are GGUF's canonical names ("blk.5.attn_q.weight") whatever the file format;
+// op ids ("block_5.attn", "block_5.moe.expert_17", "output") are the shared contract with the
+// compiler, store and runtime (see model/op_id.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "core/status.h"
+#include "format/dtype.h"
+
+namespace substrate {
+
+struct TensorInfo;  // format/: name, ne, type, file ranges
+
+// Index of a tensor in a WeightSource, resolved once from its name (no string work per token).
+using TensorId = int32_t;
+constexpr TensorId kNoTensor = -1;
+
+// Bytes of one tensor (or one slice of its outermost dimension) at a tier.
+struct WeightView {
+  DType type = DType::kF32;
+  const uint8_t* data = nullptr;  // tier-0 bytes (the skeleton)
+  uint64_t bytes = 0;
+  int64_t rows = 0;               // product of ne[1..] of the viewed part
+  int64_t cols = 0;               // ne[0], the contiguous dimension
+  // Residual tiers: tier k adds residual[0..k-1] (same shape, their own types) to the skeleton.
+  int n_residuals = 0;
+  DType residual_type[2] = {DType::kF32, DType::kF32};
+  const uint8_t* residual[2] = {nullptr, nullptr};
+};
+
+class WeightSource;
+
+// RAII: releases the view back to its source when destroyed.
+class WeightHandle {
+ public:
+  WeightHandle() = default;
+  WeightHandle(WeightSource* source, WeightView view, uint64_t token)
+      : source_(source), view_(view), token_(token) {}
+  WeightHandle(WeightHandle&& o) noexcept { *this = std::move(o); }
+  WeightHandle& operator=(WeightHandle&& o) noexcept;
+  WeightHandle(const WeightHandle&) = delete;
+  WeightHandle& operator=(const WeightHandle&) = delete;
+  ~WeightHandle() { Release(); }
+
+  const WeightView& view() const { return view_; }
+  const WeightView* operator->() const { return &view_; }
+  void Release();
+
+ private:
+  WeightSource* source_ = nullptr;
+  WeightView view_;
+  uint64_t token_ = 0;  // source-defined (slot index, cache entry...)
+};
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+
+  // The tensor's id, or kNoTensor when the model has no such tensor.
+  virtual TensorId Resolve(const std::string& name) const = 0;
+  virtual const TensorInfo& Info(TensorId id) const = 0;
+
+  // slice >= 0 selects one index of the outermost dimension (an expert of a 3-D expert tensor).
+  // tier 0 is the skeleton; a source without residual tiers serves tier 0 for any tier.
+  virtual Expected<WeightHandle> Acquire(TensorId id, int slice = -1, int tier = 0) = 0;
+
+  // Op boundaries, in topological order: a streaming source prefetches and evicts by them.
+  virtual void BeginOp(const std::string& op_id) {}
+  virtual void EndOp(const std::string& op_id) {}
+
+ protected:
+  friend class WeightHandle;
+  virtual void ReleaseView(const WeightView& view, uint64_t token) {}
+};
+
+inline WeightHandle& WeightHandle::operator=(WeightHandle&& o) noexcept {
+  if (this != &o) {
+    Release();
+    source_ = std::exchange(o.source_, nullptr);
+    view_ = o.view_;
+    token_ = o.token_;
+  }
+  return *this;
+}
+
+inline void WeightHandle::Release() {
+  if (source_) source_->ReleaseView(view_, token_);
+  source_ = nullptr;
+}
+
+}  // namespace substrate

@@ -1,0 +1,70 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <vector>
+
+#include "core/file_io.h"
+#include "core/status.h"
+#include "core/thread_pool.h"
+
+namespace substrate {
+
+Expected<int> Half(int x) {
+  if (x % 2) return InvalidArgument("odd: " + std::to_string(x));
+  return x / 2;
+}
+
+Status Quarter(int x, int* out) {
+  ASSIGN_OR_RETURN(int h, Half(x));
+  ASSIGN_OR_RETURN(int q, Half(h));
+  *out = q;
+  return Status::Ok();
+}
+
+TEST(Status, PropagatesThroughMacros) {
+  int q = 0;
+  EXPECT_TRUE(Quarter(8, &q).ok());
+  EXPECT_EQ(q, 2);
+  Status s = Quarter(6, &q);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.ToString(), "Invalid argument: odd: 3");
+}
+
+TEST(ThreadPool, CoversEveryIndexOnce) {
+  ThreadPool pool(3);
+  for (int64_t n : {1, 7, 1000, 4097}) {
+    std::vector<std::atomic<int>> hits(n);
+    pool.ParallelFor(n, 16, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) hits[i]++;
+    });
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
+  }
+}
+
+TEST(FileIO, AtomicWriteAndBoundedReads) {
+  std::string path = testing::TempDir() + "/substrate_fileio_test.bin";
+  ASSERT_TRUE(WriteFileAtomic(path, "hello world").ok());
+  auto f = RandomAccessFile::Open(path);
+  ASSERT_TRUE(f.ok());
+  char buf[5];
+  ASSERT_TRUE((*f)->Read(6, 5, buf).ok());
+  EXPECT_EQ(std::string(buf, 5), "world");
+  Status past = (*f)->Read(8, 5, buf);
+  EXPECT_EQ(past.code(), StatusCode::kCorruption);
+  EXPECT_NE(past.message().find("past the end"), std::string::npos);
+  EXPECT_EQ(RandomAccessFile::Open(path + ".missing").status().code(), StatusCode::kNotFound);
+  std::remove(path.c_str());
+}
+
+TEST(FileIO, UncommittedWriterLeavesNothing) {
+  std::string path = testing::TempDir() + "/substrate_uncommitted.bin";
+  {
+    auto w = AtomicFileWriter::Create(path);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Append("partial").ok());
+  }
+  EXPECT_FALSE(FileExists(path));
+}
+
+}  // namespace substrate
