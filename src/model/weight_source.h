@@ -16,6 +16,7 @@
 
 #include "core/status.h"
 #include "format/dtype.h"
+#include "quant/weight_view.h"
 
 namespace substrate {
 
@@ -24,19 +25,6 @@ struct TensorInfo;  // format/: name, ne, type, file ranges
 // Index of a tensor in a WeightSource, resolved once from its name (no string work per token).
 using TensorId = int32_t;
 constexpr TensorId kNoTensor = -1;
-
-// Bytes of one tensor (or one slice of its outermost dimension) at a tier.
-struct WeightView {
-  DType type = DType::kF32;
-  const uint8_t* data = nullptr;  // tier-0 bytes (the skeleton)
-  uint64_t bytes = 0;
-  int64_t rows = 0;               // product of ne[1..] of the viewed part
-  int64_t cols = 0;               // ne[0], the contiguous dimension
-  // Residual tiers: tier k adds residual[0..k-1] (same shape, their own types) to the skeleton.
-  int n_residuals = 0;
-  DType residual_type[2] = {DType::kF32, DType::kF32};
-  const uint8_t* residual[2] = {nullptr, nullptr};
-};
 
 class WeightSource;
 
