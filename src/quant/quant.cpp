@@ -1,7 +1,10 @@
 #include "quant/quant.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+
+#include "quant/quant_internal.h"
 
 namespace substrate {
 
@@ -70,10 +73,28 @@ uint16_t Fp32ToBf16(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
+namespace {
+using namespace quant_internal;
+
+template <typename Block>
+const Block* As(const void* p) {
+  return static_cast<const Block*>(p);
+}
+template <typename Block>
+Block* As(void* p) {
+  return static_cast<Block*>(p);
+}
+}  // namespace
+
 bool CanDequantize(DType type) {
   switch (type) {
-    case DType::kF32: case DType::kF16: case DType::kBF16: return true;
-    default: return false;  // block formats: see the quant work in progress
+    case DType::kF32: case DType::kF16: case DType::kBF16:
+    case DType::kQ4_0: case DType::kQ4_1: case DType::kQ5_0: case DType::kQ5_1:
+    case DType::kQ8_0: case DType::kQ2_K: case DType::kQ3_K: case DType::kQ4_K:
+    case DType::kQ5_K: case DType::kQ6_K: case DType::kIQ4_NL: case DType::kIQ4_XS:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -94,12 +115,25 @@ void DequantizeRow(DType type, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFp32(s[i]);
       return;
     }
+    case DType::kQ4_0: return DequantizeQ4_0(As<BlockQ4_0>(src), dst, n);
+    case DType::kQ4_1: return DequantizeQ4_1(As<BlockQ4_1>(src), dst, n);
+    case DType::kQ5_0: return DequantizeQ5_0(As<BlockQ5_0>(src), dst, n);
+    case DType::kQ5_1: return DequantizeQ5_1(As<BlockQ5_1>(src), dst, n);
+    case DType::kQ8_0: return DequantizeQ8_0(As<BlockQ8_0>(src), dst, n);
+    case DType::kQ2_K: return DequantizeQ2_K(As<BlockQ2_K>(src), dst, n);
+    case DType::kQ3_K: return DequantizeQ3_K(As<BlockQ3_K>(src), dst, n);
+    case DType::kQ4_K: return DequantizeQ4_K(As<BlockQ4_K>(src), dst, n);
+    case DType::kQ5_K: return DequantizeQ5_K(As<BlockQ5_K>(src), dst, n);
+    case DType::kQ6_K: return DequantizeQ6_K(As<BlockQ6_K>(src), dst, n);
+    case DType::kIQ4_NL: return DequantizeIQ4_NL(As<BlockIQ4_NL>(src), dst, n);
+    case DType::kIQ4_XS: return DequantizeIQ4_XS(As<BlockIQ4_XS>(src), dst, n);
     default:
       std::abort();  // precondition: CanDequantize(type)
   }
 }
 
 void QuantizeRow(DType type, const float* src, void* dst, int64_t n, const float* importance) {
+  const float* qw = importance;
   switch (type) {
     case DType::kF32:
       std::memcpy(dst, src, static_cast<size_t>(n) * 4);
@@ -114,6 +148,20 @@ void QuantizeRow(DType type, const float* src, void* dst, int64_t n, const float
       for (int64_t i = 0; i < n; ++i) d[i] = Fp32ToBf16(src[i]);
       return;
     }
+    // The 32-element formats use ggml's round-to-nearest reference (what llama-quantize
+    // writes without an importance matrix); importance is ignored for them.
+    case DType::kQ4_0: return QuantizeQ4_0(src, As<BlockQ4_0>(dst), n);
+    case DType::kQ4_1: return QuantizeQ4_1(src, As<BlockQ4_1>(dst), n);
+    case DType::kQ5_0: return QuantizeQ5_0(src, As<BlockQ5_0>(dst), n);
+    case DType::kQ5_1: return QuantizeQ5_1(src, As<BlockQ5_1>(dst), n);
+    case DType::kQ8_0: return QuantizeQ8_0(src, As<BlockQ8_0>(dst), n);
+    case DType::kQ2_K: return QuantizeQ2_K(src, As<BlockQ2_K>(dst), n, qw);
+    case DType::kQ3_K: return QuantizeQ3_K(src, As<BlockQ3_K>(dst), n, qw);
+    case DType::kQ4_K: return QuantizeQ4_K(src, As<BlockQ4_K>(dst), n, qw);
+    case DType::kQ5_K: return QuantizeQ5_K(src, As<BlockQ5_K>(dst), n, qw);
+    case DType::kQ6_K: return QuantizeQ6_K(src, As<BlockQ6_K>(dst), n, qw);
+    case DType::kIQ4_NL: return QuantizeIQ4_NL(src, As<BlockIQ4_NL>(dst), n, qw);
+    case DType::kIQ4_XS: return QuantizeIQ4_XS(src, As<BlockIQ4_XS>(dst), n, qw);
     default:
       std::abort();  // precondition: CanQuantize(type)
   }
