@@ -1,0 +1,44 @@
+#include "kernels/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace substrate {
+
+void Attention(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
+               const float* k, int64_t k_stride, const float* v, int64_t v_stride, float* out,
+               ThreadPool& pool) {
+  const int group = s.n_head / s.n_head_kv;
+  const int64_t n_items = n_tokens * s.n_head;
+  pool.ParallelFor(n_items, 1, [&](int64_t begin, int64_t end, int) {
+    std::vector<float> scores(static_cast<size_t>(pos0 + n_tokens));
+    std::vector<double> acc(static_cast<size_t>(s.dv));
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / s.n_head;
+      const int h = static_cast<int>(item % s.n_head);
+      const int hk = h / group;
+      const float* qh = q + (t * s.n_head + h) * s.dk;
+      const int64_t n_kv = pos0 + t + 1;
+      for (int64_t p = 0; p < n_kv; ++p) {
+        const float* kp = k + p * k_stride + static_cast<int64_t>(hk) * s.dk;
+        float dot = 0;
+        for (int d = 0; d < s.dk; ++d) dot += qh[d] * kp[d];
+        scores[p] = dot * s.scale;
+      }
+      Softmax(scores.data(), n_kv);
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t p = 0; p < n_kv; ++p) {
+        const float* vp = v + p * v_stride + static_cast<int64_t>(hk) * s.dv;
+        const double w = scores[p];
+        for (int d = 0; d < s.dv; ++d) acc[d] += w * vp[d];
+      }
+      float* o = out + (t * s.n_head + h) * s.dv;
+      for (int d = 0; d < s.dv; ++d) o[d] = static_cast<float>(acc[d]);
+    }
+  });
+}
+
+}  // namespace substrate

@@ -1,0 +1,333 @@
+#include "model/blocks.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "format/model_file.h"
+#include "kernels/attention.h"
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+#include "model/op_id.h"
+#include "quant/quant.h"
+
+namespace substrate {
+namespace {
+
+// BeginOp/EndOp around one op, so an early error return still closes it.
+class OpScope {
+ public:
+  OpScope(WeightSource* s, std::string id) : s_(s), id_(std::move(id)) { s_->BeginOp(id_); }
+  ~OpScope() { s_->EndOp(id_); }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+
+ private:
+  WeightSource* s_;
+  std::string id_;
+};
+
+int64_t OutDim(ForwardContext& c, TensorId id) {
+  const TensorInfo& info = c.source->Info(id);
+  return info.ne.size() >= 2 ? static_cast<int64_t>(info.ne[1]) : 1;
+}
+
+}  // namespace
+
+Expected<float*> Scratch::Get(Slot slot, int64_t n) {
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  AlignedBuffer& b = bufs_[slot];
+  if (b.size() < bytes) {
+    b = AlignedBuffer();  // release the old charge first
+    ASSIGN_OR_RETURN(b, AlignedBuffer::Allocate(bytes, ledger_, "scratch", 64));
+  }
+  return b.as<float>();
+}
+
+Status Linear(ForwardContext& c, TensorId w, const float* x, int64_t n, float* y,
+              int64_t expect_in, int64_t expect_out, int slice) {
+  ASSIGN_OR_RETURN(WeightHandle h, c.source->Acquire(w, slice));
+  const WeightView& v = h.view();
+  if (v.cols != expect_in || (expect_out >= 0 && v.rows != expect_out)) {
+    return Corruption("tensor '" + c.source->Info(w).name + "' is [" + std::to_string(v.rows) +
+                      " x " + std::to_string(v.cols) + "], expected [" +
+                      std::to_string(expect_out) + " x " + std::to_string(expect_in) + "]");
+  }
+  MatMul(v, x, n, y, *c.pool);
+  return Status::Ok();
+}
+
+Status LoadVector(ForwardContext& c, TensorId id, int64_t n, float* dst) {
+  ASSIGN_OR_RETURN(WeightHandle h, c.source->Acquire(id));
+  const WeightView& v = h.view();
+  if (v.cols * v.rows != n) {
+    return Corruption("tensor '" + c.source->Info(id).name + "' has " +
+                      std::to_string(v.cols * v.rows) + " elements, expected " +
+                      std::to_string(n));
+  }
+  DequantizeRow(v.type, v.data, dst, n);
+  return Status::Ok();
+}
+
+Status NormRows(ForwardContext& c, TensorId w, const float* x, int64_t width, int64_t rows,
+                float* y) {
+  c.vec->resize(static_cast<size_t>(width));
+  RETURN_IF_ERROR(LoadVector(c, w, width, c.vec->data()));
+  RmsNorm(x, c.vec->data(), c.hp->norm_eps, width, rows, y);
+  return Status::Ok();
+}
+
+namespace {
+
+Status AddBiasFrom(ForwardContext& c, TensorId b, float* y, int64_t width, int64_t rows) {
+  if (b == kNoTensor) return Status::Ok();
+  c.vec->resize(static_cast<size_t>(width));
+  RETURN_IF_ERROR(LoadVector(c, b, width, c.vec->data()));
+  AddBias(y, c.vec->data(), width, rows);
+  return Status::Ok();
+}
+
+// out = W_o attn (+ b_o); x += out.
+Status OutputProjection(ForwardContext& c, const LayerWeights& w, const float* attn,
+                        int64_t in_dim) {
+  const int64_t d = c.hp->n_embd;
+  ASSIGN_OR_RETURN(float* tmp, c.scratch->Get(Scratch::kTmp, c.n * d));
+  RETURN_IF_ERROR(Linear(c, w.wo, attn, c.n, tmp, in_dim, d));
+  RETURN_IF_ERROR(AddBiasFrom(c, w.bo, tmp, d, c.n));
+  AddInPlace(c.x, tmp, c.n * d);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status AttentionBlock(ForwardContext& c, int il, const LayerWeights& w) {
+  const ModelHParams& hp = *c.hp;
+  const int64_t d = hp.n_embd, n = c.n;
+  const int dk = hp.head_dim_k, dv = hp.head_dim_v;
+  OpScope op(c.source, OpIdAttention(il));
+
+  ASSIGN_OR_RETURN(float* xn, c.scratch->Get(Scratch::kXNorm, n * d));
+  RETURN_IF_ERROR(NormRows(c, w.attn_norm, c.x, d, n, xn));
+
+  // q [n, n_head*dk]; k, v written straight into the cache rows of positions pos0..pos0+n-1.
+  ASSIGN_OR_RETURN(float* q, c.scratch->Get(Scratch::kQ, n * hp.n_head * dk));
+  float* kc = c.cache->k(il) + c.pos0 * c.cache->k_stride();
+  float* vc = c.cache->v(il) + c.pos0 * c.cache->v_stride();
+  RETURN_IF_ERROR(Linear(c, w.wq, xn, n, q, d, int64_t{hp.n_head} * dk));
+  RETURN_IF_ERROR(AddBiasFrom(c, w.bq, q, int64_t{hp.n_head} * dk, n));
+  RETURN_IF_ERROR(Linear(c, w.wk, xn, n, kc, d, int64_t{hp.n_head_kv} * dk));
+  RETURN_IF_ERROR(AddBiasFrom(c, w.bk, kc, int64_t{hp.n_head_kv} * dk, n));
+  RETURN_IF_ERROR(Linear(c, w.wv, xn, n, vc, d, int64_t{hp.n_head_kv} * dv));
+  RETURN_IF_ERROR(AddBiasFrom(c, w.bv, vc, int64_t{hp.n_head_kv} * dv, n));
+
+  if (w.q_norm != kNoTensor) RETURN_IF_ERROR(NormRows(c, w.q_norm, q, dk, n * hp.n_head, q));
+  if (w.k_norm != kNoTensor)
+    RETURN_IF_ERROR(NormRows(c, w.k_norm, kc, dk, n * hp.n_head_kv, kc));
+  Rope(q, n, hp.n_head, dk, c.pos, hp.rope);
+  Rope(kc, n, hp.n_head_kv, dk, c.pos, hp.rope);
+
+  // attn [n, n_head*dv]
+  ASSIGN_OR_RETURN(float* attn, c.scratch->Get(Scratch::kAttnOut, n * hp.n_head * dv));
+  AttentionShape shape{hp.n_head, hp.n_head_kv, dk, dv, hp.attn_scale};
+  Attention(shape, q, n, c.pos0, c.cache->k(il), c.cache->k_stride(), c.cache->v(il),
+            c.cache->v_stride(), attn, *c.pool);
+  return OutputProjection(c, w, attn, int64_t{hp.n_head} * dv);
+}
+
+Status MlaBlock(ForwardContext& c, int il, const LayerWeights& w) {
+  const ModelHParams& hp = *c.hp;
+  const int64_t d = hp.n_embd, n = c.n;
+  const int dk = hp.head_dim_k, dv = hp.head_dim_v, nope = hp.nope_dim(), rot = hp.n_rot;
+  const int64_t lora = hp.kv_lora_rank;
+  OpScope op(c.source, OpIdAttention(il));
+
+  ASSIGN_OR_RETURN(float* xn, c.scratch->Get(Scratch::kXNorm, n * d));
+  RETURN_IF_ERROR(NormRows(c, w.attn_norm, c.x, d, n, xn));
+
+  // q [n, n_head, nope + rot], through the low-rank q_a -> norm -> q_b when the model has it.
+  ASSIGN_OR_RETURN(float* q, c.scratch->Get(Scratch::kQ, n * hp.n_head * dk));
+  if (w.wq_a != kNoTensor) {
+    ASSIGN_OR_RETURN(float* qa, c.scratch->Get(Scratch::kLatentQ, n * hp.q_lora_rank));
+    RETURN_IF_ERROR(Linear(c, w.wq_a, xn, n, qa, d, hp.q_lora_rank));
+    RETURN_IF_ERROR(NormRows(c, w.q_a_norm, qa, hp.q_lora_rank, n, qa));
+    RETURN_IF_ERROR(Linear(c, w.wq_b, qa, n, q, hp.q_lora_rank, int64_t{hp.n_head} * dk));
+  } else {
+    RETURN_IF_ERROR(Linear(c, w.wq, xn, n, q, d, int64_t{hp.n_head} * dk));
+  }
+
+  // kv_a [n, lora + rot]: the compressed latent, then one shared rope key per token.
+  ASSIGN_OR_RETURN(float* kva, c.scratch->Get(Scratch::kLatentKv, n * (lora + rot)));
+  RETURN_IF_ERROR(Linear(c, w.wkv_a, xn, n, kva, d, lora + rot));
+  ASSIGN_OR_RETURN(float* kvn, c.scratch->Get(Scratch::kLatentNorm, n * lora));
+  for (int64_t t = 0; t < n; ++t)
+    std::memcpy(kvn + t * lora, kva + t * (lora + rot), static_cast<size_t>(lora) * 4);
+  RETURN_IF_ERROR(NormRows(c, w.kv_a_norm, kvn, lora, n, kvn));
+  // kv_b [n, n_head, nope + dv]
+  const int64_t kvb_w = int64_t{hp.n_head} * (nope + dv);
+  ASSIGN_OR_RETURN(float* kvb, c.scratch->Get(Scratch::kKvB, n * kvb_w));
+  RETURN_IF_ERROR(Linear(c, w.wkv_b, kvn, n, kvb, lora, kvb_w));
+
+  Rope(q + nope, n, hp.n_head, dk, c.pos, hp.rope);
+  Rope(kva + lora, n, 1, static_cast<int>(lora + rot), c.pos, hp.rope);
+
+  // Cache rows: k = [k_nope_h, k_rope] per head, v = v_h per head.
+  for (int64_t t = 0; t < n; ++t) {
+    float* kr = c.cache->k(il) + (c.pos0 + t) * c.cache->k_stride();
+    float* vr = c.cache->v(il) + (c.pos0 + t) * c.cache->v_stride();
+    const float* src = kvb + t * kvb_w;
+    const float* kpe = kva + t * (lora + rot) + lora;
+    for (int h = 0; h < hp.n_head; ++h) {
+      std::memcpy(kr + h * dk, src + h * (nope + dv), static_cast<size_t>(nope) * 4);
+      std::memcpy(kr + h * dk + nope, kpe, static_cast<size_t>(rot) * 4);
+      std::memcpy(vr + h * dv, src + h * (nope + dv) + nope, static_cast<size_t>(dv) * 4);
+    }
+  }
+
+  ASSIGN_OR_RETURN(float* attn, c.scratch->Get(Scratch::kAttnOut, n * hp.n_head * dv));
+  AttentionShape shape{hp.n_head, hp.n_head, dk, dv, hp.attn_scale};
+  Attention(shape, q, n, c.pos0, c.cache->k(il), c.cache->k_stride(), c.cache->v(il),
+            c.cache->v_stride(), attn, *c.pool);
+  return OutputProjection(c, w, attn, int64_t{hp.n_head} * dv);
+}
+
+namespace {
+
+// out [m, d] = down(silu(gate(x)) * up(x)) for x [m, d]; widths from the tensors' shapes.
+Status SwiGluMlp(ForwardContext& c, TensorId gate, TensorId up, TensorId down, const float* x,
+                 int64_t m, float* out, int slice = -1) {
+  const int64_t d = c.hp->n_embd;
+  const int64_t ff = OutDim(c, gate);  // ne[1] of [d, ff] or of the expert tensor [d, ff, E]
+  ASSIGN_OR_RETURN(float* g, c.scratch->Get(Scratch::kGate, m * ff));
+  ASSIGN_OR_RETURN(float* u, c.scratch->Get(Scratch::kUp, m * ff));
+  RETURN_IF_ERROR(Linear(c, gate, x, m, g, d, ff, slice));
+  RETURN_IF_ERROR(Linear(c, up, x, m, u, d, ff, slice));
+  SwiGlu(g, u, m * ff, g);
+  return Linear(c, down, g, m, out, ff, d, slice);
+}
+
+}  // namespace
+
+Status FfnBlock(ForwardContext& c, int il, const LayerWeights& w) {
+  const int64_t d = c.hp->n_embd, n = c.n;
+  OpScope op(c.source, OpIdFfn(il));
+  ASSIGN_OR_RETURN(float* xn, c.scratch->Get(Scratch::kXNorm, n * d));
+  RETURN_IF_ERROR(NormRows(c, w.ffn_norm, c.x, d, n, xn));
+  ASSIGN_OR_RETURN(float* tmp, c.scratch->Get(Scratch::kTmp, n * d));
+  RETURN_IF_ERROR(SwiGluMlp(c, w.ffn_gate, w.ffn_up, w.ffn_down, xn, n, tmp));
+  AddInPlace(c.x, tmp, n * d);
+  return Status::Ok();
+}
+
+void RouteToken(const ModelHParams& hp, const float* logits, const float* bias, int32_t* idx,
+                float* weight) {
+  const int E = hp.n_expert, K = hp.n_expert_used;
+  std::vector<float> prob(logits, logits + E);
+  if (hp.gating == GatingFunc::kSigmoid) {
+    for (float& p : prob) p = Sigmoid(p);
+  } else {
+    Softmax(prob.data(), E);
+  }
+  // Selection scores: deepseek-v3 adds its correction bias for choosing only.
+  std::vector<float> choice = prob;
+  if (bias)
+    for (int e = 0; e < E; ++e) choice[e] += bias[e];
+  if (hp.n_expert_groups > 1 && hp.n_group_used < hp.n_expert_groups) {
+    // Keep the best groups (v3: sum of each group's top two; v2: its max); others score 0,
+    // as the reference implementation masks them.
+    const int G = hp.n_expert_groups, per = E / G;
+    std::vector<float> gscore(G);
+    for (int g = 0; g < G; ++g) {
+      std::vector<float> s(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+      std::sort(s.begin(), s.end(), std::greater<float>());
+      gscore[g] = hp.gating == GatingFunc::kSigmoid ? s[0] + (per > 1 ? s[1] : 0.0f) : s[0];
+    }
+    std::vector<int> gorder(G);
+    std::iota(gorder.begin(), gorder.end(), 0);
+    std::stable_sort(gorder.begin(), gorder.end(),
+                     [&](int a, int b) { return gscore[a] > gscore[b]; });
+    std::vector<bool> keep(G, false);
+    for (int i = 0; i < hp.n_group_used; ++i) keep[gorder[i]] = true;
+    for (int e = 0; e < E; ++e)
+      if (!keep[e / per]) choice[e] = 0.0f;
+  }
+  std::vector<int> order(E);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return choice[a] > choice[b]; });
+  double sum = 0;
+  for (int k = 0; k < K; ++k) {
+    idx[k] = order[k];
+    weight[k] = prob[order[k]];
+    sum += weight[k];
+  }
+  if (hp.expert_weights_norm) {
+    const float inv = static_cast<float>(1.0 / (sum + 1e-20));
+    for (int k = 0; k < K; ++k) weight[k] *= inv;
+  }
+  for (int k = 0; k < K; ++k) weight[k] *= hp.expert_weights_scale;
+}
+
+Status MoeBlock(ForwardContext& c, int il, const LayerWeights& w) {
+  const ModelHParams& hp = *c.hp;
+  const int64_t d = hp.n_embd, n = c.n;
+  const int E = hp.n_expert, K = hp.n_expert_used;
+  ASSIGN_OR_RETURN(float* xn, c.scratch->Get(Scratch::kXNorm, n * d));
+  std::vector<int32_t> sel(static_cast<size_t>(n * K));
+  std::vector<float> sel_w(static_cast<size_t>(n * K));
+  {
+    OpScope op(c.source, OpIdMoeRouter(il));
+    RETURN_IF_ERROR(NormRows(c, w.ffn_norm, c.x, d, n, xn));
+    ASSIGN_OR_RETURN(float* logits, c.scratch->Get(Scratch::kRouter, n * E));
+    RETURN_IF_ERROR(Linear(c, w.gate_inp, xn, n, logits, d, E));
+    std::vector<float> bias;
+    if (w.exp_probs_b != kNoTensor) {
+      bias.resize(static_cast<size_t>(E));
+      RETURN_IF_ERROR(LoadVector(c, w.exp_probs_b, E, bias.data()));
+    }
+    for (int64_t t = 0; t < n; ++t)
+      RouteToken(hp, logits + t * E, bias.empty() ? nullptr : bias.data(), &sel[t * K],
+                 &sel_w[t * K]);
+  }
+
+  ASSIGN_OR_RETURN(float* acc, c.scratch->Get(Scratch::kMoeAcc, n * d));
+  std::fill(acc, acc + n * d, 0.0f);
+  // Tokens of each expert, so every selected expert runs once over all its tokens.
+  std::vector<std::vector<std::pair<int64_t, float>>> per_expert(static_cast<size_t>(E));
+  for (int64_t t = 0; t < n; ++t)
+    for (int k = 0; k < K; ++k) per_expert[sel[t * K + k]].push_back({t, sel_w[t * K + k]});
+  ASSIGN_OR_RETURN(float* xg, c.scratch->Get(Scratch::kGathered, n * d));
+  ASSIGN_OR_RETURN(float* out, c.scratch->Get(Scratch::kExpertOut, n * d));
+  for (int e = 0; e < E; ++e) {
+    const auto& toks = per_expert[e];
+    if (toks.empty()) continue;
+    OpScope op(c.source, OpIdMoeExpert(il, e));
+    const int64_t m = static_cast<int64_t>(toks.size());
+    for (int64_t j = 0; j < m; ++j)
+      std::memcpy(xg + j * d, xn + toks[j].first * d, static_cast<size_t>(d) * 4);
+    RETURN_IF_ERROR(SwiGluMlp(c, w.gate_exps, w.up_exps, w.down_exps, xg, m, out, e));
+    for (int64_t j = 0; j < m; ++j) {
+      float* a = acc + toks[j].first * d;
+      const float wt = toks[j].second;
+      for (int64_t i = 0; i < d; ++i) a[i] += wt * out[j * d + i];
+    }
+  }
+
+  if (w.gate_shexp != kNoTensor) {
+    OpScope op(c.source, OpIdMoeShared(il));
+    RETURN_IF_ERROR(SwiGluMlp(c, w.gate_shexp, w.up_shexp, w.down_shexp, xn, n, out));
+    if (w.gate_inp_shexp != kNoTensor) {
+      // qwen2moe: the shared expert's output is scaled by sigmoid(w . x) per token.
+      ASSIGN_OR_RETURN(float* g, c.scratch->Get(Scratch::kVec, n));
+      RETURN_IF_ERROR(Linear(c, w.gate_inp_shexp, xn, n, g, d, 1));
+      for (int64_t t = 0; t < n; ++t) {
+        const float s = Sigmoid(g[t]);
+        for (int64_t i = 0; i < d; ++i) out[t * d + i] *= s;
+      }
+    }
+    AddInPlace(acc, out, n * d);
+  }
+  AddInPlace(c.x, acc, n * d);
+  return Status::Ok();
+}
+
+}  // namespace substrate

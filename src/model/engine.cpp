@@ -1,0 +1,149 @@
+#include "model/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace substrate {
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+}  // namespace
+
+size_t StopPrefixHold(const std::string& text, const std::vector<std::string>& stop) {
+  size_t hold = 0;
+  for (const std::string& s : stop) {
+    for (size_t k = std::min(s.size() - (s.empty() ? 0 : 1), text.size()); k > hold; --k) {
+      if (text.compare(text.size() - k, k, s, 0, k) == 0) {
+        hold = k;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path, const EngineOptions& opt) {
+  std::unique_ptr<Engine> e(new Engine());
+  e->ledger_ = opt.ledger ? opt.ledger : &MemoryLedger::Global();
+  if (opt.n_threads > 0) {
+    e->own_pool_ = std::make_unique<ThreadPool>(opt.n_threads);
+    e->pool_ = e->own_pool_.get();
+  } else {
+    e->pool_ = &ThreadPool::Default();
+  }
+  auto file = ModelFile::Open(path);
+  if (!file.ok()) return file.status().WithContext("opening model '" + path + "'");
+  e->file_ = std::move(file).value();
+  // Architecture and tensor checks first, so an unsupported model fails before any weight read.
+  {
+    auto hp = ModelHParams::FromMetadata(e->file_->metadata());
+    if (!hp.ok()) return hp.status().WithContext(path);
+  }
+  auto weights = ResidentWeightSource::Load(*e->file_, e->ledger_);
+  if (!weights.ok()) return weights.status().WithContext(path);
+  e->weights_ = std::move(weights).value();
+  auto model = Model::Create(e->file_->metadata(), e->weights_.get(), e->pool_, e->ledger_);
+  if (!model.ok()) return model.status().WithContext(path);
+  e->model_ = std::move(model).value();
+  auto tok = Tokenizer::FromMetadata(e->file_->metadata());
+  if (tok.ok()) {
+    e->tokenizer_ = std::move(tok).value();
+  } else if (opt.require_tokenizer) {
+    return tok.status().WithContext(path + ": tokenizer");
+  }
+  return e;
+}
+
+Expected<std::unique_ptr<Session>> Engine::NewSession(int64_t n_ctx) {
+  if (n_ctx <= 0) n_ctx = model_->hparams().n_ctx_train;
+  ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(model_->hparams(), n_ctx, ledger_));
+  auto s = std::make_unique<Session>(Session{std::move(cache), {}});
+  return s;
+}
+
+Expected<int64_t> Engine::Prefill(Session& s, const std::vector<int32_t>& prompt) {
+  if (prompt.empty()) return InvalidArgument("empty prompt: at least one token is needed");
+  if (static_cast<int64_t>(prompt.size()) > s.cache.n_ctx()) {
+    return InvalidArgument("prompt of " + std::to_string(prompt.size()) +
+                           " tokens does not fit the context of " +
+                           std::to_string(s.cache.n_ctx()) + " tokens (use a larger -c)");
+  }
+  const auto& have = s.cache.tokens();
+  size_t common = 0;
+  while (common < have.size() && common < prompt.size() && have[common] == prompt[common])
+    ++common;
+  // The last prompt token is always evaluated: its logits pick the first new token.
+  if (common == prompt.size()) --common;
+  s.cache.Truncate(static_cast<int64_t>(common));
+  RETURN_IF_ERROR(model_->Forward(prompt.data() + common,
+                                  static_cast<int64_t>(prompt.size() - common), s.cache, false,
+                                  &s.logits));
+  return static_cast<int64_t>(common);
+}
+
+Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>& prompt,
+                                         const GenerateOptions& opt,
+                                         const TokenCallback& on_token) {
+  GenerateStats st;
+  st.n_prompt = static_cast<int64_t>(prompt.size());
+  auto t0 = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(st.n_reused, Prefill(s, prompt));
+  st.prompt_seconds = Seconds(t0);
+
+  t0 = std::chrono::steady_clock::now();
+  Sampler sampler(opt.sampling);
+  std::vector<int32_t> history = prompt;
+  std::unique_ptr<TokenDecoder> decoder;
+  if (tokenizer_) decoder = std::make_unique<TokenDecoder>(*tokenizer_);
+  std::string pending;  // decoded text not yet shown (could start a stop string)
+  const int64_t V = model_->hparams().n_vocab;
+  st.stop_reason = "length";
+  for (int i = 0; i < opt.max_tokens; ++i) {
+    const int32_t tok = sampler.Sample(s.logits.data(), V, history);
+    if (opt.stop_at_eog && tokenizer_ && tokenizer_->IsEog(tok)) {
+      st.stop_reason = "eog";
+      break;
+    }
+    history.push_back(tok);
+    ++st.n_generated;
+    std::string text;
+    if (decoder) {
+      auto piece = decoder->Push(tok);
+      if (piece.ok()) pending += *piece;
+      size_t cut = std::string::npos;
+      for (const std::string& stop : opt.stop) {
+        if (stop.empty()) continue;
+        cut = std::min(cut, pending.find(stop));
+      }
+      if (cut != std::string::npos) {
+        on_token(tok, pending.substr(0, cut));
+        st.stop_reason = "stop";
+        break;
+      }
+      const size_t hold = StopPrefixHold(pending, opt.stop);
+      text = pending.substr(0, pending.size() - hold);
+      pending.erase(0, pending.size() - hold);
+    }
+    if (!on_token(tok, text)) {
+      st.stop_reason = "callback";
+      break;
+    }
+    if (i + 1 == opt.max_tokens) break;
+    if (s.cache.n_past() >= s.cache.n_ctx()) {
+      st.stop_reason = "context";
+      break;
+    }
+    RETURN_IF_ERROR(model_->Forward(&tok, 1, s.cache, false, &s.logits));
+  }
+  if (decoder && st.stop_reason != "stop") {
+    pending += decoder->Flush();
+    if (!pending.empty()) on_token(-1, pending);
+  }
+  st.decode_seconds = Seconds(t0);
+  return st;
+}
+
+}  // namespace substrate

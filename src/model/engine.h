@@ -1,0 +1,101 @@
+// Engine: the library entry point for generation (used by `substrate run/chat/perplexity` and
+// by the server). Loads a model file (GGUF or HF folder), its weights (resident), its tokenizer;
+// a Session holds one conversation's KV cache, reused across calls when prompts share a prefix.
+//
+//   ASSIGN_OR_RETURN(auto engine, Engine::Load("model.gguf", {}));
+//   ASSIGN_OR_RETURN(auto session, engine->NewSession(4096));
+//   ASSIGN_OR_RETURN(auto ids, engine->tokenizer()->Encode("def f():"));
+//   engine->Generate(*session, ids, {}, [](int32_t id, const std::string& text) {
+//     std::fputs(text.c_str(), stdout); return true; });  // false stops generation
+//
+// Threading: one Generate per Engine at a time (the model's scratch is shared).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/memory_ledger.h"
+#include "core/thread_pool.h"
+#include "format/model_file.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+#include "model/resident_weight_source.h"
+#include "model/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace substrate {
+
+struct EngineOptions {
+  int n_threads = 0;               // 0: ThreadPool::Default()
+  MemoryLedger* ledger = nullptr;  // nullptr: MemoryLedger::Global()
+  bool require_tokenizer = true;   // false: token-level use of models without a vocabulary
+};
+
+// One conversation: its KV cache and the tokens in it.
+struct Session {
+  KvCache cache;
+  std::vector<float> logits;  // logits after the last evaluated token
+};
+
+struct GenerateOptions {
+  SamplingParams sampling;
+  int max_tokens = 128;
+  std::vector<std::string> stop;  // stop strings: generation ends before any of them is shown
+  bool stop_at_eog = true;        // end on the model's end-of-generation tokens
+};
+
+struct GenerateStats {
+  int64_t n_prompt = 0;      // prompt tokens
+  int64_t n_reused = 0;      // of which found in the session's cache (not recomputed)
+  int64_t n_generated = 0;
+  double prompt_seconds = 0;
+  double decode_seconds = 0;
+  std::string stop_reason;   // "eog", "stop", "length", "callback", "context"
+};
+
+// Called per generated token with the text that became complete (may be empty); return false to
+// stop generating.
+using TokenCallback = std::function<bool(int32_t token, const std::string& text)>;
+
+class Engine {
+ public:
+  static Expected<std::unique_ptr<Engine>> Load(const std::string& path, const EngineOptions& opt);
+
+  const ModelFile& file() const { return *file_; }
+  const Metadata& metadata() const { return file_->metadata(); }
+  Model& model() { return *model_; }
+  // nullptr when the model has no vocabulary (and require_tokenizer was false).
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  MemoryLedger& ledger() { return *ledger_; }
+  ThreadPool& pool() { return *pool_; }
+
+  // n_ctx <= 0: the model's training context.
+  Expected<std::unique_ptr<Session>> NewSession(int64_t n_ctx);
+
+  // Evaluates `prompt` (reusing the longest prefix already in the session), then samples up to
+  // max_tokens tokens. Fails when the prompt does not fit the session's context.
+  Expected<GenerateStats> Generate(Session& s, const std::vector<int32_t>& prompt,
+                                   const GenerateOptions& opt, const TokenCallback& on_token);
+
+  // Makes the session hold exactly `prompt` and its last logits (reusing the cached prefix).
+  // Returns how many prompt tokens were reused.
+  Expected<int64_t> Prefill(Session& s, const std::vector<int32_t>& prompt);
+
+ private:
+  Engine() = default;
+  std::unique_ptr<ModelFile> file_;
+  std::unique_ptr<ResidentWeightSource> weights_;
+  std::unique_ptr<ThreadPool> own_pool_;
+  ThreadPool* pool_ = nullptr;
+  MemoryLedger* ledger_ = nullptr;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+};
+
+// The length of the longest suffix of `text` that is a prefix of some stop string (text that
+// must be held back until the next token tells whether a stop string follows).
+size_t StopPrefixHold(const std::string& text, const std::vector<std::string>& stop);
+
+}  // namespace substrate

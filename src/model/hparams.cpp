@@ -1,0 +1,150 @@
+#include "model/hparams.h"
+
+#include <cmath>
+
+#include "format/model_file.h"
+
+namespace substrate {
+namespace {
+
+Expected<ArchFamily> FamilyOf(const std::string& arch) {
+  if (arch == "llama" || arch == "mixtral") return ArchFamily::kLlama;
+  if (arch == "qwen2" || arch == "qwen3" || arch == "qwen2moe" || arch == "qwen3moe")
+    return ArchFamily::kQwen;
+  if (arch == "deepseek2" || arch == "deepseek3" || arch == "deepseek_v3" || arch == "deepseek-v3")
+    return ArchFamily::kDeepseek;
+  return Unimplemented("unknown architecture '" + arch +
+                       "' (supported: llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, "
+                       "deepseek2)");
+}
+
+Status Check(bool ok, const std::string& what) {
+  return ok ? Status::Ok() : Corruption("model hyperparameters: " + what);
+}
+
+}  // namespace
+
+Expected<ModelHParams> ModelHParams::FromMetadata(const Metadata& md) {
+  ModelHParams hp;
+  ASSIGN_OR_RETURN(hp.arch, md.GetString("general.architecture"));
+  ASSIGN_OR_RETURN(hp.family, FamilyOf(hp.arch));
+  const std::string a = hp.arch + ".";
+
+  ASSIGN_OR_RETURN(hp.n_embd, md.GetInt(a + "embedding_length"));
+  ASSIGN_OR_RETURN(int64_t n_layer, md.GetInt(a + "block_count"));
+  ASSIGN_OR_RETURN(int64_t n_head, md.GetInt(a + "attention.head_count"));
+  hp.n_layer = static_cast<int>(n_layer);
+  hp.n_head = static_cast<int>(n_head);
+  hp.n_head_kv = static_cast<int>(md.GetInt(a + "attention.head_count_kv", n_head));
+  hp.n_ff = md.GetInt(a + "feed_forward_length", 0);
+  hp.n_ctx_train = md.GetInt(a + "context_length", 4096);
+  hp.norm_eps = static_cast<float>(md.GetFloat(a + "attention.layer_norm_rms_epsilon", 1e-6));
+  hp.n_vocab = md.GetInt(a + "vocab_size", 0);
+  if (hp.n_vocab == 0) {
+    if (const MetaValue* toks = md.Find("tokenizer.ggml.tokens"); toks && toks->is_array())
+      hp.n_vocab = static_cast<int64_t>(toks->array().size());
+  }
+
+  RETURN_IF_ERROR(Check(hp.n_embd > 0 && hp.n_embd < (1 << 20), "embedding_length " +
+                                                                    std::to_string(hp.n_embd)));
+  RETURN_IF_ERROR(Check(hp.n_layer > 0 && hp.n_layer < 4096, "block_count " +
+                                                                  std::to_string(hp.n_layer)));
+  RETURN_IF_ERROR(Check(hp.n_head > 0 && hp.n_head_kv > 0 && hp.n_head % hp.n_head_kv == 0,
+                        "head_count " + std::to_string(hp.n_head) + " not a multiple of " +
+                            "head_count_kv " + std::to_string(hp.n_head_kv)));
+
+  const int64_t default_head = hp.n_embd / hp.n_head;
+  hp.head_dim_k = static_cast<int>(md.GetInt(a + "attention.key_length", default_head));
+  hp.head_dim_v = static_cast<int>(md.GetInt(a + "attention.value_length", hp.head_dim_k));
+
+  // MoE.
+  hp.n_expert = static_cast<int>(md.GetInt(a + "expert_count", 0));
+  hp.n_expert_used = static_cast<int>(md.GetInt(a + "expert_used_count", 0));
+  hp.n_ff_exp = md.GetInt(a + "expert_feed_forward_length", hp.n_ff);
+  hp.n_leading_dense = static_cast<int>(md.GetInt(a + "leading_dense_block_count", 0));
+  hp.expert_weights_scale = static_cast<float>(md.GetFloat(a + "expert_weights_scale", 1.0));
+  const int64_t gating = md.GetInt(a + "expert_gating_func", 0);
+  hp.n_expert_groups = static_cast<int>(md.GetInt(a + "expert_group_count", 0));
+  hp.n_group_used = static_cast<int>(md.GetInt(a + "expert_group_used_count", 0));
+  if (hp.n_expert > 0) {
+    RETURN_IF_ERROR(Check(hp.n_expert_used > 0 && hp.n_expert_used <= hp.n_expert,
+                          "expert_used_count " + std::to_string(hp.n_expert_used) +
+                              " with expert_count " + std::to_string(hp.n_expert)));
+  }
+
+  // RoPE: GGUF-layout llama weights rotate adjacent pairs; qwen uses NeoX halves; deepseek's
+  // rope dims are interleaved pairs in the checkpoint itself.
+  hp.rope.style = hp.family == ArchFamily::kQwen ? RopeStyle::kNeox : RopeStyle::kNormal;
+  hp.rope.freq_base = static_cast<float>(md.GetFloat(a + "rope.freq_base", 10000.0));
+  hp.n_rot = static_cast<int>(md.GetInt(a + "rope.dimension_count", hp.head_dim_k));
+  hp.rope.n_rot = hp.n_rot;
+  const std::string scaling = md.GetString(a + "rope.scaling.type", "none");
+  double factor = md.GetFloat(a + "rope.scaling.factor", 0.0);
+  if (factor == 0.0) {
+    const double scale = md.GetFloat(a + "rope.scale_linear", 0.0);
+    if (scale > 0) factor = scale;
+  }
+  float mscale_attn = 1.0f;
+  if (scaling == "linear" && factor > 0) {
+    hp.rope.freq_scale = static_cast<float>(1.0 / factor);
+  } else if (scaling == "yarn" && factor > 1) {
+    hp.rope.yarn_factor = static_cast<float>(factor);
+    hp.rope.yarn_orig_ctx =
+        static_cast<int>(md.GetInt(a + "rope.scaling.original_context_length", hp.n_ctx_train));
+    hp.rope.yarn_beta_fast = static_cast<float>(md.GetFloat(a + "rope.scaling.yarn_beta_fast", 32));
+    hp.rope.yarn_beta_slow = static_cast<float>(md.GetFloat(a + "rope.scaling.yarn_beta_slow", 1));
+    // YaRN scales cos/sin by 0.1 ln(factor) + 1; deepseek also scales the softmax by mscale^2
+    // (yarn_log_multiplier, HF's mscale_all_dim), and then cancels the cos/sin part.
+    const double log_mul = md.GetFloat(a + "rope.scaling.yarn_log_multiplier", 0.0);
+    if (hp.family == ArchFamily::kDeepseek && log_mul > 0) {
+      const double m = 1.0 + log_mul * std::log(factor);
+      mscale_attn = static_cast<float>(m * m);
+      hp.rope.attn_factor = 1.0f;
+    } else {
+      hp.rope.attn_factor = static_cast<float>(1.0 + 0.1 * std::log(factor));
+    }
+  } else if (scaling != "none" && scaling != "linear" && scaling != "yarn") {
+    return Unimplemented("rope scaling type '" + scaling + "'");
+  }
+
+  if (hp.family == ArchFamily::kDeepseek) {
+    hp.q_lora_rank = static_cast<int>(md.GetInt(a + "attention.q_lora_rank", 0));
+    ASSIGN_OR_RETURN(int64_t kv_lora, md.GetInt(a + "attention.kv_lora_rank"));
+    hp.kv_lora_rank = static_cast<int>(kv_lora);
+    hp.n_ff_shexp = hp.n_ff_exp * md.GetInt(a + "expert_shared_count", 0);
+    // DeepSeek-V3 gates with sigmoid and renormalizes; V2 used softmax without renormalizing.
+    hp.gating = gating == 2 ? GatingFunc::kSigmoid : GatingFunc::kSoftmax;
+    if (md.Has(a + "expert_weights_norm")) {
+      ASSIGN_OR_RETURN(hp.expert_weights_norm, md.GetBool(a + "expert_weights_norm"));
+    } else {
+      hp.expert_weights_norm = hp.gating == GatingFunc::kSigmoid;
+    }
+    RETURN_IF_ERROR(Check(hp.n_rot > 0 && hp.n_rot < hp.head_dim_k && hp.n_rot % 2 == 0,
+                          "rope dimension_count " + std::to_string(hp.n_rot) +
+                              " with key_length " + std::to_string(hp.head_dim_k)));
+    if (hp.n_expert_groups > 1) {
+      RETURN_IF_ERROR(Check(hp.n_expert % hp.n_expert_groups == 0 && hp.n_group_used > 0 &&
+                                hp.n_group_used <= hp.n_expert_groups,
+                            "expert groups " + std::to_string(hp.n_expert_groups) + "/" +
+                                std::to_string(hp.n_group_used)));
+    }
+  } else {
+    hp.n_ff_shexp = md.GetInt(a + "expert_shared_feed_forward_length", 0);
+    // mixtral and qwen3moe renormalize the top-k softmax weights; qwen2moe does not.
+    const bool norm_default = hp.arch != "qwen2moe";
+    if (md.Has(a + "expert_weights_norm")) {
+      ASSIGN_OR_RETURN(hp.expert_weights_norm, md.GetBool(a + "expert_weights_norm"));
+    } else {
+      hp.expert_weights_norm = norm_default;
+    }
+    RETURN_IF_ERROR(Check(hp.n_rot > 0 && hp.n_rot <= hp.head_dim_k && hp.n_rot % 2 == 0,
+                          "rope dimension_count " + std::to_string(hp.n_rot)));
+  }
+  RETURN_IF_ERROR(Check(hp.head_dim_k > 0 && hp.head_dim_v > 0 && hp.head_dim_k <= 4096 &&
+                            hp.head_dim_v <= 4096,
+                        "head size " + std::to_string(hp.head_dim_k)));
+  hp.attn_scale = mscale_attn / std::sqrt(static_cast<float>(hp.head_dim_k));
+  return hp;
+}
+
+}  // namespace substrate

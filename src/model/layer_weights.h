@@ -1,0 +1,28 @@
+// The tensor ids one transformer layer may use, resolved once at load (kNoTensor when the
+// model has no such tensor: a bias, a QK-norm, a shared expert...).
+#pragma once
+
+#include "model/weight_source.h"
+
+namespace substrate {
+
+struct LayerWeights {
+  // Attention.
+  TensorId attn_norm = kNoTensor;
+  TensorId wq = kNoTensor, wk = kNoTensor, wv = kNoTensor, wo = kNoTensor;
+  TensorId bq = kNoTensor, bk = kNoTensor, bv = kNoTensor, bo = kNoTensor;
+  TensorId q_norm = kNoTensor, k_norm = kNoTensor;  // qwen3 QK-norm, per head
+  // MLA (deepseek).
+  TensorId wq_a = kNoTensor, q_a_norm = kNoTensor, wq_b = kNoTensor;
+  TensorId wkv_a = kNoTensor, kv_a_norm = kNoTensor, wkv_b = kNoTensor;
+  // Dense FFN.
+  TensorId ffn_norm = kNoTensor;
+  TensorId ffn_gate = kNoTensor, ffn_up = kNoTensor, ffn_down = kNoTensor;
+  // Mixture of experts.
+  TensorId gate_inp = kNoTensor, exp_probs_b = kNoTensor;
+  TensorId gate_exps = kNoTensor, up_exps = kNoTensor, down_exps = kNoTensor;
+  TensorId gate_shexp = kNoTensor, up_shexp = kNoTensor, down_shexp = kNoTensor;
+  TensorId gate_inp_shexp = kNoTensor;
+};
+
+}  // namespace substrate

@@ -1,0 +1,58 @@
+#include "model/resident_weight_source.h"
+
+namespace substrate {
+
+Expected<WeightView> MakeWeightView(const TensorInfo& info, const uint8_t* data, int slice) {
+  WeightView v;
+  v.type = info.type;
+  v.cols = info.ne.empty() ? 1 : static_cast<int64_t>(info.ne[0]);
+  int64_t rows = 1;
+  for (size_t i = 1; i < info.ne.size(); ++i) rows *= static_cast<int64_t>(info.ne[i]);
+  if (slice >= 0) {
+    if (static_cast<uint64_t>(slice) >= info.outer() || info.ne.size() < 2) {
+      return InvalidArgument("tensor '" + info.name + "': slice " + std::to_string(slice) +
+                             " out of range (outer dimension " + std::to_string(info.outer()) +
+                             ")");
+    }
+    rows /= static_cast<int64_t>(info.outer());
+    v.data = data + info.slice_bytes() * static_cast<uint64_t>(slice);
+    v.bytes = info.slice_bytes();
+  } else {
+    v.data = data;
+    v.bytes = info.bytes;
+  }
+  v.rows = rows;
+  return v;
+}
+
+Expected<std::unique_ptr<ResidentWeightSource>> ResidentWeightSource::Load(const ModelFile& file,
+                                                                           MemoryLedger* ledger) {
+  auto src = std::make_unique<ResidentWeightSource>();
+  const auto& tensors = file.tensors();
+  src->infos_ = tensors;
+  src->data_.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorInfo& t = tensors[i];
+    auto buf = AlignedBuffer::Allocate(t.bytes ? t.bytes : 1, ledger, "weights", 64);
+    if (!buf.ok()) return buf.status().WithContext("loading tensor '" + t.name + "'");
+    RETURN_IF_ERROR(file.ReadTensor(t, buf->data()));
+    src->total_bytes_ += t.bytes;
+    src->ids_[t.name] = static_cast<TensorId>(i);
+    src->data_.push_back(std::move(buf).value());
+  }
+  return src;
+}
+
+TensorId ResidentWeightSource::Resolve(const std::string& name) const {
+  auto it = ids_.find(name);
+  return it == ids_.end() ? kNoTensor : it->second;
+}
+
+Expected<WeightHandle> ResidentWeightSource::Acquire(TensorId id, int slice, int tier) {
+  if (id < 0 || static_cast<size_t>(id) >= infos_.size())
+    return InvalidArgument("weight source: no tensor with id " + std::to_string(id));
+  ASSIGN_OR_RETURN(WeightView v, MakeWeightView(infos_[id], data_[id].data(), slice));
+  return WeightHandle(this, v, 0);
+}
+
+}  // namespace substrate

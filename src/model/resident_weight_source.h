@@ -1,0 +1,41 @@
+// ResidentWeightSource: every tensor of a ModelFile read into memory once, charged to the
+// ledger account "weights". Acquire is a lookup; nothing is read or freed while the model runs.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/aligned_buffer.h"
+#include "core/memory_ledger.h"
+#include "format/model_file.h"
+#include "model/weight_source.h"
+
+namespace substrate {
+
+class ResidentWeightSource : public WeightSource {
+ public:
+  // Reads all tensors of `file` (kept open only during the call). Fails with OutOfMemory when
+  // the ledger's cap is exceeded, naming the tensor.
+  static Expected<std::unique_ptr<ResidentWeightSource>> Load(const ModelFile& file,
+                                                              MemoryLedger* ledger);
+
+  TensorId Resolve(const std::string& name) const override;
+  const TensorInfo& Info(TensorId id) const override { return infos_[id]; }
+  Expected<WeightHandle> Acquire(TensorId id, int slice = -1, int tier = 0) override;
+
+  uint64_t total_bytes() const { return total_bytes_; }
+
+ private:
+  std::vector<TensorInfo> infos_;
+  std::vector<AlignedBuffer> data_;
+  std::unordered_map<std::string, TensorId> ids_;
+  uint64_t total_bytes_ = 0;
+};
+
+// A view of tensor `info` whose bytes start at `data` (slice >= 0: that outermost index).
+// Shared by weight sources: rows/cols from the shape, bytes from the type.
+Expected<WeightView> MakeWeightView(const TensorInfo& info, const uint8_t* data, int slice);
+
+}  // namespace substrate

@@ -1,0 +1,84 @@
+#include "model/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+namespace substrate {
+
+int32_t Argmax(const float* logits, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (logits[i] > logits[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+int32_t Sampler::Sample(const float* logits, int64_t n_vocab,
+                        const std::vector<int32_t>& history) {
+  const float* l = logits;
+  if (p_.repeat_penalty != 1.0f && p_.repeat_last_n != 0 && !history.empty()) {
+    // CTRL-style penalty: positive logits divided, negative multiplied.
+    adjusted_.assign(logits, logits + n_vocab);
+    const size_t n = p_.repeat_last_n < 0 ? history.size()
+                                          : std::min(history.size(),
+                                                     static_cast<size_t>(p_.repeat_last_n));
+    std::unordered_set<int32_t> seen(history.end() - static_cast<std::ptrdiff_t>(n),
+                                     history.end());
+    for (int32_t t : seen) {
+      if (t < 0 || t >= n_vocab) continue;
+      float& v = adjusted_[t];
+      v = v > 0 ? v / p_.repeat_penalty : v * p_.repeat_penalty;
+    }
+    l = adjusted_.data();
+  }
+  if (p_.temperature <= 0.0f) return Argmax(l, n_vocab);
+
+  cand_.resize(static_cast<size_t>(n_vocab));
+  for (int64_t i = 0; i < n_vocab; ++i) cand_[i] = {l[i], static_cast<int32_t>(i)};
+  auto by_logit = [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  size_t keep = cand_.size();
+  if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < keep) {
+    keep = static_cast<size_t>(p_.top_k);
+    std::partial_sort(cand_.begin(), cand_.begin() + keep, cand_.end(), by_logit);
+  } else {
+    std::sort(cand_.begin(), cand_.end(), by_logit);
+  }
+  cand_.resize(keep);
+  // Probabilities at temperature 1 for the p filters (as llama.cpp's default chain does).
+  const float mx = cand_[0].first;
+  std::vector<double> prob(keep);
+  double sum = 0;
+  for (size_t i = 0; i < keep; ++i) sum += prob[i] = std::exp(cand_[i].first - mx);
+  for (double& p : prob) p /= sum;
+  if (p_.top_p < 1.0f) {
+    double cum = 0;
+    size_t k = 0;
+    while (k < keep) {
+      cum += prob[k++];
+      if (cum >= p_.top_p) break;
+    }
+    keep = std::max<size_t>(1, k);
+  }
+  if (p_.min_p > 0.0f) {
+    const double floor = prob[0] * p_.min_p;
+    size_t k = 1;
+    while (k < keep && prob[k] >= floor) ++k;
+    keep = k;
+  }
+  // Temperature, then a draw from what is left.
+  std::vector<double> w(keep);
+  double wsum = 0;
+  for (size_t i = 0; i < keep; ++i)
+    wsum += w[i] = std::exp((cand_[i].first - mx) / p_.temperature);
+  std::uniform_real_distribution<double> uni(0.0, wsum);
+  double r = uni(rng_);
+  for (size_t i = 0; i < keep; ++i) {
+    r -= w[i];
+    if (r <= 0) return cand_[i].second;
+  }
+  return cand_[keep - 1].second;
+}
+
+}  // namespace substrate
