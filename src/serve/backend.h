@@ -1,0 +1,87 @@
+// The server's view of a model: a small interface the HTTP/protocol/queue layer is written
+// against, so that it can be tested with a deterministic backend and run on the real engine
+// (serve/model_backend.h) without knowing how tokens are made.
+//
+// Threading: Tokenize, RenderChat and the accessors are called from many HTTP threads at once
+// and must be thread-safe. A Session is used by one slot worker at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+
+namespace substrate::serve {
+
+struct SamplingParams {
+  int max_tokens = 16;       // hard cap on generated tokens (the server clamps it to the context)
+  float temperature = 1.0f;  // <= 0 means greedy
+  float top_p = 1.0f;        // nucleus mass, (0, 1]
+  int top_k = 0;             // 0 = off
+  uint64_t seed = 0;
+  bool has_seed = false;     // false: the backend picks a seed (non-deterministic)
+};
+
+// Why generation ended, as seen by the backend. A callback returning false ends it with
+// kCallerStopped; the server knows whether that was a stop string or a client gone.
+enum class BackendFinish { kEndOfText, kLength, kCallerStopped };
+
+struct GenerateResult {
+  int prompt_tokens = 0;
+  int cached_tokens = 0;     // prompt tokens whose KV entries were reused from the last call
+  int generated_tokens = 0;  // tokens passed to the callback
+  BackendFinish finish = BackendFinish::kLength;
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+};
+
+// Called once per generated token (never for the end-of-text token) with the complete UTF-8
+// text that token finishes (possibly empty while a multi-byte character is incomplete).
+// Returning false stops generation at once.
+using TokenCallback = std::function<bool(int32_t token, std::string_view text)>;
+
+// One slot's generation state: the KV cache it keeps between calls, so that a prompt extending
+// the previous one only evaluates the new tokens.
+class Session {
+ public:
+  virtual ~Session() = default;
+  // Generates a continuation of `prompt`, reusing the KV cache for the longest prefix shared
+  // with the tokens already cached. Fails (without crashing) on a prompt the model cannot take.
+  virtual Expected<GenerateResult> Generate(const std::vector<int32_t>& prompt,
+                                            const SamplingParams& params,
+                                            const TokenCallback& on_token) = 0;
+  // The tokens whose KV entries are cached now (the scheduler routes a request to the slot
+  // that shares the longest prefix with it).
+  virtual std::vector<int32_t> CachedTokens() const = 0;
+};
+
+class InferenceBackend {
+ public:
+  virtual ~InferenceBackend() = default;
+
+  // The name clients see in /v1/models and responses.
+  virtual std::string ModelId() const = 0;
+  // Tokens one sequence may hold (prompt + generated).
+  virtual int ContextLength() const = 0;
+  // Token ids are in [0, VocabSize()).
+  virtual int VocabSize() const = 0;
+
+  // Text -> ids with the model's own conventions (BOS when the model adds one; special
+  // tokens such as <|im_start|> in the text are parsed as such).
+  virtual Expected<std::vector<int32_t>> Tokenize(const std::string& text) const = 0;
+
+  // Formats a conversation through the model's chat template. `messages` is an array of
+  // {"role": ..., "content": "<text>"}; the result ends with the assistant's turn opened.
+  virtual Expected<std::string> RenderChat(const nlohmann::json& messages) const = 0;
+
+  // A new slot state; called once per parallel slot when the server starts.
+  virtual Expected<std::unique_ptr<Session>> NewSession() = 0;
+};
+
+}  // namespace substrate::serve

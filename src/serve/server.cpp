@@ -1,0 +1,414 @@
+#include "serve/server.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include <httplib.h>
+
+#include "core/log.h"
+#include "serve/protocol.h"
+
+namespace substrate::serve {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A gone client makes send() raise SIGPIPE (httplib does not pass MSG_NOSIGNAL); the server
+// must see that as a failed write, not die of it.
+void IgnoreSigpipe() {
+  struct sigaction sa {};
+  sigaction(SIGPIPE, nullptr, &sa);
+  if (sa.sa_handler == SIG_DFL) {
+    sa.sa_handler = SIG_IGN;
+    sigaction(SIGPIPE, &sa, nullptr);
+  }
+}
+
+Api ApiForPath(const std::string& path) {
+  if (path.rfind("/v1/messages", 0) == 0) return Api::kAnthropicMessages;
+  if (path.rfind("/v1/completions", 0) == 0) return Api::kOpenAICompletion;
+  return Api::kOpenAIChat;
+}
+
+ApiError MakeError(int status, std::string type, std::string message, std::string code = "") {
+  ApiError e;
+  e.http_status = status;
+  e.type = std::move(type);
+  e.message = std::move(message);
+  e.code = std::move(code);
+  return e;
+}
+
+void SendError(httplib::Response& res, Api api, const ApiError& e) {
+  res.status = e.http_status;
+  res.set_content(ErrorBody(api, e), "application/json");
+}
+
+// Equal-time comparison, so that the key cannot be guessed byte by byte from response times.
+bool SameKey(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i % std::max<size_t>(b.size(), 1)];
+  return diff == 0 && !b.empty();
+}
+
+int64_t UnixNow() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Finish ToFinish(JobEnd end) {
+  switch (end) {
+    case JobEnd::kEndOfText: return Finish::kEndOfText;
+    case JobEnd::kStopSequence: return Finish::kStopSequence;
+    default: return Finish::kLength;
+  }
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<HttpServer>> HttpServer::Create(InferenceBackend* backend,
+                                                         const ServerOptions& options) {
+  IgnoreSigpipe();
+  std::unique_ptr<HttpServer> s(new HttpServer());
+  s->backend_ = backend;
+  s->options_ = options;
+  if (!s->options_.ledger) s->options_.ledger = &MemoryLedger::Global();
+  const int model_ctx = backend->ContextLength();
+  s->context_ = options.context > 0 ? std::min(options.context, model_ctx) : model_ctx;
+  if (s->context_ < 2) return InvalidArgument("serve: context of " + std::to_string(s->context_) +
+                                              " tokens is too small");
+  ASSIGN_OR_RETURN(s->scheduler_, Scheduler::Create(backend, options.parallel, options.max_queue));
+
+  s->http_ = std::make_unique<httplib::Server>();
+  // Every streaming client holds an HTTP thread, and so does every request waiting in the
+  // queue; a few more serve /health and /metrics while all of them are busy.
+  const size_t threads = static_cast<size_t>(options.parallel + options.max_queue + 4);
+  s->http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  s->http_->set_payload_max_length(options.max_body_bytes);
+  s->http_->set_read_timeout(30, 0);
+  s->http_->set_write_timeout(10, 0);
+  s->http_->set_keep_alive_timeout(5);
+  s->http_->set_tcp_nodelay(true);
+  s->InstallRoutes();
+
+  if (options.port == 0) {
+    s->port_ = s->http_->bind_to_any_port(options.host);
+    if (s->port_ <= 0)
+      return IOError("serve: cannot bind to " + options.host + " (any port)");
+  } else {
+    if (options.port < 0 || options.port > 65535)
+      return InvalidArgument("serve: port " + std::to_string(options.port) + " out of range");
+    if (!s->http_->bind_to_port(options.host, options.port))
+      return IOError("serve: cannot bind to " + options.host + ":" + std::to_string(options.port) +
+                     " (in use, or the address is not local)");
+    s->port_ = options.port;
+  }
+  return s;
+}
+
+HttpServer::~HttpServer() { Stop(); }
+
+Status HttpServer::Run() {
+  if (!http_->listen_after_bind()) return IOError("serve: the listening socket failed");
+  return Status::Ok();
+}
+
+void HttpServer::Start() {
+  thread_ = std::thread([this] { (void)Run(); });
+  // The socket is bound already, so connections queue; wait only so is_running() is true.
+  for (int i = 0; i < 2000 && !http_->is_running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+void HttpServer::Stop() {
+  if (http_) http_->stop();
+  if (thread_.joinable()) thread_.join();
+  // Destroying the scheduler cancels generations, which lets streaming handlers finish.
+  scheduler_.reset();
+  http_.reset();
+}
+
+void HttpServer::InstallRoutes() {
+  httplib::Server& http = *http_;
+
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (options_.api_key.empty() || req.path.rfind("/v1/", 0) != 0)
+      return httplib::Server::HandlerResponse::Unhandled;
+    std::string key;
+    const std::string auth = req.get_header_value("Authorization");
+    if (auth.rfind("Bearer ", 0) == 0) key = auth.substr(7);
+    if (key.empty()) key = req.get_header_value("x-api-key");
+    if (SameKey(key, options_.api_key)) return httplib::Server::HandlerResponse::Unhandled;
+    Api api = ApiForPath(req.path);
+    ApiError e = MakeError(401,
+                           api == Api::kAnthropicMessages ? "authentication_error"
+                                                          : "invalid_request_error",
+                           key.empty() ? "missing API key (send 'Authorization: Bearer KEY' or "
+                                         "'x-api-key: KEY')"
+                                       : "invalid API key",
+                           "invalid_api_key");
+    SendError(res, api, e);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+
+  // httplib's own errors (no route, body over the limit, bad request line) arrive here with
+  // an empty body; ours already have one.
+  http.set_error_handler(httplib::Server::HandlerWithResponse(
+      [this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty() || res.content_provider_)
+      return httplib::Server::HandlerResponse::Unhandled;
+    Api api = ApiForPath(req.path);
+    const bool anthropic = api == Api::kAnthropicMessages;
+    ApiError e;
+    if (res.status == 413) {
+      e = MakeError(413, anthropic ? "request_too_large" : "invalid_request_error",
+                    "request body is larger than the limit of " +
+                        std::to_string(options_.max_body_bytes) + " bytes",
+                    "request_too_large");
+    } else if (res.status == 404) {
+      e = MakeError(404, anthropic ? "not_found_error" : "invalid_request_error",
+                    "no route for " + req.method + " " + req.path, "not_found");
+    } else if (res.status == 405) {
+      e = MakeError(405, "invalid_request_error", "method " + req.method + " not allowed on " +
+                                                      req.path);
+    } else {
+      e = MakeError(res.status, res.status < 500 ? "invalid_request_error" : "api_error",
+                    "HTTP " + std::to_string(res.status) + " for " + req.method + " " + req.path);
+    }
+    SendError(res, api, e);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+
+  http.set_exception_handler(
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown error";
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        LOG_ERROR("serve: %s %s: %s", req.method.c_str(), req.path.c_str(), what.c_str());
+        SendError(res, ApiForPath(req.path),
+                  MakeError(500, "api_error", "internal error: " + what));
+      });
+
+  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(counts_mu_);
+    // Only known paths get their own series, so that scanners cannot grow the map.
+    static const char* kKnown[] = {"/health", "/metrics", "/v1/models", "/v1/chat/completions",
+                                   "/v1/completions", "/v1/messages"};
+    std::string path = "other";
+    for (const char* k : kKnown)
+      if (req.path == k) path = k;
+    ++request_counts_[{path, res.status}];
+  });
+
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    SchedulerStats st = scheduler_->Stats();
+    nlohmann::json j = {{"status", "ok"},
+                        {"model", backend_->ModelId()},
+                        {"slots", st.slots},
+                        {"slots_busy", st.busy},
+                        {"queued", st.queued}};
+    res.set_content(j.dump(), "application/json");
+  });
+
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(MetricsText(), "text/plain; version=0.0.4");
+  });
+
+  auto models = [this](const httplib::Request& req, httplib::Response& res) {
+    const bool anthropic = req.has_header("anthropic-version");
+    res.set_content(ModelsBody(backend_->ModelId(), context_, anthropic), "application/json");
+  };
+  http.Get("/v1/models", models);
+
+  auto generate = [this](Api api) {
+    return [this, api](const httplib::Request& req, httplib::Response& res) {
+      GenerationRequest gr;
+      ApiError err;
+      if (!ParseRequest(api, req.body, &gr, &err)) return SendError(res, api, err);
+
+      // The prompt, as the model sees it.
+      std::vector<int32_t> prompt;
+      if (api == Api::kOpenAICompletion && gr.has_prompt_ids) {
+        prompt = gr.prompt_ids;
+        for (int32_t id : prompt)
+          if (id >= backend_->VocabSize())
+            return SendError(res, api,
+                             BadRequest("prompt token id " + std::to_string(id) +
+                                            " is outside the vocabulary (size " +
+                                            std::to_string(backend_->VocabSize()) + ")",
+                                        "prompt"));
+      } else {
+        std::string text = gr.prompt_text;
+        if (api != Api::kOpenAICompletion) {
+          auto rendered = backend_->RenderChat(gr.messages);
+          if (!rendered.ok())
+            return SendError(res, api, BadRequest("chat template: " + rendered.status().message(),
+                                                  "messages"));
+          text = std::move(*rendered);
+        }
+        auto ids = backend_->Tokenize(text);
+        if (!ids.ok())
+          return SendError(res, api, BadRequest("tokenizer: " + ids.status().message()));
+        prompt = std::move(*ids);
+      }
+      if (prompt.empty()) return SendError(res, api, BadRequest("the prompt is empty", "prompt"));
+      const int n_prompt = static_cast<int>(prompt.size());
+      if (n_prompt >= context_) {
+        ApiError e = BadRequest("the prompt is " + std::to_string(n_prompt) +
+                                " tokens; this server's context holds " +
+                                std::to_string(context_) +
+                                " tokens (prompt and answer together)",
+                                api == Api::kOpenAICompletion ? "prompt" : "messages");
+        e.code = "context_length_exceeded";
+        return SendError(res, api, e);
+      }
+      // Clients often ask for more than a small context leaves: answer up to its end.
+      const int room = context_ - n_prompt;
+      gr.sampling.max_tokens = gr.max_tokens_given ? std::min(gr.sampling.max_tokens, room) : room;
+
+      auto job = std::make_shared<Job>(std::move(prompt), gr.sampling, gr.stop);
+      Status submitted = scheduler_->Submit(job);
+      if (!submitted.ok()) {
+        const bool anthropic = api == Api::kAnthropicMessages;
+        return SendError(res, api,
+                         MakeError(anthropic ? 529 : 503,
+                                   anthropic ? "overloaded_error" : "server_error",
+                                   submitted.message(), "server_overloaded"));
+      }
+
+      CompletionInfo info;
+      info.id = NewId(api);
+      info.created = UnixNow();
+      info.model = backend_->ModelId();
+      info.prompt_tokens = n_prompt;
+
+      auto fill = [job](CompletionInfo* i) {
+        const GenerateResult& r = job->result();
+        i->finish = ToFinish(job->end());
+        i->stop_sequence = job->stop_sequence();
+        i->cached_tokens = r.cached_tokens;
+        i->completion_tokens = r.generated_tokens;
+      };
+
+      if (!gr.stream) {
+        std::string text = job->WaitAll();
+        if (job->end() == JobEnd::kFailed || job->end() == JobEnd::kCancelled) {
+          const Status& st = job->status();
+          if (st.code() == StatusCode::kInvalidArgument)
+            return SendError(res, api, BadRequest(st.message()));
+          return SendError(res, api, MakeError(500, "api_error", st.ToString()));
+        }
+        fill(&info);
+        res.set_content(ResponseBody(api, info, text), "application/json");
+        return;
+      }
+
+      res.set_header("Cache-Control", "no-cache");
+      res.set_header("X-Accel-Buffering", "no");
+      const bool include_usage = gr.include_usage;
+      Scheduler* sched = scheduler_.get();
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [job, api, info, include_usage, sched, fill](size_t, httplib::DataSink& sink) mutable {
+            auto write = [&](const std::string& s) {
+              if (s.empty() || sink.write(s.data(), s.size())) return true;
+              sched->Cancel(job);  // the client is gone: free its slot now
+              return false;
+            };
+            if (!write(StreamStart(api, info))) return false;
+            auto last_write = Clock::now();
+            for (;;) {
+              std::string text;
+              bool ended = job->Take(std::chrono::milliseconds(100), &text);
+              if (!text.empty()) {
+                if (!write(StreamDelta(api, info, text))) return false;
+                last_write = Clock::now();
+              } else if (!ended && Clock::now() - last_write > std::chrono::milliseconds(300)) {
+                // While queued or in a long prefill: a ping, so a gone client is noticed.
+                if (!write(StreamPing(api))) return false;
+                last_write = Clock::now();
+              }
+              if (ended) break;
+            }
+            if (job->end() == JobEnd::kFailed || job->end() == JobEnd::kCancelled) {
+              write(StreamError(api, MakeError(500, "api_error", job->status().ToString())));
+            } else {
+              fill(&info);
+              if (!write(StreamEnd(api, info, include_usage))) return false;
+            }
+            sink.done();
+            return true;
+          },
+          [job, sched](bool) { sched->Cancel(job); });
+    };
+  };
+  http.Post("/v1/chat/completions", generate(Api::kOpenAIChat));
+  http.Post("/v1/completions", generate(Api::kOpenAICompletion));
+  http.Post("/v1/messages", generate(Api::kAnthropicMessages));
+}
+
+std::string HttpServer::MetricsText() const {
+  std::ostringstream o;
+  auto metric = [&](const char* name, const char* type, const char* help) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+  };
+  SchedulerStats st = scheduler_->Stats();
+  metric("substrate_requests_total", "counter", "HTTP requests answered, by path and status.");
+  {
+    std::lock_guard<std::mutex> lock(counts_mu_);
+    for (const auto& [key, n] : request_counts_)
+      o << "substrate_requests_total{path=\"" << key.first << "\",status=\"" << key.second
+        << "\"} " << n << '\n';
+  }
+  metric("substrate_queue_depth", "gauge", "Requests waiting for a slot.");
+  o << "substrate_queue_depth " << st.queued << '\n';
+  metric("substrate_slots_busy", "gauge", "Slots generating now.");
+  o << "substrate_slots_busy " << st.busy << '\n';
+  metric("substrate_slots_total", "gauge", "Parallel slots.");
+  o << "substrate_slots_total " << st.slots << '\n';
+  metric("substrate_generations_total", "counter", "Generations ended, by outcome.");
+  o << "substrate_generations_total{outcome=\"completed\"} " << st.completed << '\n'
+    << "substrate_generations_total{outcome=\"cancelled\"} " << st.cancelled << '\n'
+    << "substrate_generations_total{outcome=\"failed\"} " << st.failed << '\n';
+  metric("substrate_prompt_tokens_total", "counter", "Prompt tokens of finished generations.");
+  o << "substrate_prompt_tokens_total " << st.prompt_tokens << '\n';
+  metric("substrate_prompt_cached_tokens_total", "counter",
+         "Prompt tokens whose KV cache was reused (prompt cache hits).");
+  o << "substrate_prompt_cached_tokens_total " << st.cached_tokens << '\n';
+  metric("substrate_generated_tokens_total", "counter", "Tokens generated.");
+  o << "substrate_generated_tokens_total " << st.generated_tokens << '\n';
+  metric("substrate_tokens_per_second", "gauge", "Generated tokens per second, last 5 s, all slots.");
+  o << "substrate_tokens_per_second " << scheduler_->RecentTokensPerSecond() << '\n';
+  metric("substrate_decode_tokens_per_second", "gauge",
+         "Generated tokens per second of decoding, per request, averaged over all requests.");
+  o << "substrate_decode_tokens_per_second "
+    << (st.decode_seconds > 0 ? st.generated_tokens / st.decode_seconds : 0.0) << '\n';
+  metric("substrate_prefill_seconds_total", "counter", "Time spent evaluating prompts.");
+  o << "substrate_prefill_seconds_total " << st.prefill_seconds << '\n';
+  metric("substrate_time_to_first_token_seconds", "summary",
+         "From request queued to first generated token.");
+  o << "substrate_time_to_first_token_seconds_sum " << st.ttft_seconds_sum << '\n'
+    << "substrate_time_to_first_token_seconds_count " << st.ttft_count << '\n';
+  const MemoryLedger& ledger = *options_.ledger;
+  metric("substrate_memory_ledger_bytes", "gauge", "Bytes charged to the memory ledger, by account.");
+  for (const auto& [account, a] : ledger.Accounts())
+    o << "substrate_memory_ledger_bytes{account=\"" << account << "\"} " << a.current << '\n';
+  o << "substrate_memory_ledger_bytes{account=\"total\"} " << ledger.current() << '\n';
+  metric("substrate_memory_ledger_peak_bytes", "gauge", "Highest total charge so far.");
+  o << "substrate_memory_ledger_peak_bytes " << ledger.peak() << '\n';
+  metric("substrate_memory_ledger_cap_bytes", "gauge", "The ledger's cap (0: none).");
+  o << "substrate_memory_ledger_cap_bytes " << ledger.cap() << '\n';
+  return o.str();
+}
+
+}  // namespace substrate::serve

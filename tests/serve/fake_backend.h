@@ -1,0 +1,121 @@
+// A deterministic InferenceBackend for the server tests (tests only — the product serves the
+// real model through serve/model_backend.h). Tokens are bytes (0..255) plus end-of-text (256).
+//
+// Greedy output is a fixed script chosen by the prompt length, so a test can predict every
+// answer; it contains a two-byte character split across two tokens, to exercise UTF-8
+// reassembly. A prompt containing "[eos]" ends after one copy of the script with end-of-text.
+// temperature > 0 gives letters from a PRNG seeded with `seed`.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "serve/backend.h"
+#include "serve/stop_matcher.h"
+
+namespace substrate::serve::testing {
+
+inline std::string FakeScript(size_t prompt_tokens) {
+  return "Answer " + std::to_string(prompt_tokens) + ": caf\xC3\xA9 quick brown fox. ";
+}
+
+// What the fake generates for a prompt of n tokens, greedy, up to max_tokens bytes.
+inline std::string FakeGreedy(size_t prompt_tokens, int max_tokens, bool eos) {
+  std::string script = FakeScript(prompt_tokens), out;
+  while (static_cast<int>(out.size()) < max_tokens) {
+    if (eos && out.size() == script.size()) break;
+    out += script[out.size() % script.size()];
+  }
+  return out;
+}
+
+class FakeBackend : public InferenceBackend {
+ public:
+  explicit FakeBackend(int context = 512) : context_(context) {}
+
+  std::atomic<int> token_delay_us{0};
+  std::atomic<int> running{0};
+  std::atomic<int> max_running{0};
+  std::atomic<uint64_t> tokens_generated{0};
+
+  std::string ModelId() const override { return "fake-model"; }
+  int ContextLength() const override { return context_; }
+  int VocabSize() const override { return 257; }
+  Expected<std::vector<int32_t>> Tokenize(const std::string& text) const override {
+    std::vector<int32_t> ids;
+    for (unsigned char c : text) ids.push_back(c);
+    return ids;
+  }
+  Expected<std::string> RenderChat(const nlohmann::json& messages) const override {
+    std::string out;
+    for (const auto& m : messages)
+      out += "<" + m["role"].get<std::string>() + ">" + m["content"].get<std::string>() + "\n";
+    return out + "<assistant>";
+  }
+
+  class FakeSession : public Session {
+   public:
+    explicit FakeSession(FakeBackend* b) : b_(b) {}
+    Expected<GenerateResult> Generate(const std::vector<int32_t>& prompt,
+                                      const SamplingParams& params,
+                                      const TokenCallback& on_token) override {
+      GenerateResult r;
+      r.prompt_tokens = static_cast<int>(prompt.size());
+      for (int32_t t : prompt)
+        if (t < 0 || t >= 257) return InvalidArgument("fake: token id out of range");
+      size_t lcp = 0;
+      while (lcp < cached_.size() && lcp < prompt.size() && cached_[lcp] == prompt[lcp]) ++lcp;
+      if (lcp == prompt.size()) --lcp;  // the last prompt token is always evaluated
+      r.cached_tokens = static_cast<int>(lcp);
+      cached_ = prompt;
+      int now = ++b_->running;
+      int prev = b_->max_running.load();
+      while (now > prev && !b_->max_running.compare_exchange_weak(prev, now)) {
+      }
+      std::string text(prompt.begin(), prompt.end());
+      const bool eos = text.find("[eos]") != std::string::npos;
+      const std::string script = FakeScript(prompt.size());
+      std::mt19937_64 rng(params.seed);
+      Utf8Assembler utf8;
+      r.finish = BackendFinish::kLength;
+      for (int i = 0; i < params.max_tokens; ++i) {
+        if (int d = b_->token_delay_us.load()) std::this_thread::sleep_for(std::chrono::microseconds(d));
+        if (eos && static_cast<size_t>(i) == script.size()) {
+          r.finish = BackendFinish::kEndOfText;
+          break;
+        }
+        int32_t tok = params.temperature > 0 ? static_cast<int32_t>('a' + rng() % 26)
+                                             : static_cast<unsigned char>(script[i % script.size()]);
+        if (i > 0) cached_.push_back(last_);
+        last_ = tok;
+        ++r.generated_tokens;
+        ++b_->tokens_generated;
+        char c = static_cast<char>(tok);
+        if (!on_token(tok, utf8.Push(std::string_view(&c, 1)))) {
+          r.finish = BackendFinish::kCallerStopped;
+          break;
+        }
+      }
+      --b_->running;
+      return r;
+    }
+    std::vector<int32_t> CachedTokens() const override { return cached_; }
+
+   private:
+    FakeBackend* b_;
+    std::vector<int32_t> cached_;
+    int32_t last_ = 0;
+  };
+
+  Expected<std::unique_ptr<Session>> NewSession() override {
+    return std::unique_ptr<Session>(new FakeSession(this));
+  }
+
+ private:
+  int context_;
+};
+
+}  // namespace substrate::serve::testing
