@@ -33,6 +33,7 @@ struct FixtureModel {
   std::vector<FixtureTensor> tensors;  // file order
   std::map<std::string, size_t> index;
   std::string arch;
+  std::map<std::string, int64_t> ints;  // integer metadata scalars
   const FixtureTensor* Find(const std::string& n) const {
     auto it = index.find(n);
     return it == index.end() ? nullptr : &tensors[it->second];
@@ -107,6 +108,10 @@ inline bool LoadFixture(const std::string& path, FixtureModel* m) {
     const auto t = r.Get<uint32_t>();
     if (key == "general.alignment" && t == 4) {
       alignment = r.Get<uint32_t>();
+      continue;
+    }
+    if (t == 4 || t == 5) {  // u32 / i32
+      m->ints[key] = t == 4 ? static_cast<int64_t>(r.Get<uint32_t>()) : r.Get<int32_t>();
       continue;
     }
     std::string v = r.Value(t);
