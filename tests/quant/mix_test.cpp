@@ -112,3 +112,26 @@ TEST(Mix, FileTypeNames) {
 
 }  // namespace
 }  // namespace substrate
+
+#include "quant/type_plan.h"
+
+namespace substrate {
+namespace {
+
+TEST(TypePlan, ParsesBothFormsAndRejectsBadInput) {
+  auto a = ParseTensorTypePlan(R"({"tensor_types": {"output.weight": "q6_k", "x": "Q8_0"}})");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->at("output.weight"), DType::kQ6_K);
+  EXPECT_EQ(a->at("x"), DType::kQ8_0);
+  auto b = ParseTensorTypePlan(R"({"blk.0.attn_q.weight": "IQ4_XS"})");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->at("blk.0.attn_q.weight"), DType::kIQ4_XS);
+  EXPECT_EQ(ParseTensorTypePlan("{").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseTensorTypePlan(R"({"x": 3})").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseTensorTypePlan(R"({"x": "Q9_9"})").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseTensorTypePlan(R"({"x": "IQ2_XXS"})").status().code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(ParseTensorTypePlan("[1,2]").status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace substrate
