@@ -43,7 +43,8 @@ struct GenerateResult {
 
 // Called once per generated token (never for the end-of-text token) with the complete UTF-8
 // text that token finishes (possibly empty while a multi-byte character is incomplete).
-// Returning false stops generation at once.
+// Returning false stops generation at once. At the end, text still held back by the decoder
+// (an incomplete character, as U+FFFD) comes with token -1.
 using TokenCallback = std::function<bool(int32_t token, std::string_view text)>;
 
 // One slot's generation state: the KV cache it keeps between calls, so that a prompt extending
@@ -72,13 +73,13 @@ class InferenceBackend {
   // Token ids are in [0, VocabSize()).
   virtual int VocabSize() const = 0;
 
-  // Text -> ids with the model's own conventions (BOS when the model adds one; special
-  // tokens such as <|im_start|> in the text are parsed as such).
-  virtual Expected<std::vector<int32_t>> Tokenize(const std::string& text) const = 0;
+  // Plain text -> ids, as `substrate run -p` encodes a prompt: BOS when the model adds one;
+  // control-token text ("<|im_end|>") stays plain text.
+  virtual Expected<std::vector<int32_t>> EncodeText(const std::string& text) const = 0;
 
-  // Formats a conversation through the model's chat template. `messages` is an array of
-  // {"role": ..., "content": "<text>"}; the result ends with the assistant's turn opened.
-  virtual Expected<std::string> RenderChat(const nlohmann::json& messages) const = 0;
+  // A conversation through the model's chat template, encoded (control tokens recognised),
+  // ending with the assistant's turn opened. `messages` is [{"role": .., "content": "<text>"}].
+  virtual Expected<std::vector<int32_t>> EncodeChat(const nlohmann::json& messages) const = 0;
 
   // A new slot state; called once per parallel slot when the server starts.
   virtual Expected<std::unique_ptr<Session>> NewSession() = 0;

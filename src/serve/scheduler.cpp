@@ -206,8 +206,8 @@ void Scheduler::WorkerLoop(int index) {
     Expected<GenerateResult> r = Cancelled("serve: request cancelled before it started");
     if (!job->cancelled()) {
       r = slot.session->Generate(job->prompt(), job->params(),
-                                 [&](int32_t, std::string_view text) {
-                                   CountToken();
+                                 [&](int32_t token, std::string_view text) {
+                                   if (token >= 0) CountToken();
                                    return job->OnToken(text);
                                  });
     }

@@ -248,17 +248,12 @@ void HttpServer::InstallRoutes() {
                                             std::to_string(backend_->VocabSize()) + ")",
                                         "prompt"));
       } else {
-        std::string text = gr.prompt_text;
-        if (api != Api::kOpenAICompletion) {
-          auto rendered = backend_->RenderChat(gr.messages);
-          if (!rendered.ok())
-            return SendError(res, api, BadRequest("chat template: " + rendered.status().message(),
-                                                  "messages"));
-          text = std::move(*rendered);
-        }
-        auto ids = backend_->Tokenize(text);
+        auto ids = api == Api::kOpenAICompletion ? backend_->EncodeText(gr.prompt_text)
+                                                 : backend_->EncodeChat(gr.messages);
         if (!ids.ok())
-          return SendError(res, api, BadRequest("tokenizer: " + ids.status().message()));
+          return SendError(res, api,
+                           BadRequest(ids.status().message(),
+                                      api == Api::kOpenAICompletion ? "prompt" : "messages"));
         prompt = std::move(*ids);
       }
       if (prompt.empty()) return SendError(res, api, BadRequest("the prompt is empty", "prompt"));

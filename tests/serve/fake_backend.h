@@ -44,16 +44,16 @@ class FakeBackend : public InferenceBackend {
   std::string ModelId() const override { return "fake-model"; }
   int ContextLength() const override { return context_; }
   int VocabSize() const override { return 257; }
-  Expected<std::vector<int32_t>> Tokenize(const std::string& text) const override {
+  Expected<std::vector<int32_t>> EncodeText(const std::string& text) const override {
     std::vector<int32_t> ids;
     for (unsigned char c : text) ids.push_back(c);
     return ids;
   }
-  Expected<std::string> RenderChat(const nlohmann::json& messages) const override {
+  Expected<std::vector<int32_t>> EncodeChat(const nlohmann::json& messages) const override {
     std::string out;
     for (const auto& m : messages)
       out += "<" + m["role"].get<std::string>() + ">" + m["content"].get<std::string>() + "\n";
-    return out + "<assistant>";
+    return EncodeText(out + "<assistant>");
   }
 
   class FakeSession : public Session {

@@ -1,0 +1,111 @@
+// substrate serve: the HTTP server (OpenAI and Anthropic APIs) over a loaded model.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "cli/command.h"
+#include "core/log.h"
+#include "serve/model_backend.h"
+#include "serve/server.h"
+
+namespace substrate::cli {
+namespace {
+
+const char* kUsage =
+    "usage: substrate serve -m MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
+    "                       [-c CTX] [--parallel N] [-t THREADS] [--max-queue N]\n"
+    "                       [--max-body BYTES] [--alias NAME]\n"
+    "  endpoints: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,\n"
+    "             POST /v1/completions (OpenAI), POST /v1/messages (Anthropic)\n"
+    "  --api-key     required as 'Authorization: Bearer KEY' or 'x-api-key: KEY' on /v1/*\n"
+    "                (default: $SUBSTRATE_API_KEY, else none)\n"
+    "  -c CTX        tokens per request, prompt and answer (default: min(model's, 4096))\n"
+    "  --parallel N  requests generated at once, each with its own KV cache (default 1)\n"
+    "  --max-queue N requests waiting for a slot before 503/529 (default 64)\n";
+
+int RunServe(const std::vector<std::string>& args) {
+  Flags f(args, {"-m", "--model", "--host", "--port", "--api-key", "-c", "--ctx-size",
+                 "--parallel", "-np", "-t", "--threads", "--max-queue", "--max-body", "--alias"});
+  if (!f.status().ok()) return PrintError("serve", f.status());
+  if (f.Has("-h") || f.Has("--help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  const std::string model = f.Get({"-m", "--model"});
+  if (model.empty()) {
+    std::fputs(kUsage, stderr);
+    return PrintError("serve", InvalidArgument("-m MODEL is required"));
+  }
+  auto port = f.GetInt({"--port"}, 8080);
+  auto ctx = f.GetInt({"-c", "--ctx-size"}, 0);
+  auto parallel = f.GetInt({"--parallel", "-np"}, 1);
+  auto threads = f.GetInt({"-t", "--threads"}, 0);
+  auto max_queue = f.GetInt({"--max-queue"}, 64);
+  for (const auto* v : {&port, &ctx, &parallel, &threads, &max_queue})
+    if (!v->ok()) return PrintError("serve", v->status());
+  if (*port < 0 || *port > 65535)
+    return PrintError("serve", InvalidArgument("--port must be 0..65535"));
+  if (*parallel < 1 || *parallel > 256)
+    return PrintError("serve", InvalidArgument("--parallel must be 1..256"));
+  if (*max_queue < 0 || *max_queue > 4096)
+    return PrintError("serve", InvalidArgument("--max-queue must be 0..4096"));
+  if (*ctx < 0 || *ctx > (1 << 22))
+    return PrintError("serve", InvalidArgument("-c out of range"));
+  uint64_t max_body = 4ull << 20;
+  if (f.Has("--max-body")) {
+    auto b = ParseBytes(f.Get({"--max-body"}));
+    if (!b.ok()) return PrintError("serve", b.status());
+    max_body = *b;
+  }
+
+  // SIGINT/SIGTERM are taken by sigwait below; block them before any thread starts so that
+  // every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  serve::ModelBackendOptions mo;
+  mo.path = model;
+  mo.context = static_cast<int>(*ctx);
+  mo.threads = static_cast<int>(*threads);
+  mo.model_id = f.Get({"--alias"});
+  std::fprintf(stderr, "substrate serve: loading %s\n", model.c_str());
+  auto backend = serve::ModelBackend::Load(mo);
+  if (!backend.ok()) return PrintError("serve", backend.status());
+
+  serve::ServerOptions so;
+  so.host = f.Get({"--host"}, "127.0.0.1");
+  so.port = static_cast<int>(*port);
+  const char* env_key = std::getenv("SUBSTRATE_API_KEY");
+  so.api_key = f.Get({"--api-key"}, env_key ? env_key : "");
+  so.parallel = static_cast<int>(*parallel);
+  so.max_queue = static_cast<int>(*max_queue);
+  so.context = (*backend)->ContextLength();
+  so.max_body_bytes = max_body;
+  auto server = serve::HttpServer::Create(backend->get(), so);
+  if (!server.ok()) return PrintError("serve", server.status());
+  const bool loopback = so.host == "127.0.0.1" || so.host == "localhost" || so.host == "::1";
+  if (!loopback && so.api_key.empty())
+    std::fprintf(stderr, "substrate serve: warning: listening on %s without --api-key\n",
+                 so.host.c_str());
+  (*server)->Start();
+  std::fprintf(stderr,
+               "substrate serve: model '%s', context %d, %d slot(s); listening on http://%s:%d\n",
+               (*backend)->ModelId().c_str(), (*backend)->ContextLength(), so.parallel,
+               so.host.c_str(), (*server)->port());
+  std::fflush(stderr);
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::fprintf(stderr, "substrate serve: signal %d, stopping\n", sig);
+  (*server)->Stop();
+  return 0;
+}
+
+CommandRegistrar reg("serve", "HTTP server: OpenAI and Anthropic APIs with streaming", &RunServe);
+
+}  // namespace
+}  // namespace substrate::cli

@@ -1,0 +1,160 @@
+#include "serve/model_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "model/engine.h"
+
+namespace substrate::serve {
+
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string FileStem(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  size_t slash = p.find_last_of('/');
+  std::string name = slash == std::string::npos ? p : p.substr(slash + 1);
+  size_t dot = name.rfind('.');
+  if (dot != std::string::npos && dot > 0) name.resize(dot);
+  return name.empty() ? "model" : name;
+}
+
+// ChatML, written out directly: the format of the bundled models' template.
+// TODO(server): render tokenizer.chat_template with the Jinja renderer once it lands.
+Expected<std::string> RenderChatML(const std::string& tmpl, const nlohmann::json& messages) {
+  if (tmpl.empty()) return InvalidArgument("the model has no chat template (tokenizer.chat_template)");
+  if (tmpl.find("<|im_start|>") == std::string::npos)
+    return Unimplemented("only ChatML chat templates are supported by this build");
+  std::string out;
+  for (const auto& m : messages)
+    out += "<|im_start|>" + m["role"].get<std::string>() + "\n" +
+           m["content"].get<std::string>() + "<|im_end|>\n";
+  return out + "<|im_start|>assistant\n";
+}
+
+}  // namespace
+
+class ModelSession : public Session {
+ public:
+  ModelSession(ModelBackend* b, std::unique_ptr<substrate::Session> s) : b_(b), s_(std::move(s)) {}
+
+  Expected<GenerateResult> Generate(const std::vector<int32_t>& prompt, const SamplingParams& p,
+                                    const TokenCallback& on_token) override {
+    Engine& engine = *b_->engine_;
+    const Tokenizer& tok = *engine.tokenizer();
+    const int64_t n_vocab = engine.model().hparams().n_vocab;
+    for (int32_t id : prompt)
+      if (id < 0 || id >= n_vocab)
+        return InvalidArgument("token id " + std::to_string(id) + " is outside the vocabulary (" +
+                               std::to_string(n_vocab) + " tokens)");
+    GenerateResult r;
+    r.prompt_tokens = static_cast<int>(prompt.size());
+    auto t0 = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lock(b_->forward_mu_);
+      ASSIGN_OR_RETURN(int64_t reused, engine.Prefill(*s_, prompt));
+      r.cached_tokens = static_cast<int>(reused);
+    }
+    r.prefill_seconds = SecondsSince(t0);
+
+    // OpenAI/Anthropic semantics: only the filters the request names (no min-p, no top-k
+    // unless asked, no repetition penalty).
+    substrate::SamplingParams sp;
+    sp.temperature = p.temperature;
+    sp.top_k = p.top_k;
+    sp.top_p = p.top_p;
+    sp.min_p = 0.0f;
+    sp.repeat_penalty = 1.0f;
+    sp.seed = p.has_seed ? p.seed : std::random_device{}();
+    Sampler sampler(sp);
+    std::vector<int32_t> history = prompt;
+    TokenDecoder decoder(tok);
+
+    t0 = std::chrono::steady_clock::now();
+    r.finish = BackendFinish::kLength;
+    for (int i = 0; i < p.max_tokens; ++i) {
+      const int32_t next = sampler.Sample(s_->logits.data(), n_vocab, history);
+      if (tok.IsEog(next)) {
+        r.finish = BackendFinish::kEndOfText;
+        break;
+      }
+      history.push_back(next);
+      ++r.generated_tokens;
+      auto piece = decoder.Push(next);
+      if (!on_token(next, piece.ok() ? *piece : std::string())) {
+        r.finish = BackendFinish::kCallerStopped;
+        break;
+      }
+      if (i + 1 == p.max_tokens || s_->cache.n_past() >= s_->cache.n_ctx()) break;
+      std::lock_guard<std::mutex> lock(b_->forward_mu_);
+      RETURN_IF_ERROR(engine.model().Forward(&next, 1, s_->cache, false, &s_->logits));
+    }
+    if (r.finish != BackendFinish::kCallerStopped) {
+      std::string rest = decoder.Flush();
+      if (!rest.empty()) on_token(-1, rest);
+    }
+    r.decode_seconds = SecondsSince(t0);
+    return r;
+  }
+
+  std::vector<int32_t> CachedTokens() const override { return s_->cache.tokens(); }
+
+ private:
+  ModelBackend* b_;
+  std::unique_ptr<substrate::Session> s_;
+};
+
+Expected<std::unique_ptr<ModelBackend>> ModelBackend::Load(const ModelBackendOptions& options) {
+  std::unique_ptr<ModelBackend> b(new ModelBackend());
+  EngineOptions eo;
+  eo.n_threads = options.threads;
+  eo.ledger = options.ledger;
+  eo.require_tokenizer = true;
+  ASSIGN_OR_RETURN(b->engine_, Engine::Load(options.path, eo));
+  const int64_t train = b->engine_->model().hparams().n_ctx_train;
+  int64_t ctx = options.context > 0 ? options.context : std::min<int64_t>(train > 0 ? train : 4096, 4096);
+  if (ctx < 2 || ctx > (1 << 22))
+    return InvalidArgument("serve: context of " + std::to_string(ctx) + " tokens is out of range");
+  b->context_ = static_cast<int>(ctx);
+  b->model_id_ = options.model_id.empty() ? FileStem(options.path) : options.model_id;
+  b->chat_template_ = b->engine_->metadata().GetString("tokenizer.chat_template", "");
+  return b;
+}
+
+ModelBackend::~ModelBackend() = default;
+
+int ModelBackend::VocabSize() const {
+  return static_cast<int>(engine_->model().hparams().n_vocab);
+}
+
+Expected<std::vector<int32_t>> ModelBackend::EncodeText(const std::string& text) const {
+  EncodeOptions o;
+  o.add_special = true;
+  o.parse_special = false;
+  ASSIGN_OR_RETURN(std::vector<TokenId> ids, engine_->tokenizer()->Encode(text, o));
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+Expected<std::vector<int32_t>> ModelBackend::EncodeChat(const nlohmann::json& messages) const {
+  auto text = RenderChatML(chat_template_, messages);
+  if (!text.ok()) return text.status().WithContext("chat template");
+  const Tokenizer& tok = *engine_->tokenizer();
+  EncodeOptions o;
+  // The template writes BOS itself where the model wants one.
+  o.add_special = !(tok.bos() >= 0 && text->rfind(tok.Piece(tok.bos()), 0) == 0);
+  o.parse_special = true;
+  ASSIGN_OR_RETURN(std::vector<TokenId> ids, tok.Encode(*text, o));
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+Expected<std::unique_ptr<Session>> ModelBackend::NewSession() {
+  ASSIGN_OR_RETURN(auto s, engine_->NewSession(context_));
+  return std::unique_ptr<Session>(new ModelSession(this, std::move(s)));
+}
+
+}  // namespace substrate::serve

@@ -1,0 +1,54 @@
+// The real InferenceBackend: a model loaded by model/Engine (weights resident, charged to the
+// ledger), its tokenizer and chat template. This is what `substrate serve` runs.
+//
+// Slots share one Engine, whose scratch allows one forward pass at a time: each slot takes the
+// forward lock per step (its prefill, then one decode token), so parallel slots interleave
+// token by token instead of waiting for whole answers.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/memory_ledger.h"
+#include "serve/backend.h"
+
+namespace substrate {
+class Engine;
+}
+
+namespace substrate::serve {
+
+struct ModelBackendOptions {
+  std::string path;               // GGUF file or HF folder
+  int context = 0;                // tokens per slot; 0: min(model's training context, 4096)
+  int threads = 0;                // 0: the default pool
+  std::string model_id;           // empty: the file name without extension
+  MemoryLedger* ledger = nullptr; // null: MemoryLedger::Global()
+};
+
+class ModelBackend : public InferenceBackend {
+ public:
+  static Expected<std::unique_ptr<ModelBackend>> Load(const ModelBackendOptions& options);
+  ~ModelBackend() override;
+
+  std::string ModelId() const override { return model_id_; }
+  int ContextLength() const override { return context_; }
+  int VocabSize() const override;
+  Expected<std::vector<int32_t>> EncodeText(const std::string& text) const override;
+  Expected<std::vector<int32_t>> EncodeChat(const nlohmann::json& messages) const override;
+  Expected<std::unique_ptr<Session>> NewSession() override;
+
+  Engine& engine() { return *engine_; }
+
+ private:
+  friend class ModelSession;
+  ModelBackend() = default;
+  std::unique_ptr<Engine> engine_;
+  std::string model_id_;
+  std::string chat_template_;
+  int context_ = 0;
+  std::mutex forward_mu_;  // one forward pass at a time (the Engine's scratch is shared)
+};
+
+}  // namespace substrate::serve
