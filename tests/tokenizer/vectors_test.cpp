@@ -1,0 +1,140 @@
+// Golden tests: our tokenizer against the reference tokenizers' outputs in ../shared.
+//   tokenizers/X.gguf.inp/.out  texts and ids from the models' own (HF) tokenizers, vocab-only GGUFs
+//   models/tiny-coder/tokenizer_vectors.json  from the HF folder and from the GGUF made from it
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "format/model_file.h"
+#include "tokenizer/tokenizer.h"
+
+namespace substrate {
+namespace {
+
+const std::string kShared = SUBSTRATE_SHARED_DIR;
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// The .inp framing: each text is followed by "\n__ggml_vocab_test__\n".
+std::vector<std::string> SplitInputs(const std::string& raw) {
+  const std::string sep = "\n__ggml_vocab_test__\n";
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < raw.size()) {
+    size_t next = raw.find(sep, pos);
+    if (next == std::string::npos) {
+      out.push_back(raw.substr(pos));
+      break;
+    }
+    out.push_back(raw.substr(pos, next - pos));
+    pos = next + sep.size();
+  }
+  return out;
+}
+
+std::vector<std::vector<TokenId>> ReadOutputs(const std::string& raw) {
+  std::vector<std::vector<TokenId>> out;
+  std::istringstream in(raw);
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ls(line);
+    std::vector<TokenId> ids;
+    for (long x; ls >> x;) ids.push_back(static_cast<TokenId>(x));
+    out.push_back(ids);
+  }
+  return out;
+}
+
+std::unique_ptr<Tokenizer> Load(const std::string& path) {
+  auto mf = ModelFile::Open(path);
+  EXPECT_TRUE(mf.ok()) << mf.status().ToString();
+  if (!mf.ok()) return nullptr;
+  auto tok = Tokenizer::FromMetadata((*mf)->metadata());
+  EXPECT_TRUE(tok.ok()) << tok.status().ToString();
+  if (!tok.ok()) return nullptr;
+  return std::move(tok).value();
+}
+
+std::string Show(const std::vector<TokenId>& ids) {
+  std::string s;
+  for (TokenId id : ids) s += " " + std::to_string(id);
+  return s;
+}
+
+class VocabVectors : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(VocabVectors, EncodeMatchesReferenceAndDecodeRoundTrips) {
+  const std::string base = kShared + "/tokenizers/ggml-vocab-" + GetParam() + ".gguf";
+  if (!std::filesystem::exists(base)) GTEST_SKIP() << base << " not found (../shared absent)";
+  auto tok = Load(base);
+  ASSERT_TRUE(tok);
+  auto texts = SplitInputs(ReadAll(base + ".inp"));
+  auto want = ReadOutputs(ReadAll(base + ".out"));
+  ASSERT_EQ(texts.size(), want.size());
+  ASSERT_GT(texts.size(), 10u);
+  int mismatches = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    auto got = tok->Encode(texts[i], {.add_special = false, .parse_special = false});
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    if (*got != want[i]) {
+      ++mismatches;
+      ADD_FAILURE() << GetParam() << " vector " << i << " '" << texts[i] << "'\n  want" << Show(want[i])
+                    << "\n  got " << Show(*got);
+      continue;
+    }
+    auto text = tok->Decode(*got);
+    ASSERT_TRUE(text.ok()) << text.status().ToString();
+    EXPECT_EQ(*text, texts[i]) << GetParam() << " vector " << i << " does not decode back";
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shared, VocabVectors,
+                         ::testing::Values("gpt-2", "llama-spm", "phi-3", "deepseek-coder", "starcoder"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (c == '-') c = '_';
+                           return n;
+                         });
+
+class TinyCoderVectors : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TinyCoderVectors, EncodeMatchesReference) {
+  const std::string model = kShared + GetParam();
+  const std::string vectors = kShared + "/models/tiny-coder/tokenizer_vectors.json";
+  if (!std::filesystem::exists(model) || !std::filesystem::exists(vectors)) {
+    GTEST_SKIP() << model << " or tokenizer_vectors.json not found (../shared absent)";
+  }
+  auto tok = Load(model);
+  ASSERT_TRUE(tok);
+  auto cases = nlohmann::json::parse(ReadAll(vectors));
+  ASSERT_GT(cases.size(), 3u);
+  for (const auto& c : cases) {
+    const std::string text = c.at("text").get<std::string>();
+    const auto want = c.at("ids").get<std::vector<TokenId>>();
+    // The reference is HF `encode`: added tokens in the text are recognised, BOS as the model says.
+    auto got = tok->Encode(text, {.add_special = true, .parse_special = true});
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, want) << "'" << text << "'\n  want" << Show(want) << "\n  got " << Show(*got);
+    auto back = tok->Decode(*got);
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, text);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shared, TinyCoderVectors,
+                         ::testing::Values("/models/tiny-coder", "/gguf/tiny-coder-bf16.gguf"),
+                         [](const auto& info) {
+                           return std::string(info.index == 0 ? "hf_folder" : "gguf");
+                         });
+
+}  // namespace
+}  // namespace substrate
