@@ -148,12 +148,12 @@ void QuantizeRow(DType type, const float* src, void* dst, int64_t n, const float
       for (int64_t i = 0; i < n; ++i) d[i] = Fp32ToBf16(src[i]);
       return;
     }
-    // The 32-element formats use ggml's round-to-nearest reference (what llama-quantize
-    // writes without an importance matrix); importance is ignored for them.
-    case DType::kQ4_0: return QuantizeQ4_0(src, As<BlockQ4_0>(dst), n);
-    case DType::kQ4_1: return QuantizeQ4_1(src, As<BlockQ4_1>(dst), n);
-    case DType::kQ5_0: return QuantizeQ5_0(src, As<BlockQ5_0>(dst), n);
-    case DType::kQ5_1: return QuantizeQ5_1(src, As<BlockQ5_1>(dst), n);
+    // Without importance the 32-element formats use ggml's round-to-nearest reference (what
+    // llama-quantize writes without an imatrix); Q8_0 always does.
+    case DType::kQ4_0: return QuantizeQ4_0(src, As<BlockQ4_0>(dst), n, qw);
+    case DType::kQ4_1: return QuantizeQ4_1(src, As<BlockQ4_1>(dst), n, qw);
+    case DType::kQ5_0: return QuantizeQ5_0(src, As<BlockQ5_0>(dst), n, qw);
+    case DType::kQ5_1: return QuantizeQ5_1(src, As<BlockQ5_1>(dst), n, qw);
     case DType::kQ8_0: return QuantizeQ8_0(src, As<BlockQ8_0>(dst), n);
     case DType::kQ2_K: return QuantizeQ2_K(src, As<BlockQ2_K>(dst), n, qw);
     case DType::kQ3_K: return QuantizeQ3_K(src, As<BlockQ3_K>(dst), n, qw);

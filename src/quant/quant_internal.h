@@ -59,6 +59,11 @@ void QuantizeQ4_1(const float* x, BlockQ4_1* y, int64_t n);
 void QuantizeQ5_0(const float* x, BlockQ5_0* y, int64_t n);
 void QuantizeQ5_1(const float* x, BlockQ5_1* y, int64_t n);
 void QuantizeQ8_0(const float* x, BlockQ8_0* y, int64_t n);
+// With an importance matrix (null: the round-to-nearest versions above).
+void QuantizeQ4_0(const float* x, BlockQ4_0* y, int64_t n, const float* importance);
+void QuantizeQ4_1(const float* x, BlockQ4_1* y, int64_t n, const float* importance);
+void QuantizeQ5_0(const float* x, BlockQ5_0* y, int64_t n, const float* importance);
+void QuantizeQ5_1(const float* x, BlockQ5_1* y, int64_t n, const float* importance);
 void QuantizeQ2_K(const float* x, BlockQ2_K* y, int64_t n, const float* importance);
 void QuantizeQ3_K(const float* x, BlockQ3_K* y, int64_t n, const float* importance);
 void QuantizeQ4_K(const float* x, BlockQ4_K* y, int64_t n, const float* importance);

@@ -5,6 +5,7 @@
 #include <cfloat>
 #include <cmath>
 
+#include "quant/kquant_search.h"
 #include "quant/quant_internal.h"
 
 namespace substrate::quant_internal {
@@ -138,6 +139,84 @@ void QuantizeQ8_0(const float* x, BlockQ8_0* y, int64_t n) {
       const float r = std::round(x[j] * id);  // ties away from zero, as roundf
       y[i].qs[j] = static_cast<int8_t>(TruncToInt8(r));
     }
+  }
+}
+
+// Importance-weighted variants (llama-quantize with an imatrix): the weights are
+// importance * sqrt(sigma2 + x^2), sigma2 the row's mean square, and the scale (and min) come
+// from the same searches as the K-quants'.
+namespace {
+float RowSigma2(const float* x, int64_t n) {
+  float sum_x2 = 0;
+  for (int64_t j = 0; j < n; ++j) sum_x2 += x[j] * x[j];
+  return sum_x2 / static_cast<float>(n);
+}
+void Weights32(const float* xb, const float* qw, float sigma2, float* w) {
+  for (int j = 0; j < 32; ++j) w[j] = qw[j] * std::sqrt(sigma2 + xb[j] * xb[j]);
+}
+}  // namespace
+
+void QuantizeQ4_0(const float* x, BlockQ4_0* y, int64_t n, const float* qw) {
+  if (!qw) return QuantizeQ4_0(x, y, n);
+  const float sigma2 = RowSigma2(x, n);
+  float w[32];
+  int8_t L[32];
+  for (int64_t ib = 0; ib < n / 32; ++ib) {
+    Weights32(x + 32 * ib, qw + 32 * ib, sigma2, w);
+    y[ib].d = Fp32ToFp16(MakeQxQuants(32, 8, x + 32 * ib, L, 1, w));
+    for (int j = 0; j < 16; ++j) y[ib].qs[j] = static_cast<uint8_t>(L[j] | (L[j + 16] << 4));
+  }
+}
+
+void QuantizeQ4_1(const float* x, BlockQ4_1* y, int64_t n, const float* qw) {
+  if (!qw) return QuantizeQ4_1(x, y, n);
+  const float sigma2 = RowSigma2(x, n);
+  float w[32], min;
+  uint8_t L[32], Laux[32];
+  for (int64_t ib = 0; ib < n / 32; ++ib) {
+    Weights32(x + 32 * ib, qw + 32 * ib, sigma2, w);
+    const float d = MakeQkx3Quants(32, 15, x + 32 * ib, w, L, &min, Laux, -0.9f, 0.05f, 36, false);
+    y[ib].d = Fp32ToFp16(d);
+    y[ib].m = Fp32ToFp16(-min);
+    for (int j = 0; j < 16; ++j) y[ib].qs[j] = static_cast<uint8_t>(L[j] | (L[j + 16] << 4));
+  }
+}
+
+void QuantizeQ5_0(const float* x, BlockQ5_0* y, int64_t n, const float* qw) {
+  if (!qw) return QuantizeQ5_0(x, y, n);
+  const float sigma2 = RowSigma2(x, n);
+  float w[32];
+  int8_t L[32];
+  for (int64_t ib = 0; ib < n / 32; ++ib) {
+    Weights32(x + 32 * ib, qw + 32 * ib, sigma2, w);
+    y[ib].d = Fp32ToFp16(MakeQxQuants(32, 16, x + 32 * ib, L, 1, w));
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; ++j) {
+      y[ib].qs[j] = static_cast<uint8_t>((L[j] & 0x0F) | ((L[j + 16] & 0x0F) << 4));
+      qh |= static_cast<uint32_t>((L[j] & 0x10) >> 4) << j;
+      qh |= static_cast<uint32_t>((L[j + 16] & 0x10) >> 4) << (j + 16);
+    }
+    StoreQh(y[ib].qh, qh);
+  }
+}
+
+void QuantizeQ5_1(const float* x, BlockQ5_1* y, int64_t n, const float* qw) {
+  if (!qw) return QuantizeQ5_1(x, y, n);
+  const float sigma2 = RowSigma2(x, n);
+  float w[32], min;
+  uint8_t L[32], Laux[32];
+  for (int64_t ib = 0; ib < n / 32; ++ib) {
+    Weights32(x + 32 * ib, qw + 32 * ib, sigma2, w);
+    const float d = MakeQkx3Quants(32, 31, x + 32 * ib, w, L, &min, Laux, -0.9f, 0.05f, 36, false);
+    y[ib].d = Fp32ToFp16(d);
+    y[ib].m = Fp32ToFp16(-min);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; ++j) {
+      y[ib].qs[j] = static_cast<uint8_t>((L[j] & 0x0F) | ((L[j + 16] & 0x0F) << 4));
+      qh |= static_cast<uint32_t>((L[j] & 0x10) >> 4) << j;
+      qh |= static_cast<uint32_t>((L[j + 16] & 0x10) >> 4) << (j + 16);
+    }
+    StoreQh(y[ib].qh, qh);
   }
 }
 

@@ -88,13 +88,17 @@ TEST(RoundTrip, ImportanceWeightsAreAccepted) {
   std::normal_distribution<float> g(0.f, 1.f);
   std::vector<float> x(512), w(512, 1.f);
   for (auto& v : x) v = g(rng);
-  for (DType t : {DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
-                  DType::kIQ4_NL, DType::kIQ4_XS}) {
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K,
+                  DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kIQ4_NL,
+                  DType::kIQ4_XS}) {
     std::vector<uint8_t> q(*RowBytes(t, 512));
     QuantizeRow(t, x.data(), q.data(), 512, w.data());
     std::vector<float> y(512);
     DequantizeRow(t, q.data(), y.data(), 512);
-    EXPECT_LT(RelRms(x, y), t == DType::kQ2_K ? 0.45 : 0.25) << DTypeName(t);
+    const double err = RelRms(x, y);
+    EXPECT_LT(err, t == DType::kQ2_K ? 0.45 : 0.25) << DTypeName(t);
+    // Uniform importance must not do worse than a few percent over no importance at all.
+    EXPECT_LT(err, 1.1 * RelRms(x, RoundTrip(t, x))) << DTypeName(t);
   }
 }
 
