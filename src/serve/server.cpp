@@ -1,6 +1,7 @@
 #include "serve/server.h"
 
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -70,6 +71,14 @@ Finish ToFinish(JobEnd end) {
   }
 }
 
+// httplib listens with a backlog of 5 (fixed in Debian's compiled library): a burst of new
+// connections overflows it, and the kernel drops them (clients see a stall of a second or a
+// reset). Listening again on the bound socket raises the backlog.
+class HttplibServer : public httplib::Server {
+ public:
+  bool RaiseBacklog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
+};
+
 }  // namespace
 
 Expected<std::unique_ptr<HttpServer>> HttpServer::Create(InferenceBackend* backend,
@@ -85,7 +94,7 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::Create(InferenceBackend* backe
                                               " tokens is too small");
   ASSIGN_OR_RETURN(s->scheduler_, Scheduler::Create(backend, options.parallel, options.max_queue));
 
-  s->http_ = std::make_unique<httplib::Server>();
+  s->http_ = std::make_unique<HttplibServer>();
   // Every streaming client holds an HTTP thread, and so does every request waiting in the
   // queue; a few more serve /health and /metrics while all of them are busy.
   const size_t threads = static_cast<size_t>(options.parallel + options.max_queue + 4);
@@ -94,6 +103,7 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::Create(InferenceBackend* backe
   s->http_->set_read_timeout(30, 0);
   s->http_->set_write_timeout(10, 0);
   s->http_->set_keep_alive_timeout(5);
+  s->http_->set_keep_alive_max_count(1000);
   s->http_->set_tcp_nodelay(true);
   s->InstallRoutes();
 
@@ -109,6 +119,8 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::Create(InferenceBackend* backe
                      " (in use, or the address is not local)");
     s->port_ = options.port;
   }
+  if (!static_cast<HttplibServer*>(s->http_.get())->RaiseBacklog(1024))
+    LOG_WARN("serve: could not raise the listen backlog; bursts of connections may stall");
   return s;
 }
 
