@@ -1,11 +1,18 @@
 #include "kernels/matmul.h"
 
+#include <algorithm>
+#include <chrono>
 #include <vector>
 
+#include "core/memory_ledger.h"
+#include "kernels/profile.h"
+#include "kernels/vec_dot.h"
 #include "quant/quant.h"
 
 namespace substrate {
 namespace {
+
+// ---------------------------------------------------------------- reference
 
 // Dequantizes row r of the view (skeleton plus residuals) into out[0..cols).
 void DequantizeViewRow(const WeightView& w, int64_t r, float* out, std::vector<float>& tmp) {
@@ -33,6 +40,104 @@ void MatMulRows(const WeightView& w, const float* x, int64_t n_tokens, float* y,
   }
 }
 
+// ---------------------------------------------------------------- fast path
+
+// Quantized activations, kept per calling thread and grown only when a larger product comes
+// along, so the token loop does not allocate. Charged to the ledger's "scratch" account.
+struct ActScratch {
+  std::vector<uint8_t> bytes;
+  LedgerCharge charge;
+  uint8_t* Reserve(size_t n) {
+    if (bytes.size() < n) {
+      bytes.resize(n);
+      auto c = MemoryLedger::Global().Charge("scratch", n);
+      charge = c.ok() ? std::move(c).value() : LedgerCharge();
+    }
+    return bytes.data();
+  }
+};
+
+struct Part {  // one tier of the weight: the skeleton or a residual
+  const DotKernel* kernel;
+  const uint8_t* data;
+  size_t row_bytes;
+  const uint8_t* act;  // its activations, quantized to kernel->act_type
+  size_t act_stride;
+};
+
+constexpr int kMaxParts = 3;
+// Tokens per weight-row pass; the kernels split it into register tiles of max_nt.
+constexpr int64_t kTokenBlock = 64;
+// Rows per block: the block's weights stay in L2 while every token block passes over them.
+constexpr size_t kRowBlockBytes = 256 * 1024;
+
+bool PrepareParts(const WeightView& w, Isa isa, Part* parts, int* n_parts) {
+  *n_parts = 1 + std::clamp(w.n_residuals, 0, 2);
+  for (int p = 0; p < *n_parts; ++p) {
+    DType type = p == 0 ? w.type : w.residual_type[p - 1];
+    auto rb = RowBytes(type, static_cast<uint64_t>(w.cols));
+    const DotKernel* k = FindDotKernel(type, isa);
+    if (!rb || !k || !FindQuantizeAct(k->act_type, isa) || ActRowBytes(k->act_type, w.cols) == 0)
+      return false;
+    parts[p] = {k, p == 0 ? w.data : w.residual[p - 1], static_cast<size_t>(*rb), nullptr, 0};
+  }
+  return true;
+}
+
+void QuantizeActivations(const float* x, int64_t n_tokens, int64_t cols, Isa isa, Part* parts,
+                         int n_parts, ThreadPool& pool) {
+  static thread_local ActScratch scratch[kMaxParts];
+  for (int p = 0; p < n_parts; ++p) {
+    DType at = parts[p].kernel->act_type;
+    int same = -1;  // a residual with the skeleton's activation format reuses its rows
+    for (int q = 0; q < p; ++q)
+      if (parts[q].kernel->act_type == at) same = q;
+    if (same >= 0) {
+      parts[p].act = parts[same].act;
+      parts[p].act_stride = parts[same].act_stride;
+      continue;
+    }
+    size_t stride = ActRowBytes(at, cols);
+    uint8_t* buf = scratch[p].Reserve(stride * static_cast<size_t>(n_tokens));
+    QuantizeActFn quantize = FindQuantizeAct(at, isa);
+    auto run = [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; ++t) quantize(x + t * cols, buf + t * stride, cols);
+    };
+    if (n_tokens >= 16) {
+      pool.ParallelFor(n_tokens, 4, run);
+    } else {
+      run(0, n_tokens, 0);
+    }
+    parts[p].act = buf;
+    parts[p].act_stride = stride;
+  }
+}
+
+void FastRows(const WeightView& w, const Part* parts, int n_parts, int64_t n_tokens, float* y,
+              int64_t r0, int64_t r1) {
+  float tmp[kTokenBlock], res[kTokenBlock];
+  size_t row_bytes = parts[0].row_bytes;
+  for (int p = 1; p < n_parts; ++p) row_bytes += parts[p].row_bytes;
+  int64_t row_block = std::max<int64_t>(1, static_cast<int64_t>(kRowBlockBytes / row_bytes));
+  for (int64_t rb = r0; rb < r1; rb += row_block) {
+    int64_t re = std::min(r1, rb + row_block);
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
+      int nt = static_cast<int>(std::min(kTokenBlock, n_tokens - t0));
+      for (int64_t r = rb; r < re; ++r) {
+        for (int p = 0; p < n_parts; ++p) {
+          const Part& part = parts[p];
+          part.kernel->dot(w.cols, part.data + r * part.row_bytes,
+                           part.act + t0 * part.act_stride, part.act_stride, nt,
+                           p == 0 ? tmp : res);
+          if (p > 0)
+            for (int t = 0; t < nt; ++t) tmp[t] += res[t];
+        }
+        for (int t = 0; t < nt; ++t) y[(t0 + t) * w.rows + r] = tmp[t];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void MatMulReference(const WeightView& w, const float* x, int64_t n_tokens, float* y) {
@@ -40,10 +145,34 @@ void MatMulReference(const WeightView& w, const float* x, int64_t n_tokens, floa
 }
 
 void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
-  // Placeholder dispatch until the SIMD kernels land: the reference, split over rows.
-  pool.ParallelFor(w.rows, 16, [&](int64_t r0, int64_t r1, int) {
-    MatMulRows(w, x, n_tokens, y, r0, r1);
+  if (n_tokens <= 0 || w.rows <= 0) return;
+  Isa isa = ActiveIsa();
+  Part parts[kMaxParts];
+  int n_parts = 0;
+  if (!PrepareParts(w, isa, parts, &n_parts)) {
+    // A type without a dot kernel (or an odd shape): the reference, split over rows.
+    pool.ParallelFor(w.rows, 16, [&](int64_t r0, int64_t r1, int) {
+      MatMulRows(w, x, n_tokens, y, r0, r1);
+    });
+    return;
+  }
+  const bool profile = KernelProfilingEnabled();
+  auto t0 = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+  QuantizeActivations(x, n_tokens, w.cols, isa, parts, n_parts, pool);
+  auto t1 = profile ? std::chrono::steady_clock::now() : t0;
+  // Chunks of whole row groups; small products run on the caller alone.
+  int64_t grain = std::max<int64_t>(4, 16384 / std::max<int64_t>(1, w.cols * n_tokens));
+  pool.ParallelFor(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
+    FastRows(w, parts, n_parts, n_tokens, y, r0, r1);
   });
+  if (profile) {
+    auto t2 = std::chrono::steady_clock::now();
+    uint64_t bytes = 0;
+    for (int p = 0; p < n_parts; ++p) bytes += parts[p].row_bytes * static_cast<uint64_t>(w.rows);
+    AddKernelProfile(kProfileQuantizeAct, std::chrono::duration<double>(t1 - t0).count(), 0);
+    AddKernelProfile(static_cast<int>(w.type), std::chrono::duration<double>(t2 - t1).count(),
+                     bytes);
+  }
 }
 
 }  // namespace substrate

@@ -1,0 +1,20 @@
+// Which SIMD instruction sets the kernels may use, decided once per process. Tests and
+// benchmarks force a lower tier (SetIsaForTesting, or SUBSTRATE_ISA=scalar|avx2|avx512) to compare
+// every implementation with the scalar reference on the same machine.
+#pragma once
+
+namespace substrate {
+
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// The best tier this CPU supports: kAvx2 needs AVX2+FMA+F16C; kAvx512 needs F/BW/VL/VNNI
+// (BF16 is optional: see CpuHasAvx512Bf16).
+Isa DetectedIsa();
+bool CpuHasAvx512Bf16();
+// The tier MatMul uses now: min(detected, SUBSTRATE_ISA, the testing override).
+Isa ActiveIsa();
+// Forces a tier (clamped to what the CPU has); returns the previous active tier.
+Isa SetIsaForTesting(Isa isa);
+const char* IsaName(Isa isa);
+
+}  // namespace substrate
