@@ -1,0 +1,225 @@
+// substrate bench: prompt-processing and generation speed of a model, in the manner of
+// llama-bench, next to the physical limit: the memory bandwidth measured in the same run and
+// the bytes of weights each generated token must read. Decode is bandwidth-bound, so
+// achieved / limit says how much speed is left on the table.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "kernels/cpu_features.h"
+#include "kernels/membw.h"
+#include "kernels/profile.h"
+#include "model/engine.h"
+
+namespace substrate::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Weights {
+  uint64_t total_bytes = 0;      // every tensor in the file
+  uint64_t per_token_bytes = 0;  // what one decode step reads
+  uint64_t n_params = 0;
+};
+
+// Bytes one generated token reads: every weight matrix once, except the token embedding (one
+// row) and, in MoE layers, only the routed experts' share of the expert tensors.
+Weights CountWeights(const ModelFile& file) {
+  const Metadata& md = file.metadata();
+  std::string arch = md.GetString("general.architecture", "");
+  double n_expert = static_cast<double>(md.GetInt(arch + ".expert_count", 0));
+  double n_used = static_cast<double>(md.GetInt(arch + ".expert_used_count", 0));
+  Weights w;
+  for (const auto& t : file.tensors()) {
+    w.total_bytes += t.bytes;
+    w.n_params += t.n_elements();
+    if (t.name == "token_embd.weight") {
+      w.per_token_bytes += t.ne.size() > 1 ? t.bytes / t.ne[1] : t.bytes;
+    } else if (t.name.find("_exps.") != std::string::npos && n_expert > 0) {
+      w.per_token_bytes += static_cast<uint64_t>(static_cast<double>(t.bytes) * n_used / n_expert);
+    } else {
+      w.per_token_bytes += t.bytes;
+    }
+  }
+  return w;
+}
+
+struct Series {
+  std::vector<double> tps;
+  double Mean() const {
+    double s = 0;
+    for (double v : tps) s += v;
+    return tps.empty() ? 0 : s / static_cast<double>(tps.size());
+  }
+  double Stdev() const {
+    if (tps.size() < 2) return 0;
+    double m = Mean(), s = 0;
+    for (double v : tps) s += (v - m) * (v - m);
+    return std::sqrt(s / static_cast<double>(tps.size() - 1));
+  }
+};
+
+double Seconds(Clock::time_point a) {
+  return std::chrono::duration<double>(Clock::now() - a).count();
+}
+
+std::vector<int32_t> RandomTokens(int64_t n, int64_t n_vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(n_vocab));
+  return t;
+}
+
+int RunBench(const std::vector<std::string>& args) {
+  Flags f(args, {"-m", "--model", "-p", "-n", "-t", "--threads", "-r", "--repetitions",
+                 "--bw-bytes"});
+  if (!f.status().ok()) return PrintError("bench", f.status());
+  if (f.Has("--help") || f.Has("-h")) {
+    std::printf(
+        "usage: substrate bench -m MODEL [-p 512] [-n 128] [-t N] [-r 2] [--json] [--profile]\n"
+        "                       [--bw-bytes 2G]\n"
+        "Prompt processing (-p tokens in one batch) and generation (-n tokens one at a time)\n"
+        "speed, bytes of weights read per generated token, the memory read bandwidth measured\n"
+        "now over a --bw-bytes buffer, and the ratio achieved/limit. -p 0 or -n 0 skips a test.\n"
+        "--profile adds where decode time goes (kernel timers per weight type).\n");
+    return 0;
+  }
+  std::string path = f.Get({"-m", "--model"});
+  if (path.empty()) return PrintError("bench", InvalidArgument("-m MODEL is required"));
+  auto p = f.GetInt({"-p"}, 512), n = f.GetInt({"-n"}, 128), t = f.GetInt({"-t", "--threads"}, 0),
+       r = f.GetInt({"-r", "--repetitions"}, 2);
+  for (auto* e : {&p, &n, &t, &r})
+    if (!e->ok()) return PrintError("bench", e->status());
+  if (*p < 0 || *n < 0 || *r < 1 || *t < 0)
+    return PrintError("bench", InvalidArgument("-p/-n must be >= 0, -r >= 1, -t >= 0"));
+  auto bw_bytes = ParseBytes(f.Get({"--bw-bytes"}, "2G"));
+  if (!bw_bytes.ok()) return PrintError("bench", bw_bytes.status());
+  const bool json = f.Has("--json"), profile = f.Has("--profile");
+
+  EngineOptions eo;
+  eo.n_threads = static_cast<int>(*t);
+  eo.require_tokenizer = false;
+  auto t_load = Clock::now();
+  auto engine = Engine::Load(path, eo);
+  if (!engine.ok()) return PrintError("bench", engine.status());
+  double load_s = Seconds(t_load);
+  Engine& e = **engine;
+  Model& model = e.model();
+  const int64_t n_vocab = model.hparams().n_vocab;
+  Weights w = CountWeights(e.file());
+
+  // The limit, measured with the same threads right before the runs.
+  auto bw = MeasureReadBandwidth(e.pool(), *bw_bytes, 3);
+  if (!bw.ok()) return PrintError("bench", bw.status());
+
+  auto cache = KvCache::Create(model.hparams(), *p + *n + 8, &e.ledger());
+  if (!cache.ok()) return PrintError("bench", cache.status());
+  std::vector<float> logits;
+  Series pp, tg;
+  // One untimed token warms caches, page tables and the pool.
+  {
+    auto warm = RandomTokens(1, n_vocab, 99);
+    Status st = model.Forward(warm.data(), 1, *cache, false, &logits);
+    if (!st.ok()) return PrintError("bench", st);
+    cache->Clear();
+  }
+  for (int64_t rep = 0; rep < *r; ++rep) {
+    if (*p > 0) {
+      auto tokens = RandomTokens(*p, n_vocab, static_cast<uint32_t>(rep + 1));
+      cache->Clear();
+      auto start = Clock::now();
+      Status st = model.Forward(tokens.data(), *p, *cache, false, &logits);
+      if (!st.ok()) return PrintError("bench", st);
+      pp.tps.push_back(static_cast<double>(*p) / Seconds(start));
+    }
+    if (*n > 0) {
+      auto tokens = RandomTokens(*n, n_vocab, static_cast<uint32_t>(1000 + rep));
+      cache->Clear();
+      if (profile && rep == *r - 1) {
+        ResetKernelProfile();
+        SetKernelProfiling(true);
+      }
+      auto start = Clock::now();
+      for (int64_t i = 0; i < *n; ++i) {
+        Status st = model.Forward(&tokens[i], 1, *cache, false, &logits);
+        if (!st.ok()) return PrintError("bench", st);
+      }
+      tg.tps.push_back(static_cast<double>(*n) / Seconds(start));
+      SetKernelProfiling(false);
+    }
+  }
+
+  const double limit = bw->bytes_per_second;
+  const double achieved = tg.Mean() * static_cast<double>(w.per_token_bytes);
+  nlohmann::json j;
+  j["model"] = path;
+  j["architecture"] = e.metadata().GetString("general.architecture", "");
+  j["model_bytes"] = w.total_bytes;
+  j["n_params"] = w.n_params;
+  j["threads"] = e.pool().size();
+  j["isa"] = IsaName(ActiveIsa());
+  j["repetitions"] = *r;
+  j["load_seconds"] = load_s;
+  if (*p > 0)
+    j["pp"] = {{"n_tokens", *p}, {"tokens_per_s", pp.Mean()}, {"stdev", pp.Stdev()},
+               {"runs", pp.tps}};
+  if (*n > 0)
+    j["tg"] = {{"n_tokens", *n}, {"tokens_per_s", tg.Mean()}, {"stdev", tg.Stdev()},
+               {"runs", tg.tps}};
+  j["weight_bytes_per_token"] = w.per_token_bytes;
+  j["mem_bw"] = {{"bytes_per_s", limit}, {"buffer_bytes", bw->buffer_bytes},
+                 {"threads", bw->threads}, {"method", "streaming read, best of 3"}};
+  if (*n > 0) {
+    j["tg_bytes_per_s"] = achieved;
+    j["tg_limit_tokens_per_s"] = limit / static_cast<double>(w.per_token_bytes);
+    j["bw_ratio"] = achieved / limit;
+  }
+  if (profile && *n > 0) {
+    double decode_s = static_cast<double>(*n) / tg.tps.back(), kernel_s = 0;
+    nlohmann::json parts = nlohmann::json::array();
+    for (const auto& k : KernelProfile()) {
+      kernel_s += k.seconds;
+      parts.push_back({{"name", k.name}, {"seconds_per_token", k.seconds / *n},
+                       {"share", k.seconds / decode_s}, {"calls_per_token", k.calls / *n},
+                       {"bytes_per_token", k.bytes / *n},
+                       {"bytes_per_s", k.seconds > 0 ? k.bytes / k.seconds : 0}});
+    }
+    parts.push_back({{"name", "other (attention, norms, rope, routing, sync)"},
+                     {"seconds_per_token", (decode_s - kernel_s) / *n},
+                     {"share", (decode_s - kernel_s) / decode_s}});
+    j["decode_profile"] = parts;
+  }
+  if (json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("| model | size | params | threads | test | t/s |\n|---|---|---|---|---|---|\n");
+  auto row = [&](const char* test, const Series& s) {
+    std::printf("| %s | %s | %.2f B | %d | %s | %.2f ± %.2f |\n", path.c_str(),
+                FormatBytes(w.total_bytes).c_str(), static_cast<double>(w.n_params) / 1e9,
+                e.pool().size(), test, s.Mean(), s.Stdev());
+  };
+  if (*p > 0) row(("pp" + std::to_string(*p)).c_str(), pp);
+  if (*n > 0) row(("tg" + std::to_string(*n)).c_str(), tg);
+  std::printf("memory read bandwidth: %.2f GB/s (%d threads); weights per token: %s\n",
+              limit / 1e9, bw->threads, FormatBytes(w.per_token_bytes).c_str());
+  if (*n > 0)
+    std::printf("generation reads %.2f GB/s = %.1f%% of the limit (limit %.2f tokens/s)\n",
+                achieved / 1e9, 100 * achieved / limit,
+                limit / static_cast<double>(w.per_token_bytes));
+  if (j.contains("decode_profile")) std::printf("%s\n", j["decode_profile"].dump(2).c_str());
+  return 0;
+}
+
+CommandRegistrar reg("bench", "prompt/generation speed against the memory-bandwidth limit",
+                     &RunBench);
+
+}  // namespace
+}  // namespace substrate::cli
