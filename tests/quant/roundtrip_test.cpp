@@ -104,3 +104,28 @@ TEST(RoundTrip, ImportanceWeightsAreAccepted) {
 
 }  // namespace
 }  // namespace substrate
+
+namespace substrate {
+namespace {
+
+TEST(RoundTrip, NonFiniteInputsDoNotCrash) {
+  // Garbage in (a corrupt source tensor) must give garbage out, never a crash or a hang.
+  std::vector<float> x(512, 0.25f);
+  x[3] = NAN;
+  x[40] = INFINITY;
+  x[300] = -INFINITY;
+  x[301] = 3e38f;
+  for (DType t : {DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+                  DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
+                  DType::kQ5_K, DType::kQ6_K, DType::kIQ4_NL, DType::kIQ4_XS}) {
+    std::vector<uint8_t> q(*RowBytes(t, x.size()));
+    QuantizeRow(t, x.data(), q.data(), static_cast<int64_t>(x.size()));
+    std::vector<float> w(x.size(), 1.f);
+    QuantizeRow(t, x.data(), q.data(), static_cast<int64_t>(x.size()), w.data());
+    std::vector<float> y(x.size());
+    DequantizeRow(t, q.data(), y.data(), static_cast<int64_t>(y.size()));
+  }
+}
+
+}  // namespace
+}  // namespace substrate
