@@ -266,7 +266,7 @@ Expected<ModelProfile> SynthesizeMoeProfile(const SynthMoeOptions& o) {
         {T(b + "ffn_gate_inp.weight", {d, static_cast<uint64_t>(o.experts)})});
     if (o.shared_experts > 0) {
       const uint64_t fs = f * static_cast<uint64_t>(o.shared_experts);
-      add(id + ".moe.shared_expert", "shared_expert", l, 1.0,
+      add(id + ".moe.shared", "shared_expert", l, 1.0,
           {T(b + "ffn_gate_shexp.weight", {d, fs}), T(b + "ffn_up_shexp.weight", {d, fs}),
            T(b + "ffn_down_shexp.weight", {fs, d})});
     }
