@@ -74,6 +74,7 @@ struct Stmt {
   std::vector<std::string> targets;  // kFor/kSet names; kWith names
   bool unpack = false;              // targets form a tuple
   bool block_set = false;           // kSet: {% set x %}body{% endset %}
+  bool uses_loop = true;            // kFor: the body mentions `loop` (else it is not built)
   std::vector<ExprPtr> values;      // kWith values
   std::vector<std::pair<std::string, ExprPtr>> params;  // kMacro/kCallBlock (default may be null)
 };

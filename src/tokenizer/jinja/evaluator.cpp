@@ -219,6 +219,12 @@ Status Evaluator::ExecFor(const Stmt& s, const FramePtr& frame, std::string& out
     auto f = std::make_shared<Frame>();
     f->parent = frame;
     RETURN_IF_ERROR(Assign(s, s.targets, s.unpack, items[static_cast<size_t>(i)], *f));
+    if (!s.uses_loop) {
+      Flow fl = Flow::kNormal;
+      RETURN_IF_ERROR(Exec(s.body, f, out, &fl));
+      if (fl == Flow::kBreak) break;
+      continue;
+    }
     auto loop = std::make_shared<DictData>();
     loop->kind = DictKind::kObject;
     auto put = [&](const char* k, Value v) { loop->entries.emplace_back(Value::Str(k), std::move(v)); };

@@ -542,6 +542,8 @@ Expected<Value> FTruncate(Evaluator&, CallArgs& a) {
   bool killwords = Arg(a, "killwords", 2, Value::Bool(false)).Truthy();
   std::string end = ToStr(Arg(a, "end", 3, Value::Str("...")));
   int64_t leeway = Arg(a, "leeway", 4, Value::Int(5)).as_int();
+  int64_t end_len = static_cast<int64_t>(DecodeUtf8(end).size());
+  if (length < end_len) return TemplateError("expected length >= " + std::to_string(end_len) + ", got " + std::to_string(length));
   std::vector<uint32_t> cps = DecodeUtf8(ToStr(a.pos[0]));
   int64_t n = static_cast<int64_t>(cps.size());
   if (n <= length + leeway) return Value::Str(ToStr(a.pos[0]));

@@ -167,8 +167,12 @@ class Parser {
       }
       if (IsName("recursive")) return Fail("recursive for loops are not supported");
       ++loop_depth_;
+      size_t body_start = pos_;
       auto body = ParseStatements({"endfor", "else"}, false);
       --loop_depth_;
+      s->uses_loop = false;
+      for (size_t i = body_start; i < pos_; ++i)
+        if (toks_[i].type == TokenType::kName && toks_[i].text == "loop") s->uses_loop = true;
       if (!body.ok()) return body.status();
       s->body = std::move(body).value();
       if (SkipName("else")) {
@@ -192,7 +196,7 @@ class Parser {
         if (!s->text.empty()) return Fail("block set cannot assign a namespace attribute");
         if (s->unpack) return Fail("block set needs a single name");
         if (IsOp("|")) {
-          ASSIGN_OR_RETURN(s->expr, ParseFilter(MakeExpr(ExprKind::kPlaceholder, s->line), true));
+          ASSIGN_OR_RETURN(s->expr, ParseFilter(MakeExpr(ExprKind::kPlaceholder, s->line), false));
         }
         ASSIGN_OR_RETURN(s->body, ParseStatements({"endset"}, true));
         s->block_set = true;

@@ -31,7 +31,8 @@ Expected<bool> TFloat(Evaluator&, CallArgs& a) { return Subject(a).is_float(); }
 Expected<bool> TNumber(Evaluator&, CallArgs& a) { return Subject(a).is_number(); }
 Expected<bool> TString(Evaluator&, CallArgs& a) { return Subject(a).is_string(); }
 Expected<bool> TMapping(Evaluator&, CallArgs& a) { return Subject(a).is_mapping(); }
-Expected<bool> TCallable(Evaluator&, CallArgs& a) { return Subject(a).is_function(); }
+// Undefined counts as callable in jinja2 (calling it raises the undefined error).
+Expected<bool> TCallable(Evaluator&, CallArgs& a) { return Subject(a).is_function() || Subject(a).is_undefined(); }
 Expected<bool> TEscaped(Evaluator&, CallArgs& a) { return Subject(a).is_safe(); }
 Expected<bool> TIterable(Evaluator&, CallArgs& a) {
   const Value& v = Subject(a);

@@ -264,6 +264,15 @@ void ReprInto(const Value& v, std::string& out, int depth) {
     case Value::Type::kList: {
       const ListData& l = v.list();
       if (l.kind == SeqKind::kIterator) {
+        if (l.iter_type.rfind("dict_", 0) == 0 && l.iter_type.find("iterator") == std::string::npos) {
+          out += l.iter_type + "([";  // dict_items([('a', 1)]), as Python prints views
+          for (size_t i = 0; i < l.items.size(); ++i) {
+            if (i) out += ", ";
+            ReprInto(l.items[i], out, depth + 1);
+          }
+          out += "])";
+          return;
+        }
         out += "<" + l.iter_type + " object>";
         return;
       }
