@@ -51,6 +51,40 @@ void AppendUtf8(uint32_t cp, std::string* out) {
   }
 }
 
+void MergeTable::Reserve(size_t n) {
+  size_t cap = 16;
+  shift_ = 60;
+  while (cap < 2 * n + 1) {
+    cap <<= 1;
+    --shift_;
+  }
+  slots_.assign(cap, Slot{});
+  mask_ = cap - 1;
+  size_ = 0;
+}
+
+void MergeTable::Insert(TokenId l, TokenId r, BpeMerge m) {
+  if (2 * (size_ + 1) > slots_.size()) {
+    // Grow (Reserve normally prevents this): rehash everything into a table twice as large.
+    std::vector<Slot> old = std::move(slots_);
+    Reserve(old.size());
+    for (const Slot& s : old) {
+      if (s.key != kEmpty) Insert(static_cast<TokenId>(s.key >> 32), static_cast<TokenId>(s.key & 0xFFFFFFFFu), s.merge);
+    }
+  }
+  const uint64_t key = Key(l, r);
+  for (size_t i = Hash(key);; i = (i + 1) & mask_) {
+    Slot& s = slots_[i];
+    if (s.key == key) return;
+    if (s.key == kEmpty) {
+      s.key = key;
+      s.merge = m;
+      ++size_;
+      return;
+    }
+  }
+}
+
 namespace {
 
 using Pair = EncodeScratch::Pair;

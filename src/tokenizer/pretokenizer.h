@@ -27,6 +27,8 @@ class PreTokenizer {
 
   // The regexes of a known pre-tokenizer name; Unimplemented for names we do not know.
   static Expected<std::vector<std::string>> RegexesFor(const std::string& name);
+  // Every name RegexesFor knows.
+  static std::vector<std::string> KnownNames();
   static Expected<std::unique_ptr<PreTokenizer>> ForName(const std::string& name);
   // Compiles a custom list (tests, or a tokenizer.json regex). InvalidArgument names a bad regex.
   static Expected<std::unique_ptr<PreTokenizer>> FromRegexes(const std::vector<std::string>& regexes);

@@ -107,7 +107,7 @@ Status Tokenizer::Init() {
       AppendUtf8(ByteToCodepoint(static_cast<uint8_t>(b)), &im.byte_char[b]);
       im.byte_token[b] = im.FindText(im.byte_char[b]);
     }
-    im.merges.reserve(v.merges.size() * 2);
+    im.merges.Reserve(v.merges.size());
     for (size_t r = 0; r < v.merges.size(); ++r) {
       const std::string& m = v.merges[r];
       const size_t sp = m.find(' ', 1);
@@ -118,8 +118,7 @@ Status Tokenizer::Init() {
       joined.append(right);
       const TokenId res = im.FindText(joined);
       if (l == kNoToken || rt == kNoToken || res == kNoToken) continue;
-      const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(l)) << 32) | static_cast<uint32_t>(rt);
-      im.merges.emplace(key, BpeMerge{static_cast<int32_t>(r), res});  // lowest rank wins
+      im.merges.Insert(l, rt, BpeMerge{static_cast<int32_t>(r), res});  // lowest rank wins
     }
     ASSIGN_OR_RETURN(im.pre, PreTokenizer::ForName(v.pre));
   } else {
