@@ -51,9 +51,15 @@ class FakeBackend : public InferenceBackend {
   }
   Expected<std::vector<int32_t>> EncodeChat(const nlohmann::json& messages) const override {
     std::string out;
-    for (const auto& m : messages)
-      out += "<" + m["role"].get<std::string>() + ">" + m["content"].get<std::string>() + "\n";
-    return EncodeText(out + "<assistant>");
+    for (const auto& m : messages) {
+      out.push_back('<');
+      out.append(m["role"].get<std::string>());
+      out.push_back('>');
+      out.append(m["content"].get<std::string>());
+      out.push_back('\n');
+    }
+    out.append("<assistant>");
+    return EncodeText(out);
   }
 
   class FakeSession : public Session {

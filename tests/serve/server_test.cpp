@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -72,8 +73,15 @@ TEST_F(ServerTest, HealthModelsAndMetrics) {
   EXPECT_EQ(json::parse(am->body)["data"][0]["type"], "model");
 
   ASSERT_TRUE(Post("/v1/completions", {{"prompt", "abc"}, {"max_tokens", 4}, {"temperature", 0}}));
-  auto mt = c.Get("/metrics");
-  ASSERT_TRUE(mt);
+  // The request counter is bumped after the response is sent: give it a moment.
+  std::optional<httplib::Response> mt;
+  for (int i = 0; i < 100; ++i) {
+    auto got = c.Get("/metrics");
+    ASSERT_TRUE(got);
+    mt = *got;
+    if (mt->body.find("completions\",status=\"200\"} 1") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   EXPECT_EQ(mt->status, 200);
   for (const char* name : {"substrate_tokens_per_second", "substrate_queue_depth 0",
                            "substrate_generated_tokens_total 4", "substrate_memory_ledger_bytes",
