@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   (void)RunLoad(warm, prompts);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const uint64_t rss_before = ResidentBytes();
-  const uint64_t ledger_before = (*backend)->engine().ledger().current();
+  const uint64_t ledger_before = MemoryLedger::Global().current();
 
   LoadReport r = RunLoad(lo, prompts);
 
@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const uint64_t rss_after = ResidentBytes();
-  const uint64_t ledger_after = (*backend)->engine().ledger().current();
+  const uint64_t ledger_after = MemoryLedger::Global().current();
   SchedulerStats st = (*server)->scheduler().Stats();
   const bool health = st.busy == 0 && st.queued == 0;
 
