@@ -3,6 +3,7 @@
 //   models/tiny-coder/tokenizer_vectors.json  from the HF folder and from the GGUF made from it
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -200,6 +201,54 @@ TEST(Cli, TokenizeAndDetokenizeRoundTrip) {
   EXPECT_NE(st, 0);
   RunCapture(bin + " tokenize -m /nonexistent.gguf --text x 2>/dev/null", &st);
   EXPECT_NE(st, 0);
+}
+
+}  // namespace
+}  // namespace substrate
+
+namespace substrate {
+namespace {
+
+// tiny-coder's golden.json / golden.safetensors were made with the reference tokenizer: the prompt
+// ids, the continuation text, and `heldout.tokens` = the first 256 tokens of text/heldout.txt.
+std::vector<int32_t> ReadSafetensorsI32(const std::string& path, const std::string& name) {
+  std::string raw = ReadAll(path);
+  if (raw.size() < 8) return {};
+  uint64_t n = 0;
+  std::memcpy(&n, raw.data(), 8);
+  if (n > raw.size() - 8) return {};
+  auto header = nlohmann::json::parse(raw.substr(8, n), nullptr, false);
+  if (header.is_discarded() || !header.contains(name)) return {};
+  auto off = header[name]["data_offsets"].get<std::vector<uint64_t>>();
+  if (off.size() != 2 || off[1] < off[0] || 8 + n + off[1] > raw.size()) return {};
+  std::vector<int32_t> v((off[1] - off[0]) / 4);
+  std::memcpy(v.data(), raw.data() + 8 + n + off[0], v.size() * 4);
+  return v;
+}
+
+TEST(TinyCoderGolden, PromptContinuationAndHeldoutPrefix) {
+  const std::string dir = kShared + "/models/tiny-coder";
+  const std::string heldout = kShared + "/text/heldout.txt";
+  if (!std::filesystem::exists(dir + "/golden.json") || !std::filesystem::exists(heldout)) {
+    GTEST_SKIP() << "tiny-coder golden files not found (../shared absent)";
+  }
+  auto tok = Load(dir);
+  ASSERT_TRUE(tok);
+  auto g = nlohmann::json::parse(ReadAll(dir + "/golden.json"));
+  const auto& greedy = g.at("greedy");
+  auto prompt = tok->Encode(greedy.at("prompt_text").get<std::string>());
+  ASSERT_TRUE(prompt.ok());
+  EXPECT_EQ(*prompt, greedy.at("prompt").get<std::vector<TokenId>>());
+  auto cont = tok->Decode(greedy.at("continuation").get<std::vector<TokenId>>());
+  ASSERT_TRUE(cont.ok());
+  EXPECT_EQ(*cont, greedy.at("continuation_text").get<std::string>());
+
+  auto want = ReadSafetensorsI32(dir + "/golden.safetensors", "heldout.tokens");
+  ASSERT_EQ(want.size(), 256u);
+  auto ids = tok->Encode(ReadAll(heldout), {.add_special = false});
+  ASSERT_TRUE(ids.ok());
+  ASSERT_GE(ids->size(), want.size());
+  EXPECT_EQ(std::vector<TokenId>(ids->begin(), ids->begin() + want.size()), want);
 }
 
 }  // namespace
