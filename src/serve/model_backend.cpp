@@ -5,6 +5,7 @@
 #include <random>
 
 #include "model/engine.h"
+#include "tokenizer/chat_template.h"
 
 namespace substrate::serve {
 
@@ -22,19 +23,6 @@ std::string FileStem(const std::string& path) {
   size_t dot = name.rfind('.');
   if (dot != std::string::npos && dot > 0) name.resize(dot);
   return name.empty() ? "model" : name;
-}
-
-// ChatML, written out directly: the format of the bundled models' template.
-// TODO(server): render tokenizer.chat_template with the Jinja renderer once it lands.
-Expected<std::string> RenderChatML(const std::string& tmpl, const nlohmann::json& messages) {
-  if (tmpl.empty()) return InvalidArgument("the model has no chat template (tokenizer.chat_template)");
-  if (tmpl.find("<|im_start|>") == std::string::npos)
-    return Unimplemented("only ChatML chat templates are supported by this build");
-  std::string out;
-  for (const auto& m : messages)
-    out += "<|im_start|>" + m["role"].get<std::string>() + "\n" +
-           m["content"].get<std::string>() + "<|im_end|>\n";
-  return out + "<|im_start|>assistant\n";
 }
 
 }  // namespace
@@ -122,7 +110,20 @@ Expected<std::unique_ptr<ModelBackend>> ModelBackend::Load(const ModelBackendOpt
     return InvalidArgument("serve: context of " + std::to_string(ctx) + " tokens is out of range");
   b->context_ = static_cast<int>(ctx);
   b->model_id_ = options.model_id.empty() ? FileStem(options.path) : options.model_id;
-  b->chat_template_ = b->engine_->metadata().GetString("tokenizer.chat_template", "");
+  // A model without a usable template still serves /v1/completions; chat requests get the
+  // reason as a 400.
+  const std::string tmpl = b->engine_->metadata().GetString("tokenizer.chat_template", "");
+  if (tmpl.empty()) {
+    b->template_status_ =
+        InvalidArgument("the model has no chat template (tokenizer.chat_template); use /v1/completions");
+  } else {
+    auto parsed = ChatTemplate::Parse(tmpl);
+    if (parsed.ok()) {
+      b->chat_template_ = std::make_unique<ChatTemplate>(std::move(*parsed));
+    } else {
+      b->template_status_ = parsed.status().WithContext("the model's chat template");
+    }
+  }
   return b;
 }
 
@@ -141,9 +142,19 @@ Expected<std::vector<int32_t>> ModelBackend::EncodeText(const std::string& text)
 }
 
 Expected<std::vector<int32_t>> ModelBackend::EncodeChat(const nlohmann::json& messages) const {
-  auto text = RenderChatML(chat_template_, messages);
-  if (!text.ok()) return text.status().WithContext("chat template");
+  if (!template_status_.ok()) return template_status_;
   const Tokenizer& tok = *engine_->tokenizer();
+  // As transformers renders it (and `substrate run --chat`): the conversation, the generation
+  // prompt, and the model's BOS/EOS text.
+  nlohmann::ordered_json ctx;
+  ctx["messages"] = nlohmann::ordered_json::array();
+  for (const auto& m : messages)
+    ctx["messages"].push_back({{"role", m["role"]}, {"content", m["content"]}});
+  ctx["add_generation_prompt"] = true;
+  ctx["bos_token"] = tok.bos() >= 0 ? tok.Piece(tok.bos()) : "";
+  ctx["eos_token"] = tok.eos() >= 0 ? tok.Piece(tok.eos()) : "";
+  auto text = chat_template_->Render(ctx);
+  if (!text.ok()) return text.status().WithContext("chat template");
   EncodeOptions o;
   // The template writes BOS itself where the model wants one.
   o.add_special = !(tok.bos() >= 0 && text->rfind(tok.Piece(tok.bos()), 0) == 0);

@@ -15,6 +15,7 @@
 
 namespace substrate {
 class Engine;
+class ChatTemplate;
 }
 
 namespace substrate::serve {
@@ -46,7 +47,8 @@ class ModelBackend : public InferenceBackend {
   ModelBackend() = default;
   std::unique_ptr<Engine> engine_;
   std::string model_id_;
-  std::string chat_template_;
+  std::unique_ptr<ChatTemplate> chat_template_;  // parsed once; renders concurrently
+  Status template_status_;                       // why chat is unavailable, if it is
   int context_ = 0;
   std::mutex forward_mu_;  // one forward pass at a time (the Engine's scratch is shared)
 };
