@@ -40,7 +40,48 @@ struct MetaValue {
   // Conversions that accept any numeric type; nullopt-like failures are reported by Metadata.
   bool is_array() const { return type == GgufType::kArray; }
   const std::vector<MetaValue>& array() const { return std::get<std::vector<MetaValue>>(value); }
+
+  // Builders with the exact GGUF type (what a writer will store). Unsigned GGUF types hold a
+  // uint64_t, signed ones an int64_t, float32/float64 a double.
+  static MetaValue U8(uint8_t v) { return Make(GgufType::kUint8, uint64_t{v}); }
+  static MetaValue U16(uint16_t v) { return Make(GgufType::kUint16, uint64_t{v}); }
+  static MetaValue U32(uint32_t v) { return Make(GgufType::kUint32, uint64_t{v}); }
+  static MetaValue U64(uint64_t v) { return Make(GgufType::kUint64, v); }
+  static MetaValue I32(int32_t v) { return Make(GgufType::kInt32, int64_t{v}); }
+  static MetaValue I64(int64_t v) { return Make(GgufType::kInt64, v); }
+  static MetaValue F32(float v) { return Make(GgufType::kFloat32, double{v}); }
+  static MetaValue F64(double v) { return Make(GgufType::kFloat64, v); }
+  static MetaValue Bool(bool v) { return Make(GgufType::kBool, v); }
+  static MetaValue Str(std::string v) { return Make(GgufType::kString, std::move(v)); }
+  static MetaValue Array(GgufType element_type, std::vector<MetaValue> items) {
+    MetaValue m = Make(GgufType::kArray, std::move(items));
+    m.array_type = element_type;
+    return m;
+  }
+  static MetaValue StrArray(const std::vector<std::string>& items);
+  static MetaValue I32Array(const std::vector<int32_t>& items);
+  static MetaValue F32Array(const std::vector<float>& items);
+
+  bool operator==(const MetaValue& o) const {
+    return type == o.type && (type != GgufType::kArray || array_type == o.array_type) &&
+           value == o.value;
+  }
+
+ private:
+  template <typename V>
+  static MetaValue Make(GgufType t, V v) {
+    MetaValue m;
+    m.type = t;
+    m.value = std::move(v);
+    return m;
+  }
 };
+
+// "u32", "string", "array" — for messages and `substrate info`.
+const char* GgufTypeName(GgufType t);
+// A value as short text: numbers, quoted strings, arrays as "[string x 8192]" (or the items
+// themselves when there are at most `max_items`).
+std::string MetaValueToString(const MetaValue& v, size_t max_items = 8);
 
 class Metadata {
  public:
