@@ -1,0 +1,130 @@
+// Kernel microbenchmark: MatMul per weight type and ISA tier, as decode (GEMV, 1 token) and
+// prefill (GEMM, many tokens), on an llama3-8b-sized FFN matrix. Prints JSON: time per call,
+// weight bytes per second (decode; compare with the machine's read bandwidth, measured here
+// too) and integer/float operations per second (prefill). Times are the best of repeated calls;
+// a matrix small enough for L2 (--rows 256) shows the kernels' compute speed without memory.
+//
+//   bench_matmul_kernels [--threads N] [--rows 14336] [--cols 4096] [--tokens 64]
+//                        [--types Q4_K,Q6_K,Q8_0,Q4_0] [--isa scalar|avx2|avx512|all]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/thread_pool.h"
+#include "kernels/cpu_features.h"
+#include "kernels/matmul.h"
+#include "kernels/membw.h"
+#include "quant/quant.h"
+
+using namespace substrate;
+
+namespace {
+
+// The fastest of repeated calls: on a shared machine the minimum is the run nobody preempted.
+double TimeIt(const std::function<void()>& fn, double min_seconds) {
+  fn();  // warm
+  auto start = std::chrono::steady_clock::now();
+  double best = 1e30, el = 0;
+  do {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+    el = std::chrono::duration<double>(t1 - start).count();
+  } while (el < min_seconds);
+  return best;
+}
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');)
+    if (!x.empty()) out.push_back(x);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2;
+  double seconds = 0.5;
+  int64_t rows = 14336, cols = 4096, tokens = 64;
+  std::string types = "Q4_K,Q6_K,Q8_0,Q4_0,Q5_K,Q3_K,Q2_K,IQ4_XS,F16,BF16", isa_arg = "best";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string a = argv[i], v = argv[i + 1];
+    if (a == "--threads") threads = std::stoi(v);
+    else if (a == "--rows") rows = std::stoll(v);
+    else if (a == "--cols") cols = std::stoll(v);
+    else if (a == "--tokens") tokens = std::stoll(v);
+    else if (a == "--types") types = v;
+    else if (a == "--isa") isa_arg = v;
+    else if (a == "--seconds") seconds = std::stod(v);
+  }
+  ThreadPool pool(threads);
+  std::vector<Isa> tiers;
+  if (isa_arg == "all") tiers = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512};
+  else if (isa_arg == "scalar") tiers = {Isa::kScalar};
+  else if (isa_arg == "avx2") tiers = {Isa::kAvx2};
+  else tiers = {DetectedIsa()};
+
+  nlohmann::json out;
+  auto bw = MeasureReadBandwidth(pool, 1ull << 30, 5);
+  out["threads"] = threads;
+  out["shape"] = {rows, cols};
+  out["mem_bw_bytes_per_s"] = bw.ok() ? bw->bytes_per_second : 0.0;
+  out["results"] = nlohmann::json::array();
+
+  std::mt19937 rng(1);
+  std::normal_distribution<float> g(0, 1);
+  std::vector<float> x(static_cast<size_t>(cols * tokens)), y(static_cast<size_t>(rows * tokens));
+  for (auto& v : x) v = g(rng);
+  for (const auto& tn : Split(types)) {
+    auto type = DTypeFromName(tn);
+    if (!type || !CanQuantize(*type)) continue;
+    size_t rb = *RowBytes(*type, static_cast<uint64_t>(cols));
+    std::vector<uint8_t> w(rb * rows);
+    std::vector<float> row(static_cast<size_t>(cols));
+    // A few distinct quantized rows, repeated: realistic blocks without a long setup.
+    for (int64_t r = 0; r < rows; ++r) {
+      if (r < 16) {
+        for (auto& v : row) v = 0.02f * g(rng);
+        QuantizeRow(*type, row.data(), w.data() + r * rb, cols);
+      } else {
+        std::memcpy(w.data() + r * rb, w.data() + (r % 16) * rb, rb);
+      }
+    }
+    WeightView view;
+    view.type = *type;
+    view.data = w.data();
+    view.bytes = w.size();
+    view.rows = rows;
+    view.cols = cols;
+    for (Isa isa : tiers) {
+      if (isa > DetectedIsa()) continue;
+      Isa prev = SetIsaForTesting(isa);
+      double gemv = TimeIt([&] { MatMul(view, x.data(), 1, y.data(), pool); }, seconds);
+      double gemm = TimeIt([&] { MatMul(view, x.data(), tokens, y.data(), pool); }, seconds);
+      SetIsaForTesting(prev);
+      double ops = 2.0 * static_cast<double>(rows) * static_cast<double>(cols);
+      out["results"].push_back({{"type", tn}, {"isa", IsaName(isa)},
+                                {"gemv_ms", gemv * 1e3},
+                                {"gemv_weight_bytes_per_s", static_cast<double>(w.size()) / gemv},
+                                {"gemv_bw_ratio", bw.ok() ? static_cast<double>(w.size()) / gemv /
+                                                                bw->bytes_per_second
+                                                          : 0.0},
+                                {"gemm_tokens", tokens},
+                                {"gemm_ms", gemm * 1e3},
+                                {"gemm_gops", ops * static_cast<double>(tokens) / gemm / 1e9}});
+    }
+  }
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
