@@ -119,10 +119,15 @@ void FastRows(const WeightView& w, const Part* parts, int n_parts, int64_t n_tok
   size_t row_bytes = parts[0].row_bytes;
   for (int p = 1; p < n_parts; ++p) row_bytes += parts[p].row_bytes;
   int64_t row_block = std::max<int64_t>(1, static_cast<int64_t>(kRowBlockBytes / row_bytes));
+  // One register tile of tokens per pass: its activation rows stay in L1 while the rows of the
+  // block (in L2) stream past; larger token blocks would stream activations from L2 per row.
+  int64_t token_block = kTokenBlock;
+  for (int p = 0; p < n_parts; ++p)
+    token_block = std::min<int64_t>(token_block, std::max(1, parts[p].kernel->max_nt));
   for (int64_t rb = r0; rb < r1; rb += row_block) {
     int64_t re = std::min(r1, rb + row_block);
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenBlock) {
-      int nt = static_cast<int>(std::min(kTokenBlock, n_tokens - t0));
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += token_block) {
+      int nt = static_cast<int>(std::min(token_block, n_tokens - t0));
       for (int64_t r = rb; r < re; ++r) {
         for (int p = 0; p < n_parts; ++p) {
           const Part& part = parts[p];
