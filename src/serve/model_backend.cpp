@@ -27,6 +27,20 @@ std::string FileStem(const std::string& path) {
 
 }  // namespace
 
+void FifoMutex::lock() {
+  std::unique_lock<std::mutex> l(mu_);
+  const uint64_t ticket = next_ticket_++;
+  cv_.wait(l, [&] { return serving_ == ticket; });
+}
+
+void FifoMutex::unlock() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ++serving_;
+  }
+  cv_.notify_all();
+}
+
 class ModelSession : public Session {
  public:
   ModelSession(ModelBackend* b, std::unique_ptr<substrate::Session> s) : b_(b), s_(std::move(s)) {}
@@ -44,7 +58,7 @@ class ModelSession : public Session {
     r.prompt_tokens = static_cast<int>(prompt.size());
     auto t0 = std::chrono::steady_clock::now();
     {
-      std::lock_guard<std::mutex> lock(b_->forward_mu_);
+      std::lock_guard<FifoMutex> lock(b_->forward_mu_);
       ASSIGN_OR_RETURN(int64_t reused, engine.Prefill(*s_, prompt));
       r.cached_tokens = static_cast<int>(reused);
     }
@@ -79,7 +93,7 @@ class ModelSession : public Session {
         break;
       }
       if (i + 1 == p.max_tokens || s_->cache.n_past() >= s_->cache.n_ctx()) break;
-      std::lock_guard<std::mutex> lock(b_->forward_mu_);
+      std::lock_guard<FifoMutex> lock(b_->forward_mu_);
       RETURN_IF_ERROR(engine.model().Forward(&next, 1, s_->cache, false, &s_->logits));
     }
     if (r.finish != BackendFinish::kCallerStopped) {

@@ -6,6 +6,8 @@
 // token by token instead of waiting for whole answers.
 #pragma once
 
+#include <condition_variable>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,6 +28,20 @@ struct ModelBackendOptions {
   int threads = 0;                // 0: the default pool
   std::string model_id;           // empty: the file name without extension
   MemoryLedger* ledger = nullptr; // null: MemoryLedger::Global()
+};
+
+// A mutex that hands the lock over in arrival order, so that slots take forward passes in
+// turn (a plain mutex lets the slot that just released it take it again, starving the rest).
+class FifoMutex {
+ public:
+  void lock();
+  void unlock();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t next_ticket_ = 0;
+  uint64_t serving_ = 0;
 };
 
 class ModelBackend : public InferenceBackend {
@@ -50,7 +66,7 @@ class ModelBackend : public InferenceBackend {
   std::unique_ptr<ChatTemplate> chat_template_;  // parsed once; renders concurrently
   Status template_status_;                       // why chat is unavailable, if it is
   int context_ = 0;
-  std::mutex forward_mu_;  // one forward pass at a time (the Engine's scratch is shared)
+  FifoMutex forward_mu_;  // one forward pass at a time (the Engine's scratch is shared)
 };
 
 }  // namespace substrate::serve
