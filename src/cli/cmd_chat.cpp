@@ -1,0 +1,71 @@
+// substrate chat: an interactive conversation in the terminal through the model's chat template.
+// The session's KV cache is kept between turns, so each turn only evaluates its new tokens.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "cli/generation_flags.h"
+
+namespace substrate::cli {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: substrate chat -m MODEL [-c CTX] [-n N] [--temp T] [--seed S] [--system TEXT]\n"
+    "  type a message and press enter; /reset starts over, /exit (or end of input) quits\n";
+
+int RunChat(const std::vector<std::string>& args) {
+  Flags f(args, GenerationFlagsWithValue({"--system"}));
+  if (!f.status().ok()) return PrintError("chat", f.status());
+  if (f.Has("-h") || f.Has("--help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  auto gf = ParseGenerationFlags(f);
+  if (!gf.ok()) return PrintError("chat", gf.status());
+  if (!f.Has("-n") && !f.Has("--n-predict")) gf->generate.max_tokens = 512;
+  if (!f.Has("--temp") && !f.Has("--temperature")) gf->generate.sampling.temperature = 0.7f;
+  auto loaded = LoadForGeneration(*gf);
+  if (!loaded.ok()) return PrintError("chat", loaded.status());
+  auto& [engine, session] = *loaded;
+
+  std::vector<ChatMessage> messages;
+  if (f.Has("--system")) messages.push_back({"system", f.Get({"--system"})});
+  const size_t n_fixed = messages.size();
+  std::string line;
+  while (true) {
+    std::fputs("> ", stdout);
+    std::fflush(stdout);
+    if (!std::getline(std::cin, line)) break;
+    if (line == "/exit" || line == "/quit") break;
+    if (line == "/reset") {
+      messages.resize(n_fixed);
+      continue;
+    }
+    if (line.empty()) continue;
+    messages.push_back({"user", line});
+    auto ids = EncodeChat(*engine, messages, true);
+    if (!ids.ok()) return PrintError("chat", ids.status());
+    std::string reply;
+    auto st = engine->Generate(*session, *ids, gf->generate, [&](int32_t, const std::string& t) {
+      reply += t;
+      std::fwrite(t.data(), 1, t.size(), stdout);
+      std::fflush(stdout);
+      return true;
+    });
+    std::fputs("\n", stdout);
+    if (!st.ok()) {
+      PrintError("chat", st.status());
+      messages.pop_back();
+      continue;  // e.g. the context is full: the user can /reset
+    }
+    messages.push_back({"assistant", reply});
+  }
+  return 0;
+}
+
+CommandRegistrar reg("chat", "interactive chat with a model (-m MODEL)", &RunChat);
+
+}  // namespace
+}  // namespace substrate::cli

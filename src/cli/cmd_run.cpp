@@ -1,0 +1,79 @@
+// substrate run: generate a continuation of a prompt (optionally through the chat template).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "cli/generation_flags.h"
+#include "model/engine.h"
+
+namespace substrate::cli {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: substrate run -m MODEL -p PROMPT [-n N] [--temp T] [--seed S] [-c CTX] [-t THREADS]\n"
+    "                     [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
+    "                     [--stop TEXT]... [--chat] [--system TEXT] [--json]\n"
+    "  -n N      tokens to generate (default 128)\n"
+    "  --temp T  sampling temperature; 0 (the default) is greedy decoding\n"
+    "  -c CTX    context size in tokens (default: min(model's, 4096))\n"
+    "  --chat    wrap the prompt as a user message in the model's chat template\n"
+    "  --json    print one JSON object: text, token counts, tokens/s, memory ledger peak\n";
+
+int RunRun(const std::vector<std::string>& args) {
+  Flags f(args, GenerationFlagsWithValue({"-p", "--prompt", "-f", "--file", "--system"}));
+  if (!f.status().ok()) return PrintError("run", f.status());
+  if (f.Has("-h") || f.Has("--help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  auto gf = ParseGenerationFlags(f);
+  if (!gf.ok()) return PrintError("run", gf.status());
+  std::string prompt = f.Get({"-p", "--prompt"});
+  if (f.Has("-f") || f.Has("--file")) {
+    auto text = ReadFileToString(f.Get({"-f", "--file"}));
+    if (!text.ok()) return PrintError("run", text.status());
+    prompt = *text;
+  }
+  if (prompt.empty()) return PrintError("run", InvalidArgument(std::string("no prompt (-p)\n") + kUsage));
+
+  auto loaded = LoadForGeneration(*gf);
+  if (!loaded.ok()) return PrintError("run", loaded.status());
+  auto& [engine, session] = *loaded;
+
+  std::vector<ChatMessage> messages;
+  if (f.Has("--system")) messages.push_back({"system", f.Get({"--system"})});
+  messages.push_back({"user", prompt});
+  auto ids = f.Has("--chat") ? EncodeChat(*engine, messages, /*add_generation_prompt=*/true)
+                             : EncodePlain(*engine, prompt);
+  if (!ids.ok()) return PrintError("run", ids.status());
+
+  const bool json = f.Has("--json");
+  std::string text;
+  GenerateOptions opt = gf->generate;
+  auto stats = engine->Generate(*session, *ids, opt, [&](int32_t, const std::string& piece) {
+    if (json) {
+      text += piece;
+    } else {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  });
+  if (!stats.ok()) return PrintError("run", stats.status());
+  if (json) {
+    nlohmann::json j = StatsJson(*engine, *stats);
+    j["text"] = text;
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("\n");
+  }
+  return 0;
+}
+
+CommandRegistrar reg("run", "generate text from a prompt (-m MODEL -p PROMPT)", &RunRun);
+
+}  // namespace
+}  // namespace substrate::cli

@@ -1,0 +1,103 @@
+#include "cli/generation_flags.h"
+
+#include <algorithm>
+
+namespace substrate::cli {
+
+std::vector<std::string> GenerationFlagsWithValue(std::vector<std::string> extra) {
+  for (const char* f : {"-m", "--model", "-n", "--n-predict", "--temp", "--temperature", "--seed",
+                        "-s", "-c", "--ctx-size", "-t", "--threads", "--top-k", "--top-p",
+                        "--min-p", "--repeat-penalty", "--repeat-last-n", "--stop"}) {
+    extra.push_back(f);
+  }
+  return extra;
+}
+
+Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
+  GenerationFlags g;
+  g.model = f.Get({"-m", "--model"});
+  if (g.model.empty()) return InvalidArgument("no model given (-m MODEL: a .gguf file or a HF folder)");
+  ASSIGN_OR_RETURN(long long n_ctx, f.GetInt({"-c", "--ctx-size"}, 0));
+  ASSIGN_OR_RETURN(long long threads, f.GetInt({"-t", "--threads"}, 0));
+  ASSIGN_OR_RETURN(long long n, f.GetInt({"-n", "--n-predict"}, 128));
+  ASSIGN_OR_RETURN(double temp, f.GetDouble({"--temp", "--temperature"}, 0.0));
+  ASSIGN_OR_RETURN(long long seed, f.GetInt({"--seed", "-s"}, 0));
+  ASSIGN_OR_RETURN(long long top_k, f.GetInt({"--top-k"}, 40));
+  ASSIGN_OR_RETURN(double top_p, f.GetDouble({"--top-p"}, 0.95));
+  ASSIGN_OR_RETURN(double min_p, f.GetDouble({"--min-p"}, 0.05));
+  ASSIGN_OR_RETURN(double rp, f.GetDouble({"--repeat-penalty"}, 1.0));
+  ASSIGN_OR_RETURN(long long rln, f.GetInt({"--repeat-last-n"}, 64));
+  if (n_ctx < 0 || n_ctx > (1 << 22)) return InvalidArgument("-c " + std::to_string(n_ctx) + " out of range");
+  if (threads < 0 || threads > 1024) return InvalidArgument("-t " + std::to_string(threads) + " out of range");
+  if (n < 0 || n > (1 << 24)) return InvalidArgument("-n " + std::to_string(n) + " out of range");
+  if (temp < 0 || rp <= 0) return InvalidArgument("--temp must be >= 0 and --repeat-penalty > 0");
+  g.n_ctx = n_ctx;
+  g.threads = static_cast<int>(threads);
+  g.generate.max_tokens = static_cast<int>(n);
+  SamplingParams& s = g.generate.sampling;
+  s.temperature = static_cast<float>(temp);
+  s.seed = static_cast<uint64_t>(seed);
+  s.top_k = static_cast<int>(top_k);
+  s.top_p = static_cast<float>(top_p);
+  s.min_p = static_cast<float>(min_p);
+  s.repeat_penalty = static_cast<float>(rp);
+  s.repeat_last_n = static_cast<int>(rln);
+  g.generate.stop = f.GetAll({"--stop"});
+  return g;
+}
+
+Expected<std::pair<std::unique_ptr<Engine>, std::unique_ptr<Session>>> LoadForGeneration(
+    const GenerationFlags& g) {
+  EngineOptions opt;
+  opt.n_threads = g.threads;
+  ASSIGN_OR_RETURN(auto engine, Engine::Load(g.model, opt));
+  int64_t n_ctx = g.n_ctx;
+  if (n_ctx == 0) n_ctx = std::min<int64_t>(engine->model().hparams().n_ctx_train, 4096);
+  ASSIGN_OR_RETURN(auto session, engine->NewSession(n_ctx));
+  return std::make_pair(std::move(engine), std::move(session));
+}
+
+Expected<std::vector<int32_t>> EncodePlain(const Engine& e, const std::string& text) {
+  if (!e.tokenizer()) return InvalidArgument("model has no tokenizer");
+  EncodeOptions o;
+  o.add_special = true;
+  o.parse_special = false;
+  ASSIGN_OR_RETURN(std::vector<TokenId> ids, e.tokenizer()->Encode(text, o));
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+Expected<std::vector<int32_t>> EncodeChat(const Engine& e, const std::vector<ChatMessage>& messages,
+                                          bool add_generation_prompt) {
+  if (!e.tokenizer()) return InvalidArgument("model has no tokenizer");
+  ASSIGN_OR_RETURN(std::string text, RenderChat(e, messages, add_generation_prompt));
+  EncodeOptions o;
+  // The template writes BOS itself where the model wants one.
+  const Tokenizer& tok = *e.tokenizer();
+  o.add_special = !(tok.bos() >= 0 && text.rfind(tok.Piece(tok.bos()), 0) == 0);
+  o.parse_special = true;
+  ASSIGN_OR_RETURN(std::vector<TokenId> ids, tok.Encode(text, o));
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+nlohmann::json StatsJson(Engine& e, const GenerateStats& st) {
+  nlohmann::json j;
+  j["n_prompt"] = st.n_prompt;
+  j["n_reused"] = st.n_reused;
+  j["n_generated"] = st.n_generated;
+  j["prompt_seconds"] = st.prompt_seconds;
+  j["decode_seconds"] = st.decode_seconds;
+  const int64_t evaluated = st.n_prompt - st.n_reused;
+  j["prompt_tokens_per_s"] = st.prompt_seconds > 0 ? evaluated / st.prompt_seconds : 0.0;
+  // Decode steps: every generated token but the first came from a one-token forward pass.
+  j["tokens_per_s"] = st.decode_seconds > 0 ? st.n_generated / st.decode_seconds : 0.0;
+  j["stop_reason"] = st.stop_reason;
+  j["peak_bytes"] = e.ledger().peak();
+  try {
+    j["memory"] = nlohmann::json::parse(e.ledger().ToJson());
+  } catch (const nlohmann::json::exception&) {
+    j["memory"] = e.ledger().ToJson();
+  }
+  return j;
+}
+
+}  // namespace substrate::cli

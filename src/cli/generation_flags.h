@@ -1,0 +1,50 @@
+// Shared by `substrate run`, `chat` and `perplexity`: generation flags, model loading and prompt
+// encoding (plain or through the model's chat template).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/command.h"
+#include "model/engine.h"
+
+namespace substrate::cli {
+
+struct GenerationFlags {
+  std::string model;
+  int64_t n_ctx = 0;  // 0: min(model's training context, 4096)
+  int threads = 0;
+  GenerateOptions generate;
+};
+
+// The flags that take a value, plus `extra`.
+std::vector<std::string> GenerationFlagsWithValue(std::vector<std::string> extra);
+Expected<GenerationFlags> ParseGenerationFlags(const Flags& f);
+
+// Loads the model (weights resident) and opens a session of the requested context.
+Expected<std::pair<std::unique_ptr<Engine>, std::unique_ptr<Session>>> LoadForGeneration(
+    const GenerationFlags& g);
+
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
+// Text -> ids with the model's BOS convention; control-token text in `text` stays plain text.
+Expected<std::vector<int32_t>> EncodePlain(const Engine& e, const std::string& text);
+// Renders `messages` with the model's chat template and encodes the result (control tokens
+// recognised).
+Expected<std::vector<int32_t>> EncodeChat(const Engine& e, const std::vector<ChatMessage>& messages,
+                                          bool add_generation_prompt);
+Expected<std::string> RenderChat(const Engine& e, const std::vector<ChatMessage>& messages,
+                                 bool add_generation_prompt);
+
+// {"n_prompt", "n_reused", "n_generated", "prompt_tokens_per_s", "tokens_per_s", "stop_reason",
+//  "memory": ledger JSON, "peak_bytes"}
+nlohmann::json StatsJson(Engine& e, const GenerateStats& st);
+
+}  // namespace substrate::cli
