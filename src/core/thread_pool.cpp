@@ -13,7 +13,7 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   wake_.notify_all();
   for (auto& t : workers_) t.join();
@@ -27,19 +27,35 @@ void ThreadPool::RunChunks(int thread_index) {
   }
 }
 
+namespace {
+// About 50-100 microseconds of polling: long enough to bridge the gap between the ops of one
+// forward pass, short enough not to burn a core when the pool goes idle.
+constexpr int kSpinIterations = 20000;
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+}  // namespace
+
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
+    for (int i = 0; i < kSpinIterations; ++i) {
+      if (generation_.load(std::memory_order_acquire) != seen || stop_.load()) break;
+      CpuRelax();
+    }
     {
       std::unique_lock<std::mutex> lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      wake_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+      if (stop_.load()) return;
+      seen = generation_.load();
     }
     RunChunks(index);
-    {
+    if (pending_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_workers_ == 0) done_cv_.notify_one();
+      done_cv_.notify_one();
     }
   }
 }
@@ -60,13 +76,17 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     n_ = n;
     chunk_ = chunk;
     next_.store(0);
-    pending_workers_ = n_threads_ - 1;
-    ++generation_;
+    pending_workers_.store(n_threads_ - 1);
+    generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
   RunChunks(0);
+  for (int i = 0; i < kSpinIterations; ++i) {
+    if (pending_workers_.load(std::memory_order_acquire) == 0) break;
+    CpuRelax();
+  }
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_workers_ == 0; });
+  done_cv_.wait(lock, [&] { return pending_workers_.load() == 0; });
   job_ = nullptr;
 }
 

@@ -41,9 +41,12 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable wake_;
   std::condition_variable done_cv_;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-  int pending_workers_ = 0;
+  // Workers and the caller spin briefly on these before sleeping on the condition variables:
+  // a decode step issues hundreds of short ParallelFors, and a futex wake per op costs more
+  // than the op. Written under mu_, read without it.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<int> pending_workers_{0};
 
   // The job of the current generation.
   const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
