@@ -1,0 +1,23 @@
+// SIMD attention with the same contract as Attention (kernels/attention.h): AVX2+FMA dot
+// products and value accumulation in float, one scratch row per thread (no allocation per call
+// once warm). Returns false, doing nothing, when the CPU (or SUBSTRATE_ISA) has no AVX2, so a
+// caller can write `if (!AttentionSimd(...)) <scalar path>`.
+#pragma once
+
+#include <cstdint>
+
+#include "core/thread_pool.h"
+#include "kernels/attention.h"
+
+namespace substrate {
+
+bool AttentionSimd(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
+                   const float* k, int64_t k_stride, const float* v, int64_t v_stride, float* out,
+                   ThreadPool& pool);
+
+// The AVX2 body (attention_simd_avx2.cpp); call only when the CPU has AVX2 and FMA.
+void AttentionAvx2(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
+                   const float* k, int64_t k_stride, const float* v, int64_t v_stride, float* out,
+                   ThreadPool& pool);
+
+}  // namespace substrate
