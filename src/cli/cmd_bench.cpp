@@ -77,6 +77,25 @@ std::vector<int32_t> RandomTokens(int64_t n, int64_t n_vocab, uint32_t seed) {
   return t;
 }
 
+// Kernel timers of one timed phase: seconds per token and share of the phase, per entry, and
+// the rest (attention, norms, rope, routing, pool synchronisation) as "other".
+nlohmann::json ProfileJson(const std::vector<KernelProfileEntry>& entries, double s_per_token,
+                           int64_t n_tokens) {
+  const double total = s_per_token * static_cast<double>(n_tokens);
+  double kernel_s = 0;
+  nlohmann::json parts = nlohmann::json::array();
+  for (const auto& k : entries) {
+    kernel_s += k.seconds;
+    parts.push_back({{"name", k.name}, {"seconds_per_token", k.seconds / n_tokens},
+                     {"share", k.seconds / total}, {"calls", k.calls},
+                     {"bytes_per_s", k.seconds > 0 ? k.bytes / k.seconds : 0}});
+  }
+  parts.push_back({{"name", "other (attention, norms, rope, routing, sync)"},
+                   {"seconds_per_token", (total - kernel_s) / n_tokens},
+                   {"share", (total - kernel_s) / total}});
+  return parts;
+}
+
 int RunBench(const std::vector<std::string>& args) {
   Flags f(args, {"-m", "--model", "-p", "-n", "-t", "--threads", "-r", "--repetitions",
                  "--bw-bytes"});
@@ -123,6 +142,7 @@ int RunBench(const std::vector<std::string>& args) {
   if (!cache.ok()) return PrintError("bench", cache.status());
   std::vector<float> logits;
   Series pp, tg;
+  nlohmann::json prefill_profile;
   // One untimed token warms caches, page tables and the pool.
   {
     auto warm = RandomTokens(1, n_vocab, 99);
@@ -134,10 +154,16 @@ int RunBench(const std::vector<std::string>& args) {
     if (*p > 0) {
       auto tokens = RandomTokens(*p, n_vocab, static_cast<uint32_t>(rep + 1));
       cache->Clear();
+      if (profile && rep == *r - 1) {
+        ResetKernelProfile();
+        SetKernelProfiling(true);
+      }
       auto start = Clock::now();
       Status st = model.Forward(tokens.data(), *p, *cache, false, &logits);
       if (!st.ok()) return PrintError("bench", st);
       pp.tps.push_back(static_cast<double>(*p) / Seconds(start));
+      SetKernelProfiling(false);
+      if (profile && rep == *r - 1) prefill_profile = ProfileJson(KernelProfile(), 1.0 / pp.tps.back(), *p);
     }
     if (*n > 0) {
       auto tokens = RandomTokens(*n, n_vocab, static_cast<uint32_t>(1000 + rep));
@@ -181,21 +207,9 @@ int RunBench(const std::vector<std::string>& args) {
     j["tg_limit_tokens_per_s"] = limit / static_cast<double>(w.per_token_bytes);
     j["bw_ratio"] = achieved / limit;
   }
-  if (profile && *n > 0) {
-    double decode_s = static_cast<double>(*n) / tg.tps.back(), kernel_s = 0;
-    nlohmann::json parts = nlohmann::json::array();
-    for (const auto& k : KernelProfile()) {
-      kernel_s += k.seconds;
-      parts.push_back({{"name", k.name}, {"seconds_per_token", k.seconds / *n},
-                       {"share", k.seconds / decode_s}, {"calls_per_token", k.calls / *n},
-                       {"bytes_per_token", k.bytes / *n},
-                       {"bytes_per_s", k.seconds > 0 ? k.bytes / k.seconds : 0}});
-    }
-    parts.push_back({{"name", "other (attention, norms, rope, routing, sync)"},
-                     {"seconds_per_token", (decode_s - kernel_s) / *n},
-                     {"share", (decode_s - kernel_s) / decode_s}});
-    j["decode_profile"] = parts;
-  }
+  if (profile && *n > 0)
+    j["decode_profile"] = ProfileJson(KernelProfile(), 1.0 / tg.tps.back(), *n);
+  if (profile && *p > 0) j["prefill_profile"] = prefill_profile;
   if (json) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
