@@ -38,6 +38,7 @@ class ServerTest : public ::testing::Test {
   httplib::Client Client() {
     httplib::Client c("127.0.0.1", server_->port());
     c.set_read_timeout(30, 0);
+    c.set_tcp_nodelay(true);
     return c;
   }
   httplib::Result Post(const std::string& path, const json& body, httplib::Headers h = {}) {

@@ -52,6 +52,7 @@ inline StreamResult PostStream(int port, const std::string& path, const std::str
                                std::function<bool(const std::string&)> on_chunk = nullptr) {
   httplib::Client cli("127.0.0.1", port);
   cli.set_read_timeout(60, 0);
+  cli.set_tcp_nodelay(true);
   StreamResult r;
   httplib::Request req;
   req.method = "POST";
