@@ -13,7 +13,7 @@ int RunCompile(const std::vector<std::string>& args) {
                  "--threshold", "--persistence", "--out", "-o"});
   if (!f.status().ok()) return PrintError("compile", f.status());
   if (f.Has("--help") || f.positional().size() != 1) {
-    std::printf("usage: substrate compile PROFILE --max-ram BYTES --quality LOSS [--tps T]\n"
+    std::printf("usage: substrate compile PROFILE --max-ram BYTES --quality LOSS|min [--tps T]\n"
                 "         [--max-concurrent K] [--mem-bw B/S] [--ssd-bw B/S] [--threshold 0.15]\n"
                 "         [--persistence 32] -o plan.json\n");
     return f.Has("--help") ? 0 : 2;
@@ -25,7 +25,10 @@ int RunCompile(const std::vector<std::string>& args) {
   auto profile = compiler::LoadProfile(f.positional()[0]);
   if (!profile.ok()) return PrintError("compile", profile.status());
   auto ram = ParseBytes(f.Get({"--max-ram"}));
-  auto q = f.GetDouble({"--quality"}, 0), tps = f.GetDouble({"--tps"}, 0);
+  // "--quality min": the least loss the RAM and speed budget allow (fill to the budget).
+  const bool fill_to_budget = f.Get({"--quality"}) == "min";
+  auto q = fill_to_budget ? Expected<double>(0.0) : f.GetDouble({"--quality"}, 0);
+  auto tps = f.GetDouble({"--tps"}, 0);
   auto mem = f.GetDouble({"--mem-bw"}, 0), ssd = f.GetDouble({"--ssd-bw"}, 0);
   auto thr = f.GetDouble({"--threshold"}, 0.15);
   auto k = f.GetInt({"--max-concurrent"}, 4), persist = f.GetInt({"--persistence"}, 32);
@@ -45,6 +48,11 @@ int RunCompile(const std::vector<std::string>& args) {
   req.escalation.max_concurrent_escalations = static_cast<int>(*k);
   req.escalation.persistence_tokens = static_cast<int>(*persist);
   req.escalation.disagreement_threshold = *thr;
+  if (fill_to_budget) {
+    auto axes = compiler::EvaluateAxes(*profile, req);
+    if (!axes.ok()) return PrintError("compile", axes.status());
+    req.budget.quality_loss_cap = axes->quality_loss;  // exactly what the full fill reaches
+  }
   auto plan = compiler::CompilePlan(*profile, req);
   if (!plan.ok()) return PrintError("compile", plan.status());
   Status st = compiler::SavePlan(*plan, out);

@@ -93,11 +93,6 @@ const char* KindName(OpKind k) {
   return "?";
 }
 
-double BitsPerWeight(DType t) {
-  const auto& tr = GetDTypeTraits(t);
-  return tr.block_size ? 8.0 * tr.block_bytes / tr.block_size : 0;
-}
-
 }  // namespace
 
 struct CalibrationRunner::Impl {
@@ -358,24 +353,6 @@ Expected<ModelProfile> Calibrate(const CalibrationOptions& o) {
                                    (ssd.ok() && ssd->direct_io ? " (direct I/O)" : " (buffered reads)");
   }
   return profile;
-}
-
-Expected<std::map<std::string, DType>> PlanTensorTypes(const PlanBundle& plan, std::string* note) {
-  std::map<std::string, DType> out;
-  for (const CatalogTensor& t : plan.tensor_catalog) {
-    if (t.tier != 0) continue;
-    auto type = DTypeFromName(t.precision);
-    if (!type) return InvalidArgument("plan: tensor '" + t.id + "' has unknown precision '" + t.precision + "'");
-    for (const std::string& src : t.source_tensors) {
-      std::string name = src.substr(0, src.find('#'));
-      auto [it, fresh] = out.emplace(name, *type);
-      if (!fresh && it->second != *type) {
-        if (note) *note += "tensor '" + name + "': expert slices disagree; the most precise type is used\n";
-        if (BitsPerWeight(*type) > BitsPerWeight(it->second)) it->second = *type;
-      }
-    }
-  }
-  return out;
 }
 
 Expected<std::map<std::string, DType>> FileTensorTypes(const std::string& path) {

@@ -71,9 +71,6 @@ struct CalibrationOptions {
 // the same settings, and returns the calibrated profile.
 Expected<ModelProfile> Calibrate(const CalibrationOptions& options);
 
-// Tier-0 precision of every source tensor of a plan (expert slices of one 3-D tensor must agree,
-// or the most precise one is taken and reported in `note`).
-Expected<std::map<std::string, DType>> PlanTensorTypes(const PlanBundle& plan, std::string* note = nullptr);
 // The stored type of every tensor of a model file with at least two dimensions.
 Expected<std::map<std::string, DType>> FileTensorTypes(const std::string& path);
 // Additive estimate of a type assignment from a calibrated profile: the sum over ops of the loss

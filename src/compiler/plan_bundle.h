@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "format/dtype.h"
 
 namespace substrate::compiler {
 
@@ -134,6 +135,11 @@ uint64_t SumOfKLargest(std::vector<uint64_t> values, int k);
 
 const char* ResidencyName(Residency r);
 const char* FallbackName(FallbackStrategy f);
+
+// Tier-0 precision of every source tensor (GGUF name) of a plan: what `substrate quantize
+// --plan` writes. Expert slices of one 3-D tensor that disagree take the most precise type
+// (reported in `note`). PlanToJson also writes this table as "tensor_types".
+Expected<std::map<std::string, DType>> PlanTensorTypes(const PlanBundle& plan, std::string* note = nullptr);
 
 std::string PlanToJson(const PlanBundle& plan);
 // Parses and validates; a malformed document or a broken invariant is an error naming it.

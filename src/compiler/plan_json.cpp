@@ -142,7 +142,30 @@ Expected<PlanBundle> ReadPlan(const json& j) {
   return plan;
 }
 
+double BitsPerWeight(DType t) {
+  const auto& tr = GetDTypeTraits(t);
+  return tr.block_size ? 8.0 * tr.block_bytes / tr.block_size : 0;
+}
+
 }  // namespace
+
+Expected<std::map<std::string, DType>> PlanTensorTypes(const PlanBundle& plan, std::string* note) {
+  std::map<std::string, DType> out;
+  for (const CatalogTensor& t : plan.tensor_catalog) {
+    if (t.tier != 0) continue;
+    auto type = DTypeFromName(t.precision);
+    if (!type) return InvalidArgument("plan: tensor '" + t.id + "' has unknown precision '" + t.precision + "'");
+    for (const std::string& src : t.source_tensors) {
+      std::string name = src.substr(0, src.find('#'));
+      auto [it, fresh] = out.emplace(name, *type);
+      if (!fresh && it->second != *type) {
+        if (note) *note += "tensor '" + name + "': expert slices disagree; the most precise type is used\n";
+        if (BitsPerWeight(*type) > BitsPerWeight(it->second)) it->second = *type;
+      }
+    }
+  }
+  return out;
+}
 
 std::string PlanToJson(const PlanBundle& plan) {
   json j;
@@ -188,6 +211,11 @@ std::string PlanToJson(const PlanBundle& plan) {
                           {"latency_critical_factor", plan.fallback_policy.latency_critical_factor},
                           {"ssd_bw_critical_factor", plan.fallback_policy.ssd_bw_critical_factor}};
   j["escalation_ram_pool_bytes"] = plan.escalation_ram_pool_bytes;
+  // For `substrate quantize --plan`: the tier-0 type of every GGUF tensor.
+  json types = json::object();
+  if (auto tt = PlanTensorTypes(plan); tt.ok())
+    for (const auto& [name, type] : *tt) types[name] = DTypeName(type);
+  j["tensor_types"] = std::move(types);
   json curve = json::array();
   for (auto& [bytes, q] : plan.predicted.rd_curve) curve.push_back({bytes, q});
   j["predicted"] = {{"quality_loss", plan.predicted.quality_loss},

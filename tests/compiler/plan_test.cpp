@@ -202,6 +202,24 @@ TEST(Profile, BytesComeFromRowBytes) {
     }
 }
 
+TEST(PlanJson, TensorTypesForQuantize) {
+  SynthMoeOptions o;
+  o.layers = 2, o.experts = 4, o.top_k = 2, o.d_model = 256, o.expert_ffn = 256, o.vocab = 512;
+  auto p = SynthesizeMoeProfile(o);
+  ASSERT_TRUE(p.ok());
+  CompileRequest req;
+  req.budget.max_ram_bytes = 64ull << 20;
+  req.budget.quality_loss_cap = 0.05;
+  auto plan = CompilePlan(*p, req);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  auto types = PlanTensorTypes(*plan);
+  ASSERT_TRUE(types.ok());
+  EXPECT_EQ(DTypeName(types->at("blk.1.attn_q.weight")), plan->Bundle("block_1.attn")->tiers[0].precision);
+  auto j = nlohmann::json::parse(PlanToJson(*plan));
+  EXPECT_EQ(j["tensor_types"]["blk.1.attn_q.weight"], plan->Bundle("block_1.attn")->tiers[0].precision);
+  EXPECT_TRUE(j["tensor_types"].contains("blk.0.ffn_gate_exps.weight"));
+}
+
 TEST(Compiler, SeedDemoCompiles) {
   SynthMoeOptions o;  // 27 layers, 64 experts, top-8
   auto p = SynthesizeMoeProfile(o);
