@@ -46,6 +46,9 @@ const Preset kPresets[] = {
      128, 8, 768, 0, 1000000.0, 1e-6, 40960, false, true},
     {"mixtral-8x7b", "llama", "Mixtral-8x7B-v0.1 (synthetic)", 32000, 4096, 32, 32, 8, 128, 14336,
      8, 2, 14336, 0, 1000000.0, 1e-5, 32768, false, false},
+    // Small enough for tests: a qwen2moe layout (biases, shared expert, 1.5x256-wide experts).
+    {"test-tiny-moe", "qwen2moe", "tiny MoE (synthetic, for tests)", 1000, 256, 2, 4, 2, 64, 512,
+     4, 2, 384, 512, 10000.0, 1e-6, 512, true, false},
 };
 
 // ------------------------------------------------------------------ GGUF serialization

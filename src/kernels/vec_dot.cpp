@@ -22,7 +22,9 @@ QuantizeActFn FindQuantizeAct(DType act_type, Isa isa) {
 
 size_t ActRowBytes(DType act_type, int64_t n) {
   auto bytes = RowBytes(act_type, static_cast<uint64_t>(n));
-  return bytes ? static_cast<size_t>(*bytes) : 0;
+  if (!bytes) return 0;
+  size_t extra = act_type == DType::kQ8_0 ? static_cast<size_t>(n / kQK8_0) * sizeof(float) : 0;
+  return static_cast<size_t>(*bytes) + extra;
 }
 
 }  // namespace substrate

@@ -35,7 +35,9 @@ struct DotKernel {
 const DotKernel* FindDotKernel(DType type, Isa isa);
 // The activation quantizer for an activation format at tier `isa` (nullptr if none).
 QuantizeActFn FindQuantizeAct(DType act_type, Isa isa);
-// Bytes of one activation row of n elements in format act_type.
+// Bytes of one activation row of n elements in format act_type. A Q8_0 row is its blocks
+// followed by each block's scale as a float (the same value as the block's fp16 d), so SIMD
+// kernels skip an fp16 conversion per block and token.
 size_t ActRowBytes(DType act_type, int64_t n);
 
 // The 16 non-linear levels of IQ4_NL and IQ4_XS (fixed by the format).

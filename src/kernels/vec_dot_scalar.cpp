@@ -17,12 +17,15 @@ inline float H(uint16_t h) { return Fp16ToFp32(h); }
 
 void QuantizeQ8_0(const float* x, void* out, int64_t n) {
   auto* y = static_cast<BlockQ8_0*>(out);
+  float* dtail = reinterpret_cast<float*>(y + n / kQK8_0);  // see ActRowBytes
   for (int64_t b = 0; b < n / kQK8_0; ++b, x += kQK8_0) {
     float amax = 0;
     for (int j = 0; j < kQK8_0; ++j) amax = std::max(amax, std::fabs(x[j]));
     float d = amax / 127.0f;
     float id = d != 0 ? 1.0f / d : 0.0f;
     y[b].d = Fp32ToFp16(d);
+    float df = H(y[b].d);
+    std::memcpy(dtail + b, &df, sizeof(float));
     for (int j = 0; j < kQK8_0; ++j) y[b].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
   }
 }
