@@ -174,7 +174,8 @@ Status BuildMetadata(const std::string& dir, const json& c, const ArchSpec& arch
   if (A == "llama") {
     u32(A + ".vocab_size", ConfigInt(c, "vocab_size"));
     auto hd = ConfigInt(c, "head_dim");
-    if (!hd) hd = *ConfigInt(c, "hidden_size") / *ConfigInt(c, "num_attention_heads");
+    auto embd = ConfigInt(c, "hidden_size"), heads = ConfigInt(c, "num_attention_heads");
+    if (!hd && embd && heads && *heads > 0) hd = *embd / *heads;
     u32(A + ".rope.dimension_count", hd);
     if (rs_type == "linear" && factor > 0) {
       md->Set(A + ".rope.scaling.type", MetaValue::Str("linear"));

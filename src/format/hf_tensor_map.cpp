@@ -29,6 +29,7 @@
 //   mlp.gate.e_score_correction_bias  blk.N.exp_probs_b.bias  (noaux_tc routing bias)
 //   layers >= num_hidden_layers (multi-token-prediction layers) are dropped.
 // No q/k permutation for qwen2/qwen3/qwen*moe/deepseek2; llama and mixtral get it.
+#include <cmath>
 #include <cstdlib>
 
 #include "format/hf_internal.h"
@@ -98,7 +99,7 @@ std::optional<int64_t> ConfigInt(const json& config, const std::string& key) {
   if (it->is_number_integer()) return it->get<int64_t>();
   if (it->is_number_float()) {
     double d = it->get<double>();
-    if (d == static_cast<double>(static_cast<int64_t>(d))) return static_cast<int64_t>(d);
+    if (d >= -9.2e18 && d <= 9.2e18 && d == std::floor(d)) return static_cast<int64_t>(d);
   }
   if (it->is_boolean()) return it->get<bool>() ? 1 : 0;
   return std::nullopt;

@@ -120,7 +120,7 @@ Status AddTokenizerMetadata(const std::string& dir, const json& config, Metadata
     }
   }
   int64_t n_vocab = ConfigInt(config, "vocab_size").value_or(by_id.empty() ? 0 : by_id.rbegin()->first + 1);
-  if (n_vocab <= 0 || n_vocab > (1 << 24)) return err("vocabulary size " + std::to_string(n_vocab) + " is absurd");
+  if (n_vocab <= 0 || n_vocab > (1 << 22)) return err("vocabulary size " + std::to_string(n_vocab) + " is absurd");
 
   std::vector<std::string> tokens(n_vocab);
   std::vector<int32_t> types(n_vocab);
