@@ -79,14 +79,9 @@ TEST_P(GoldenLogits, FromOurGgufConversion) {
   const std::string folder = SharedDir() + "/models/" + GetParam();
   if (!Exists(folder)) GTEST_SKIP() << "no fixture " << folder;
   const std::string out = ::testing::TempDir() + "/model_conv_" + GetParam() + ".gguf";
-  const std::string cmd = std::string(SUBSTRATE_BINARY) + " convert " + folder + " " + out +
+  const std::string cmd = std::string(SUBSTRATE_BINARY) + " convert " + folder + " -o " + out +
                           " > /dev/null 2>&1";
-  if (std::system(cmd.c_str()) != 0) {
-    // Also try the flag form before deciding convert is unavailable.
-    const std::string cmd2 = std::string(SUBSTRATE_BINARY) + " convert -i " + folder + " -o " +
-                             out + " > /dev/null 2>&1";
-    if (std::system(cmd2.c_str()) != 0) GTEST_SKIP() << "substrate convert unavailable or failed";
-  }
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   CheckLogits(out, folder);
   std::filesystem::remove(out);
 }
