@@ -42,6 +42,14 @@ Status Evaluator::CheckSize(size_t bytes) const {
   return Status::Ok();
 }
 
+Evaluator::~Evaluator() {
+  // Namespaces may hold themselves (`set ns.me = ns`); clearing breaks such cycles.
+  for (auto& weak : namespaces_)
+    if (auto ns = weak.lock()) ns->entries.clear();
+}
+
+void Evaluator::TrackNamespace(const std::shared_ptr<DictData>& ns) { namespaces_.push_back(ns); }
+
 Status Evaluator::Render(const Body& body, std::string* out) {
   auto root = std::make_shared<Frame>();
   Flow flow = Flow::kNormal;
@@ -252,13 +260,17 @@ Status Evaluator::ExecFor(const Stmt& s, const FramePtr& frame, std::string& out
 Value Evaluator::MakeMacro(const Stmt& s, const FramePtr& frame) {
   const Stmt* stmt = &s;
   // The macro sees the frame it was defined in (live, so later top-level sets are visible).
-  FramePtr def_frame = frame;
+  // The frame holds the macro, so the macro holds it weakly and the evaluator keeps it alive:
+  // a shared_ptr both ways would be a cycle, leaked on every render.
+  pinned_frames_.push_back(frame);
+  std::weak_ptr<Frame> weak_frame = frame;
   return Value::Function(
       s.text,
-      [this, stmt, def_frame](Evaluator&, CallArgs& args) -> Expected<Value> {
+      [this, stmt, weak_frame](Evaluator&, CallArgs& args) -> Expected<Value> {
+        FramePtr def_frame = weak_frame.lock();
+        if (!def_frame) return Internal("jinja: macro '" + stmt->text + "' outlived its frame");
         if (call_depth_ >= limits_.max_call_depth)
-          return TemplateError("maximum recursion depth exceeded (macro '" + stmt->text + "' nested " +
-                               std::to_string(call_depth_) + " calls deep)");
+          return TemplateError("maximum recursion depth exceeded");  // Python's RecursionError text
         auto f = std::make_shared<Frame>();
         f->parent = def_frame;
         Value caller;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "tokenizer/jinja/ast.h"
 #include "tokenizer/jinja/value.h"
@@ -30,6 +31,9 @@ class Evaluator {
  public:
   Evaluator(std::shared_ptr<DictData> globals, RenderLimits limits)
       : globals_(std::move(globals)), limits_(limits) {}
+  ~Evaluator();
+  Evaluator(const Evaluator&) = delete;
+  Evaluator& operator=(const Evaluator&) = delete;
 
   Status Render(const Body& body, std::string* out);
 
@@ -43,6 +47,8 @@ class Evaluator {
   Expected<std::vector<Value>> Iterate(const Value& v);
   Status CheckSize(size_t bytes) const;
   Status Step();
+  // Namespaces are cleared when the render ends (they may reference themselves).
+  void TrackNamespace(const std::shared_ptr<DictData>& ns);
 
  private:
   enum class Flow { kNormal, kBreak, kContinue };
@@ -64,6 +70,8 @@ class Evaluator {
   uint64_t steps_ = 0;
   int call_depth_ = 0;
   Value placeholder_;
+  std::vector<FramePtr> pinned_frames_;  // frames that define macros
+  std::vector<std::weak_ptr<DictData>> namespaces_;
 };
 
 // Binary and comparison operators with Python semantics (operators.cpp).

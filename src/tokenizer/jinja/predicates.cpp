@@ -167,6 +167,7 @@ Expected<Value> MakeDict(Evaluator&, CallArgs& a) {
 Expected<Value> MakeNamespace(Evaluator& ev, CallArgs& a) {
   ASSIGN_OR_RETURN(Value d, MakeDict(ev, a));
   d.dict().kind = DictKind::kNamespace;
+  ev.TrackNamespace(d.dict_ptr());
   return d;
 }
 
