@@ -92,6 +92,12 @@ Expected<std::unique_ptr<Scheduler>> Scheduler::Create(InferenceBackend* backend
 }
 
 Scheduler::~Scheduler() {
+  Shutdown();
+  for (auto& slot : slots_)
+    if (slot->thread.joinable()) slot->thread.join();
+}
+
+void Scheduler::Shutdown() {
   std::deque<std::shared_ptr<Job>> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -105,8 +111,6 @@ Scheduler::~Scheduler() {
     job->Cancel();
     job->Finish(Cancelled("serve: server shutting down"));
   }
-  for (auto& slot : slots_)
-    if (slot->thread.joinable()) slot->thread.join();
 }
 
 Status Scheduler::Submit(std::shared_ptr<Job> job) {

@@ -101,6 +101,10 @@ class Scheduler {
   // Cancels a job wherever it is: dropped from the queue, or stopped at its next token.
   void Cancel(const std::shared_ptr<Job>& job);
 
+  // Refuses new jobs and cancels every queued and running one (their HTTP handlers then end
+  // promptly); the workers exit. Idempotent; the destructor calls it and joins.
+  void Shutdown();
+
   SchedulerStats Stats() const;
   // Generated tokens per second over the last few seconds (all slots together).
   double RecentTokensPerSecond() const;

@@ -139,6 +139,9 @@ void HttpServer::Start() {
 }
 
 void HttpServer::Stop() {
+  // Cancel generations first: httplib's stop waits for every handler, and a streaming handler
+  // ends when its job does.
+  if (scheduler_) scheduler_->Shutdown();
   if (http_) http_->stop();
   if (thread_.joinable()) thread_.join();
   // Destroying the scheduler cancels generations, which lets streaming handlers finish.

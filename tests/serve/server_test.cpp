@@ -483,3 +483,25 @@ TEST_F(ServerTest, RandomGarbageNeverCrashes) {
 
 }  // namespace
 }  // namespace substrate::serve
+
+namespace substrate::serve {
+namespace {
+
+TEST_F(ServerTest, StopWhileStreamingReturnsPromptly) {
+  StartServer();
+  backend_.token_delay_us = 2000;
+  std::thread client([&] {
+    json req = {{"prompt", "abc"}, {"max_tokens", 5000}, {"stream", true}};
+    (void)PostStream(server_->port(), "/v1/completions", req.dump());
+  });
+  while (backend_.running.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  auto t0 = std::chrono::steady_clock::now();
+  server_->Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  client.join();
+  EXPECT_EQ(backend_.running.load(), 0);
+  server_.reset();
+}
+
+}  // namespace
+}  // namespace substrate::serve
