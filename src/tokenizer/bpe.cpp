@@ -108,6 +108,39 @@ void PushPair(const Tokenizer::Impl& im, EncodeScratch& s, int32_t l, int32_t r)
   std::push_heap(s.heap.begin(), s.heap.end(), PairAfter());
 }
 
+// Most words are a few bytes: for them a flat scan for the best pair, with each adjacent pair's
+// merge looked up once and kept, beats a heap (same result: lowest rank, leftmost on ties).
+constexpr int kShortWord = 24;
+
+void EncodeShortWord(const Tokenizer::Impl& im, std::string_view word, std::vector<TokenId>* out) {
+  TokenId ids[kShortWord];
+  const BpeMerge* pair[kShortWord] = {};  // pair[i]: merge of ids[i], ids[i + 1]
+  int n = static_cast<int>(word.size());
+  for (int i = 0; i < n; ++i) ids[i] = im.byte_token[static_cast<unsigned char>(word[i])];
+  auto lookup = [&](int i) -> const BpeMerge* {
+    return ids[i] < 0 || ids[i + 1] < 0 ? nullptr : im.FindMerge(ids[i], ids[i + 1]);
+  };
+  for (int i = 0; i + 1 < n; ++i) pair[i] = lookup(i);
+  while (n > 1) {
+    int best = -1;
+    for (int i = 0; i + 1 < n; ++i) {
+      if (pair[i] && (best < 0 || pair[i]->rank < pair[best]->rank)) best = i;
+    }
+    if (best < 0) break;
+    ids[best] = pair[best]->result;
+    for (int i = best + 1; i + 1 < n; ++i) {
+      ids[i] = ids[i + 1];
+      pair[i] = pair[i + 1];
+    }
+    --n;
+    if (best > 0) pair[best - 1] = lookup(best - 1);
+    if (best + 1 < n) pair[best] = lookup(best);
+  }
+  for (int i = 0; i < n; ++i) {
+    if (ids[i] >= 0) out->push_back(ids[i]);
+  }
+}
+
 }  // namespace
 
 void EncodeBpeWord(const Vocab& v, const Tokenizer::Impl& im, std::string_view word,
@@ -127,6 +160,10 @@ void EncodeBpeWord(const Vocab& v, const Tokenizer::Impl& im, std::string_view w
     return;
   }
   const int n = static_cast<int>(word.size());
+  if (n <= kShortWord) {
+    EncodeShortWord(im, word, out);
+    return;
+  }
   s.syms.resize(n);
   for (int i = 0; i < n; ++i) {
     s.syms[i] = {im.byte_token[static_cast<unsigned char>(word[i])], i - 1, i + 1 < n ? i + 1 : -1,
