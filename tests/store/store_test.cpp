@@ -1,0 +1,216 @@
+// The tiered store: a ladder Q4_K + Q8_0 + F16 over tiny-coder-moe's bf16 weights reproduces
+// golden.json's greedy continuation at the top tier; damaged stores fail with clear errors.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "core/file_io.h"
+#include "core/memory_ledger.h"
+#include "core/thread_pool.h"
+#include "format/model_file.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "store/crc32c.h"
+#include "store/pack.h"
+#include "store/store_weight_source.h"
+
+namespace substrate {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string Shared() { return SUBSTRATE_SHARED_DIR; }
+
+ThreadPool& Pool() {
+  static ThreadPool pool(2);
+  return pool;
+}
+
+// Packs the bf16 tiny-coder-moe once per test binary into a temp dir.
+const std::string& PackedStore() {
+  static std::string dir = [] {
+    const std::string model = Shared() + "/gguf/tiny-coder-moe-bf16.gguf";
+    if (!fs::exists(model)) return std::string();
+    const std::string out = (fs::temp_directory_path() /
+                             ("substrate_store_test_" + std::to_string(getpid()))).string();
+    auto file = ModelFile::Open(model);
+    if (!file.ok()) return std::string();
+    auto st = PackStore(**file, out, PackOptions{});
+    if (!st.ok()) {
+      ADD_FAILURE() << st.status().ToString();
+      return std::string();
+    }
+    return out;
+  }();
+  return dir;
+}
+
+// A copy of the packed store that a test may damage.
+std::string CopyStore(const std::string& name) {
+  const std::string dst = PackedStore() + "_" + name;
+  fs::remove_all(dst);
+  fs::copy(PackedStore(), dst, fs::copy_options::recursive);
+  return dst;
+}
+
+json Manifest(const std::string& dir) {
+  std::ifstream in(dir + "/manifest.json");
+  return json::parse(in);
+}
+
+TEST(Crc32c, KnownAnswers) {
+  EXPECT_EQ(Crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(Crc32c("", 0), 0u);
+  // Continuation equals one pass.
+  EXPECT_EQ(Crc32c("6789", 4, Crc32c("12345", 5)), 0xE3069283u);
+}
+
+std::vector<int32_t> Greedy(const std::string& store, int tier, const std::vector<int32_t>& prompt,
+                            size_t n, MemoryLedger* ledger) {
+  StoreOptions o;
+  o.max_tier = tier;
+  o.serve_tier = tier;
+  auto src = StoreWeightSource::Open(store, ledger, o);
+  EXPECT_TRUE(src.ok()) << src.status().ToString();
+  if (!src.ok()) return {};
+  auto model = Model::Create((*src)->metadata(), src->get(), &Pool(), ledger);
+  EXPECT_TRUE(model.ok()) << model.status().ToString();
+  if (!model.ok()) return {};
+  auto cache = KvCache::Create((*model)->hparams(), 256, ledger);
+  EXPECT_TRUE(cache.ok());
+  const int64_t V = (*model)->hparams().n_vocab;
+  std::vector<float> logits;
+  EXPECT_TRUE((*model)->Forward(prompt.data(), static_cast<int64_t>(prompt.size()), *cache, false,
+                                &logits).ok());
+  std::vector<int32_t> got;
+  for (size_t i = 0; i < n; ++i) {
+    int32_t tok = Argmax(logits.data(), V);
+    got.push_back(tok);
+    if (!(*model)->Forward(&tok, 1, *cache, false, &logits).ok()) break;
+  }
+  return got;
+}
+
+TEST(Store, TopTierReproducesGoldenGreedy) {
+  if (PackedStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
+  std::ifstream in(Shared() + "/models/tiny-coder-moe/golden.json");
+  ASSERT_TRUE(in) << "no golden.json";
+  json golden = json::parse(in);
+  const auto prompt = golden["greedy"]["prompt"].get<std::vector<int32_t>>();
+  const auto want = golden["greedy"]["continuation"].get<std::vector<int32_t>>();
+  MemoryLedger ledger;
+  EXPECT_EQ(Greedy(PackedStore(), 2, prompt, want.size(), &ledger), want);
+  // Every data range is 4096-aligned, and the ledger saw the weights.
+  for (const json& e : Manifest(PackedStore())["entries"])
+    ASSERT_EQ(e["offset"].get<uint64_t>() % kStoreAlignment, 0u);
+  EXPECT_GT(ledger.Accounts()["weights"].peak, 0u);
+}
+
+TEST(Store, SkeletonOnlyLoadsLess) {
+  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  MemoryLedger l0, l2;
+  StoreOptions o0;
+  o0.max_tier = 0;
+  o0.serve_tier = 0;
+  auto s0 = StoreWeightSource::Open(PackedStore(), &l0, o0);
+  auto s2 = StoreWeightSource::Open(PackedStore(), &l2);
+  ASSERT_TRUE(s0.ok() && s2.ok());
+  EXPECT_LT((*s0)->loaded_bytes() * 2, (*s2)->loaded_bytes());  // token_embd stays raw
+  EXPECT_EQ((*s2)->n_tiers(), 3);
+  // A cap below the skeleton's size is refused with OutOfMemory, not a crash.
+  MemoryLedger tiny(1 << 20);
+  auto s = StoreWeightSource::Open(PackedStore(), &tiny, o0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kOutOfMemory) << s.status().ToString();
+}
+
+TEST(Store, MissingManifest) {
+  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string d = CopyStore("nomanifest");
+  fs::remove(d + "/manifest.json");
+  MemoryLedger l;
+  auto s = StoreWeightSource::Open(d, &l);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(s.status().ToString().find("manifest.json"), std::string::npos);
+  fs::remove_all(d);
+}
+
+TEST(Store, MalformedManifest) {
+  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string d = CopyStore("badmanifest");
+  for (const std::string& text : {std::string("{\"format\": \"substrate-store\", "),
+                                 std::string("[1,2,3]"),
+                                 std::string("{\"format\":\"substrate-store\",\"schema_version\":99}"),
+                                 std::string("{\"format\":\"substrate-store\",\"schema_version\":1,"
+                                             "\"tiers\":[\"Q4_K\"],\"model\":\"model.gguf\","
+                                             "\"tensors\":[{\"name\":\"x\"}],\"entries\":[]}")}) {
+    ASSERT_TRUE(WriteFileAtomic(d + "/manifest.json", text).ok());
+    MemoryLedger l;
+    auto s = StoreWeightSource::Open(d, &l);
+    ASSERT_FALSE(s.ok()) << text;
+    EXPECT_EQ(s.status().code(), StatusCode::kCorruption) << s.status().ToString();
+    EXPECT_NE(s.status().ToString().find("manifest.json"), std::string::npos);
+  }
+  fs::remove_all(d);
+}
+
+TEST(Store, TruncatedFile) {
+  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string d = CopyStore("truncated");
+  const json m = Manifest(d);
+  const json& last = m["entries"].back();
+  const std::string file = last["file"];
+  fs::resize_file(d + "/" + file, last["offset"].get<uint64_t>() + 10);
+  MemoryLedger l;
+  auto s = StoreWeightSource::Open(d, &l);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kCorruption);
+  const std::string msg = s.status().ToString();
+  EXPECT_NE(msg.find(file), std::string::npos) << msg;
+  EXPECT_NE(msg.find(last["tensor"].get<std::string>()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+  fs::remove_all(d);
+}
+
+TEST(Store, ChecksumMismatch) {
+  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string d = CopyStore("badcrc");
+  const json m = Manifest(d);
+  const json& e = m["entries"][m["entries"].size() / 2];
+  const std::string file = e["file"];
+  {
+    std::fstream f(d + "/" + file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(e["offset"].get<uint64_t>()));
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(static_cast<std::streamoff>(e["offset"].get<uint64_t>()));
+    f.write(&c, 1);
+  }
+  MemoryLedger l;
+  auto s = StoreWeightSource::Open(d, &l);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kCorruption);
+  const std::string msg = s.status().ToString();
+  EXPECT_NE(msg.find("checksum mismatch"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(file), std::string::npos) << msg;
+  EXPECT_NE(msg.find(e["tensor"].get<std::string>()), std::string::npos) << msg;
+  fs::remove_all(d);
+}
+
+// Cleans the packed store up when the binary exits.
+struct Cleanup : ::testing::Environment {
+  void TearDown() override {
+    if (!PackedStore().empty()) fs::remove_all(PackedStore());
+  }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new Cleanup);
+
+}  // namespace
+}  // namespace substrate
