@@ -28,6 +28,8 @@ Expected<std::unique_ptr<StoreWeightSource>> StoreWeightSource::Open(const std::
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(mpath, 1ull << 31));
   auto src = std::unique_ptr<StoreWeightSource>(new StoreWeightSource());
   src->options_ = options;
+  src->dir_ = dir;
+  src->ledger_ = ledger;
   Status st;
   try {
     st = src->ParseAndLoad(dir, text, ledger);
@@ -68,7 +70,7 @@ Status StoreWeightSource::ParseAndLoad(const std::string& dir, const std::string
     tensors_.push_back(std::move(tensor));
   }
 
-  std::map<std::string, std::unique_ptr<RandomAccessFile>> files;
+  std::map<std::string, int> files;  // name -> 1 + index in files_
   for (const json& e : m.at("entries")) {
     const std::string name = e.at("tensor").get<std::string>();
     const std::string file = e.at("file").get<std::string>();
@@ -107,23 +109,22 @@ Status StoreWeightSource::ParseAndLoad(const std::string& dir, const std::string
     r.bytes = bytes;
     if (tier > options_.max_tier) continue;
 
-    auto& f = files[file];
-    if (!f) {
-      ASSIGN_OR_RETURN(f, RandomAccessFile::Open(dir + "/" + file));
+    auto& fi = files[file];
+    if (fi == 0) {
+      ASSIGN_OR_RETURN(auto f, RandomAccessFile::Open(dir + "/" + file));
+      files_.push_back(std::move(f));
+      fi = static_cast<int>(files_.size());
     }
-    if (offset > f->size() || bytes > f->size() - offset)
+    const RandomAccessFile& f = *files_[fi - 1];
+    if (offset > f.size() || bytes > f.size() - offset)
       return Corruption(dir + "/" + what + ": range [" + std::to_string(offset) + ", +" +
                         std::to_string(bytes) + ") past end of file (size " +
-                        std::to_string(f->size()) + "): truncated store");
-    auto buf = AlignedBuffer::Allocate(bytes ? bytes : 1, ledger, "weights", 64);
-    if (!buf.ok()) return buf.status().WithContext("loading " + what);
-    r.data = std::move(buf).value();
-    RETURN_IF_ERROR(f->Read(offset, bytes, r.data.data()));
-    const uint32_t got = Crc32c(r.data.data(), bytes);
-    if (got != crc)
-      return Corruption(dir + "/" + what + ": checksum mismatch (crc32c " + std::to_string(got) +
-                        ", manifest says " + std::to_string(crc) + ")");
-    loaded_bytes_ += bytes;
+                        std::to_string(f.size()) + "): truncated store");
+    r.file = fi - 1;
+    r.offset = offset;
+    r.crc = crc;
+    r.what = what;
+    if (!options_.streaming) RETURN_IF_ERROR(LoadRange(r, "weights"));
   }
   for (const Tensor& t : tensors_)
     for (size_t s = 0; s < t.units.size(); ++s)
@@ -131,6 +132,25 @@ Status StoreWeightSource::ParseAndLoad(const std::string& dir, const std::string
         return Corruption(mpath + ": tensor '" + t.info.name + "' slice " + std::to_string(s) +
                           " has no data");
   return Status::Ok();
+}
+
+Status StoreWeightSource::LoadRange(Range& r, const char* account) {
+  auto buf = AlignedBuffer::Allocate(r.bytes ? r.bytes : 1, ledger_, account, 64);
+  if (!buf.ok()) return buf.status().WithContext("loading " + r.what);
+  RETURN_IF_ERROR(files_[r.file]->Read(r.offset, r.bytes, buf->data()));
+  const uint32_t got = Crc32c(buf->data(), r.bytes);
+  if (got != r.crc)
+    return Corruption(dir_ + "/" + r.what + ": checksum mismatch (crc32c " + std::to_string(got) +
+                      ", manifest says " + std::to_string(r.crc) + ")");
+  r.data = std::move(buf).value();
+  loaded_bytes_ += r.bytes;
+  return Status::Ok();
+}
+
+void StoreWeightSource::EndOp(const std::string& op_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Range* r : streamed_) r->data = AlignedBuffer();
+  streamed_.clear();
 }
 
 TensorId StoreWeightSource::Resolve(const std::string& name) const {
@@ -147,18 +167,27 @@ Expected<WeightHandle> StoreWeightSource::Acquire(TensorId id, int slice, int ti
   const int64_t cols = static_cast<int64_t>(t.info.ne[0]);
   int64_t rows = 1;
   for (size_t i = 1; i < t.info.ne.size(); ++i) rows *= static_cast<int64_t>(t.info.ne[i]);
-  const Unit* u = &t.units[0];
+  Unit* u = &tensors_[id].units[0];
   uint64_t offset_el = 0;  // for a slice of an unsliced tensor
   if (slice >= 0) {
     if (static_cast<uint64_t>(slice) >= t.info.outer() || t.info.ne.size() < 2)
       return InvalidArgument("store: tensor '" + t.info.name + "': slice " +
                              std::to_string(slice) + " out of range");
     rows /= static_cast<int64_t>(t.info.outer());
-    if (t.sliced) u = &t.units[slice];
+    if (t.sliced) u = &tensors_[id].units[slice];
     else offset_el = static_cast<uint64_t>(slice) * static_cast<uint64_t>(rows * cols);
   }
   const int loaded = std::min(u->n_tiers, options_.max_tier + 1);
   const int use = std::min(std::max(tier, options_.serve_tier), loaded - 1);
+  if (options_.streaming) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int k = 0; k <= use; ++k) {
+      Range& r = u->tier[k];
+      if (r.data.data()) continue;
+      RETURN_IF_ERROR(LoadRange(r, "stream"));
+      streamed_.push_back(&r);
+    }
+  }
   WeightView v;
   v.cols = cols;
   v.rows = rows;

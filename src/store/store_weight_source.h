@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -20,6 +21,10 @@ namespace substrate {
 struct StoreOptions {
   int max_tier = 2;    // tiers above it are not loaded
   int serve_tier = 2;  // the least tier Acquire serves
+  // Streaming: nothing is read at open (file sizes are checked); a range is read and verified
+  // on Acquire, charged to "stream", and freed at the EndOp of the op that read it. Peak memory
+  // is then about one op's weights.
+  bool streaming = false;
 };
 
 class StoreWeightSource : public WeightSource {
@@ -38,14 +43,21 @@ class StoreWeightSource : public WeightSource {
   const TensorInfo& Info(TensorId id) const override { return tensors_[id].info; }
   Expected<WeightHandle> Acquire(TensorId id, int slice = -1, int tier = 0) override;
 
+  void EndOp(const std::string& op_id) override;
+
+  // Bytes read from the store so far (at open, or by streaming).
   uint64_t loaded_bytes() const { return loaded_bytes_; }
   int n_tiers() const { return n_tiers_; }
 
  private:
   struct Range {
     DType type = DType::kF32;
-    AlignedBuffer data;
+    AlignedBuffer data;  // empty while not loaded (streaming)
     uint64_t bytes = 0;
+    uint64_t offset = 0;
+    uint32_t crc = 0;
+    int file = -1;
+    std::string what;  // "FILE: tensor 'x' slice s tier k", for errors
   };
   struct Unit {
     Range tier[3];
@@ -57,10 +69,16 @@ class StoreWeightSource : public WeightSource {
     std::vector<Unit> units;  // one, or one per expert slice
   };
 
+  Status LoadRange(Range& r, const char* account);
   Status ParseAndLoad(const std::string& dir, const std::string& text, MemoryLedger* ledger);
 
   StoreOptions options_;
   std::unique_ptr<ModelFile> meta_;
+  std::string dir_;
+  MemoryLedger* ledger_ = nullptr;
+  std::vector<std::unique_ptr<RandomAccessFile>> files_;
+  std::vector<Range*> streamed_;  // ranges read since the last EndOp
+  std::mutex mu_;
   std::vector<Tensor> tensors_;
   std::unordered_map<std::string, TensorId> ids_;
   uint64_t loaded_bytes_ = 0;

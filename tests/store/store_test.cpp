@@ -2,6 +2,7 @@
 // golden.json's greedy continuation at the top tier; damaged stores fail with clear errors.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -71,8 +72,9 @@ TEST(Crc32c, KnownAnswers) {
 }
 
 std::vector<int32_t> Greedy(const std::string& store, int tier, const std::vector<int32_t>& prompt,
-                            size_t n, MemoryLedger* ledger) {
+                            size_t n, MemoryLedger* ledger, bool streaming = false) {
   StoreOptions o;
+  o.streaming = streaming;
   o.max_tier = tier;
   o.serve_tier = tier;
   auto src = StoreWeightSource::Open(store, ledger, o);
@@ -109,6 +111,32 @@ TEST(Store, TopTierReproducesGoldenGreedy) {
   for (const json& e : Manifest(PackedStore())["entries"])
     ASSERT_EQ(e["offset"].get<uint64_t>() % kStoreAlignment, 0u);
   EXPECT_GT(ledger.Accounts()["weights"].peak, 0u);
+}
+
+// Streaming (read on Acquire, free at EndOp) under a ledger cap of a quarter of the weights' size: the
+// same continuation, and the weights never all resident.
+TEST(Store, StreamingUnderCapReproducesGolden) {
+  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  std::ifstream in(Shared() + "/models/tiny-coder-moe/golden.json");
+  ASSERT_TRUE(in) << "no golden.json";
+  json golden = json::parse(in);
+  const auto prompt = golden["greedy"]["prompt"].get<std::vector<int32_t>>();
+  const auto want = golden["greedy"]["continuation"].get<std::vector<int32_t>>();
+  MemoryLedger full;
+  auto resident = StoreWeightSource::Open(PackedStore(), &full);
+  ASSERT_TRUE(resident.ok());
+  const uint64_t weights = (*resident)->loaded_bytes();
+  resident->reset();
+  MemoryLedger capped(weights / 4);
+  EXPECT_EQ(Greedy(PackedStore(), 2, prompt, want.size(), &capped, true), want);
+  EXPECT_LE(capped.peak(), weights / 4);
+  std::printf("streaming: weights %llu B, cap %llu B, ledger peak %llu B (stream peak %llu B)\n",
+              static_cast<unsigned long long>(weights),
+              static_cast<unsigned long long>(weights / 4),
+              static_cast<unsigned long long>(capped.peak()),
+              static_cast<unsigned long long>(capped.Accounts()["stream"].peak));
+  EXPECT_GT(capped.Accounts()["stream"].peak, 0u);
+  EXPECT_EQ(capped.Accounts()["weights"].peak, 0u);
 }
 
 TEST(Store, SkeletonOnlyLoadsLess) {
