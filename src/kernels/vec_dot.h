@@ -1,8 +1,9 @@
 // Row-by-activation dot products per weight type, the building block of MatMul. Computed the
 // way ggml computes them, so results track the reference runtime: activations are first
-// quantized per row to the weight type's partner format (Q8_0, Q8_1, Q8_K; F16/BF16 for half
-// weights, F32 for F32), then each weight block meets its activation block in integer
-// arithmetic and one float scale per block.
+// quantized per row to the weight type's partner format (Q8_0, Q8_1, Q8_K), then each weight
+// block meets its activation block in integer arithmetic and one float scale per block. F32,
+// F16 and BF16 weights meet float activations (exact, so half-weight models match float32
+// references).
 //
 // A kernel computes one weight row against `nt` activation rows at once (prefill: each weight
 // block is unpacked once and used for several tokens). Implementations: scalar (the reference

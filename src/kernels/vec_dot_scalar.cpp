@@ -103,17 +103,17 @@ float DotF32(int64_t n, const void* wv, const void* av) {
 
 float DotF16(int64_t n, const void* wv, const void* av) {
   auto* w = static_cast<const uint16_t*>(wv);
-  auto* a = static_cast<const uint16_t*>(av);
+  auto* a = static_cast<const float*>(av);
   float s = 0;
-  for (int64_t i = 0; i < n; ++i) s += H(w[i]) * H(a[i]);
+  for (int64_t i = 0; i < n; ++i) s += H(w[i]) * a[i];
   return s;
 }
 
 float DotBF16(int64_t n, const void* wv, const void* av) {
   auto* w = static_cast<const uint16_t*>(wv);
-  auto* a = static_cast<const uint16_t*>(av);
+  auto* a = static_cast<const float*>(av);
   float s = 0;
-  for (int64_t i = 0; i < n; ++i) s += Bf16ToFp32(w[i]) * Bf16ToFp32(a[i]);
+  for (int64_t i = 0; i < n; ++i) s += Bf16ToFp32(w[i]) * a[i];
   return s;
 }
 
@@ -389,8 +389,9 @@ void Multi(int64_t n, const void* w, const void* act, size_t stride, int nt, flo
 }
 
 const DotKernel kF32{DType::kF32, Multi<DotF32>, 1};
-const DotKernel kF16{DType::kF16, Multi<DotF16>, 1};
-const DotKernel kBF16{DType::kBF16, Multi<DotBF16>, 1};
+// Half weights pair with float activations (see vec_dot_x86.inc).
+const DotKernel kF16{DType::kF32, Multi<DotF16>, 1};
+const DotKernel kBF16{DType::kF32, Multi<DotBF16>, 1};
 const DotKernel kQ8_0{DType::kQ8_0, Multi<DotQ8_0>, 1};
 const DotKernel kQ4_0{DType::kQ8_0, Multi<DotQ4_0>, 1};
 const DotKernel kQ4_1{DType::kQ8_1, Multi<DotQ4_1>, 1};
