@@ -27,4 +27,7 @@ void AddBuiltinGlobals(DictData& globals);
 // Python's `%` string formatting (printf style), used by the `%` operator and `format` filter.
 Expected<std::string> PercentFormat(const std::string& fmt, const Value& args);
 
+// Jinja/MarkupSafe escaping of & < > " ' (the `escape` filter and safe-string concatenation).
+std::string HtmlEscape(const std::string& s);
+
 }  // namespace substrate::jinja

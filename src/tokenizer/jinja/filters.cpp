@@ -29,21 +29,6 @@ std::string AsciiUpper(std::string s) {
   return s;
 }
 
-std::string HtmlEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
-
 // Python's str.splitlines() boundaries.
 std::vector<std::string> SplitLines(const std::string& s) {
   std::vector<std::string> out;
@@ -614,6 +599,21 @@ Expected<Value> ApplyFilter(Evaluator& ev, const std::string& name, CallArgs& ar
   // Filters that stringify treat Undefined as ""; those that iterate treat it as empty.
   // Everything else that would operate on it raises the undefined error, as jinja2 does.
   return it->second(ev, args);
+}
+
+std::string HtmlEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
 }
 
 }  // namespace substrate::jinja
