@@ -66,6 +66,10 @@ class WeightSource {
   virtual void BeginOp(const std::string& op_id) {}
   virtual void EndOp(const std::string& op_id) {}
 
+  // MoE: the routed experts of `layer` (called before they are acquired), or a look-ahead guess
+  // for a later layer. An expert-streaming source starts reading them; the default ignores it.
+  virtual void HintExperts(int layer, const int32_t* experts, int n) {}
+
  protected:
   friend class WeightHandle;
   virtual void ReleaseView(const WeightView& view, uint64_t token) {}
