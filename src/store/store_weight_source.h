@@ -1,20 +1,20 @@
-// StoreWeightSource: a WeightSource over a tiered store (store/pack.h). This first version is
-// resident: it reads every range up to `max_tier` at open, verifies each CRC32C, and charges
-// the bytes to the ledger account "weights". Acquire serves the requested tier, raised to
-// `serve_tier` (the model asks for tier 0; the store's owner picks the quality), capped at what
-// the unit has.
+// StoreWeightSource: a WeightSource over a tiered store (store/pack.h), resident: it reads every
+// range up to `max_tier` at open, verifies each CRC32C, and charges the bytes to the ledger
+// account "weights". Acquire serves the requested tier, raised to `serve_tier` (the model asks
+// for tier 0; the store's owner picks the quality), capped at what the unit has. The streaming
+// source with a byte budget is runtime/ResidencyManager; both read the store through StoreIndex.
 #pragma once
 
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "core/aligned_buffer.h"
 #include "core/memory_ledger.h"
 #include "format/model_file.h"
 #include "model/weight_source.h"
+#include "store/store_index.h"
 
 namespace substrate {
 
@@ -37,52 +37,33 @@ class StoreWeightSource : public WeightSource {
                                                            const StoreOptions& options = {});
 
   // The model's metadata (hparams, tokenizer), for Model::Create.
-  const Metadata& metadata() const { return meta_->metadata(); }
+  const Metadata& metadata() const { return index_->meta().metadata(); }
 
-  TensorId Resolve(const std::string& name) const override;
-  const TensorInfo& Info(TensorId id) const override { return tensors_[id].info; }
+  TensorId Resolve(const std::string& name) const override { return index_->Resolve(name); }
+  const TensorInfo& Info(TensorId id) const override { return index_->tensors()[id].info; }
   Expected<WeightHandle> Acquire(TensorId id, int slice = -1, int tier = 0) override;
 
   void EndOp(const std::string& op_id) override;
 
   // Bytes read from the store so far (at open, or by streaming).
   uint64_t loaded_bytes() const { return loaded_bytes_; }
-  int n_tiers() const { return n_tiers_; }
+  int n_tiers() const { return index_->n_tiers(); }
 
  private:
-  struct Range {
-    DType type = DType::kF32;
-    AlignedBuffer data;  // empty while not loaded (streaming)
-    uint64_t bytes = 0;
-    uint64_t offset = 0;
-    uint32_t crc = 0;
-    int file = -1;
-    std::string what;  // "FILE: tensor 'x' slice s tier k", for errors
-  };
-  struct Unit {
-    Range tier[3];
-    int n_tiers = 0;
-  };
-  struct Tensor {
-    TensorInfo info;
-    bool sliced = false;
-    std::vector<Unit> units;  // one, or one per expert slice
+  // Bytes of one StoreRange (same indexing as the index's tensors/units/tiers).
+  struct UnitData {
+    AlignedBuffer tier[3];
   };
 
-  Status LoadRange(Range& r, const char* account);
-  Status ParseAndLoad(const std::string& dir, const std::string& text, MemoryLedger* ledger);
+  Status LoadRange(const StoreRange& r, AlignedBuffer& dst, const char* account);
 
   StoreOptions options_;
-  std::unique_ptr<ModelFile> meta_;
-  std::string dir_;
+  std::unique_ptr<StoreIndex> index_;
   MemoryLedger* ledger_ = nullptr;
-  std::vector<std::unique_ptr<RandomAccessFile>> files_;
-  std::vector<Range*> streamed_;  // ranges read since the last EndOp
+  std::vector<std::vector<UnitData>> data_;  // [tensor][unit]
+  std::vector<AlignedBuffer*> streamed_;     // buffers read since the last EndOp
   std::mutex mu_;
-  std::vector<Tensor> tensors_;
-  std::unordered_map<std::string, TensorId> ids_;
   uint64_t loaded_bytes_ = 0;
-  int n_tiers_ = 1;
 };
 
 }  // namespace substrate

@@ -1,0 +1,240 @@
+#include "store/store_index.h"
+
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "store/crc32c.h"
+#include "store/pack.h"
+
+namespace substrate {
+namespace {
+
+using nlohmann::json;
+
+uint64_t Elements(const std::vector<uint64_t>& ne) {
+  uint64_t n = 1;
+  for (uint64_t d : ne) n *= d;
+  return n;
+}
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+uint64_t StoreOp::SlabOffset(int tier) const {
+  uint64_t off = 0;
+  for (int k = 0; k < tier && k < n_tiers; ++k) off += RoundUp(span[k].bytes, kStoreAlignment);
+  return off;
+}
+
+uint64_t StoreOp::SlabBytes(int tier) const { return SlabOffset(std::min(tier, n_tiers - 1) + 1); }
+
+Expected<std::unique_ptr<StoreIndex>> StoreIndex::Open(const std::string& dir,
+                                                       const StoreIndexOptions& options) {
+  const std::string mpath = dir + "/manifest.json";
+  if (!FileExists(mpath)) return NotFound("store '" + dir + "': no manifest.json");
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(mpath, 1ull << 31));
+  std::unique_ptr<StoreIndex> ix(new StoreIndex());
+  ix->options_ = options;
+  ix->options_.max_tier = std::clamp(options.max_tier, 0, 2);
+  ix->dir_ = dir;
+  Status st;
+  try {
+    st = ix->Parse(text);
+  } catch (const json::exception& e) {
+    st = Corruption(mpath + ": malformed manifest: " + e.what());
+  }
+  RETURN_IF_ERROR(st);
+  return ix;
+}
+
+Status StoreIndex::Parse(const std::string& text) {
+  const std::string mpath = dir_ + "/manifest.json";
+  json m = json::parse(text);
+  if (!m.is_object() || m.value("format", "") != "substrate-store")
+    return Corruption(mpath + ": not a substrate store manifest");
+  const int version = m.at("schema_version").get<int>();
+  if (version != kStoreSchemaVersion)
+    return Corruption(mpath + ": schema_version " + std::to_string(version) + ", this build reads " +
+                      std::to_string(kStoreSchemaVersion));
+  n_tiers_ = static_cast<int>(m.at("tiers").size());
+  if (n_tiers_ < 1 || n_tiers_ > 3) return Corruption(mpath + ": 1 to 3 tiers expected");
+
+  ASSIGN_OR_RETURN(meta_, ModelFile::Open(dir_ + "/" + m.at("model").get<std::string>()));
+
+  for (const json& t : m.at("tensors")) {
+    StoreTensor tensor;
+    tensor.info.name = t.at("name").get<std::string>();
+    tensor.info.ne = t.at("shape").get<std::vector<uint64_t>>();
+    tensor.sliced = t.at("sliced").get<bool>();
+    if (tensor.info.ne.empty() || tensor.info.ne.size() > 4 || Elements(tensor.info.ne) > (1ull << 40))
+      return Corruption(mpath + ": tensor '" + tensor.info.name + "' has a bad shape");
+    if (tensor.sliced && tensor.info.ne.back() > 65536)
+      return Corruption(mpath + ": tensor '" + tensor.info.name + "' has too many slices");
+    tensor.units.resize(tensor.sliced ? tensor.info.ne.back() : 1);
+    if (!ids_.emplace(tensor.info.name, static_cast<TensorId>(tensors_.size())).second)
+      return Corruption(mpath + ": tensor '" + tensor.info.name + "' listed twice");
+    tensors_.push_back(std::move(tensor));
+  }
+
+  std::map<std::string, int> files;  // name -> 1 + index in files_
+  for (const json& e : m.at("entries")) {
+    const std::string name = e.at("tensor").get<std::string>();
+    const std::string file = e.at("file").get<std::string>();
+    const std::string op = e.at("op").get<std::string>();
+    const int slice = e.at("slice").get<int>();
+    const int tier = e.at("tier").get<int>();
+    const uint64_t offset = e.at("offset").get<uint64_t>();
+    const uint64_t bytes = e.at("bytes").get<uint64_t>();
+    const uint32_t crc = e.at("crc32c").get<uint32_t>();
+    const std::string what = file + ": tensor '" + name + "'" +
+                             (slice >= 0 ? " slice " + std::to_string(slice) : "") + " tier " +
+                             std::to_string(tier);
+    auto it = ids_.find(name);
+    if (it == ids_.end()) return Corruption(mpath + ": entry for unknown tensor '" + name + "'");
+    StoreTensor& t = tensors_[it->second];
+    if (tier < 0 || tier >= n_tiers_) return Corruption(mpath + ": " + what + ": bad tier");
+    if (t.sliced != (slice >= 0) || (slice >= 0 && static_cast<size_t>(slice) >= t.units.size()))
+      return Corruption(mpath + ": " + what + ": bad slice");
+    if (file.find('/') != std::string::npos || file.empty())
+      return Corruption(mpath + ": " + what + ": bad file name");
+    if (offset % kStoreAlignment != 0)
+      return Corruption(mpath + ": " + what + ": offset " + std::to_string(offset) +
+                        " is not 4096-aligned");
+    auto type = DTypeFromName(e.at("type").get<std::string>());
+    if (!type) return Corruption(mpath + ": " + what + ": unknown type");
+    const uint64_t n_el = Elements(t.info.ne) / t.units.size();
+    auto want = RowBytes(*type, n_el);
+    if (!want || *want != bytes)
+      return Corruption(mpath + ": " + what + ": " + std::to_string(bytes) +
+                        " bytes do not fit its shape and type " + DTypeName(*type));
+    StoreUnit& u = t.units[slice >= 0 ? slice : 0];
+    if (tier != u.n_tiers) return Corruption(mpath + ": " + what + ": tiers out of order");
+    u.n_tiers = tier + 1;
+    auto [oit, added] = op_ids_.emplace(op, static_cast<int>(ops_.size()));
+    if (added) {
+      ops_.emplace_back();
+      ops_.back().id = op;
+    }
+    if (tier == 0) {
+      t.info.type = *type;
+      t.info.bytes += bytes;
+      if (u.op >= 0) return Corruption(mpath + ": " + what + ": listed twice");
+      u.op = oit->second;
+      ops_[u.op].units.emplace_back(it->second, slice);
+    } else if (u.op != oit->second) {
+      return Corruption(mpath + ": " + what + ": tiers of one unit in different ops");
+    }
+    StoreRange& r = u.tier[tier];
+    r.type = *type;
+    r.bytes = bytes;
+    r.offset = offset;
+    r.crc = crc;
+    r.what = what;
+    if (tier > options_.max_tier) continue;
+
+    auto& fi = files[file];
+    if (fi == 0) {
+      ASSIGN_OR_RETURN(auto f, RandomAccessFile::Open(dir_ + "/" + file, options_.direct_io));
+      files_.push_back(std::move(f));
+      fi = static_cast<int>(files_.size());
+    }
+    const RandomAccessFile& f = *files_[fi - 1];
+    if (offset > f.size() || bytes > f.size() - offset)
+      return Corruption(dir_ + "/" + what + ": range [" + std::to_string(offset) + ", +" +
+                        std::to_string(bytes) + ") past end of file (size " +
+                        std::to_string(f.size()) + "): truncated store");
+    r.file = fi - 1;
+    StoreOp& o = ops_[u.op];
+    StoreOp::Span& s = o.span[tier];
+    if (s.file >= 0 && s.file != r.file)
+      return Corruption(mpath + ": " + what + ": op '" + op + "' tier " + std::to_string(tier) +
+                        " spans two files");
+    const uint64_t begin = s.file < 0 ? offset : std::min(s.offset, offset);
+    const uint64_t end = std::min(RoundUp(std::max(s.offset + s.bytes, offset + bytes), kStoreAlignment),
+                                  f.size());
+    s.file = r.file;
+    s.offset = begin;
+    s.bytes = end - begin;
+    o.n_tiers = std::max(o.n_tiers, tier + 1);
+  }
+  for (const StoreTensor& t : tensors_)
+    for (size_t s = 0; s < t.units.size(); ++s)
+      if (t.units[s].n_tiers == 0)
+        return Corruption(mpath + ": tensor '" + t.info.name + "' slice " + std::to_string(s) +
+                          " has no data");
+  // A unit's loadable tiers must be all of its op's loadable tiers, or the slab layout breaks.
+  for (const StoreOp& o : ops_)
+    for (const auto& [id, slice] : o.units) {
+      const StoreUnit& u = tensors_[id].units[slice >= 0 ? slice : 0];
+      for (int k = 0; k < std::min(u.n_tiers, options_.max_tier + 1); ++k)
+        if (o.span[k].file != u.tier[k].file)
+          return Corruption(mpath + ": " + u.tier[k].what + ": op '" + o.id + "' is inconsistent");
+    }
+  return Status::Ok();
+}
+
+TensorId StoreIndex::Resolve(const std::string& name) const {
+  auto it = ids_.find(name);
+  return it == ids_.end() ? kNoTensor : it->second;
+}
+
+int StoreIndex::FindOp(const std::string& id) const {
+  auto it = op_ids_.find(id);
+  return it == op_ids_.end() ? -1 : it->second;
+}
+
+Expected<const StoreUnit*> StoreIndex::FindUnit(TensorId id, int slice, uint64_t* offset_el) const {
+  *offset_el = 0;
+  if (id < 0 || static_cast<size_t>(id) >= tensors_.size())
+    return InvalidArgument("store: no tensor with id " + std::to_string(id));
+  const StoreTensor& t = tensors_[id];
+  if (t.sliced && slice < 0)
+    return Unimplemented("store: tensor '" + t.info.name + "' is stored per expert; acquire a slice");
+  if (slice < 0) return &t.units[0];
+  if (static_cast<uint64_t>(slice) >= t.info.outer() || t.info.ne.size() < 2)
+    return InvalidArgument("store: tensor '" + t.info.name + "': slice " + std::to_string(slice) +
+                           " out of range");
+  if (t.sliced) return &t.units[slice];
+  *offset_el = static_cast<uint64_t>(slice) * (Elements(t.info.ne) / t.info.outer());
+  return &t.units[0];
+}
+
+WeightView StoreIndex::MakeView(TensorId id, int slice, const StoreUnit& u, uint64_t offset_el,
+                                int use, const uint8_t* const tier_data[3]) const {
+  const StoreTensor& t = tensors_[id];
+  const int64_t cols = static_cast<int64_t>(t.info.ne[0]);
+  int64_t rows = 1;
+  for (size_t i = 1; i < t.info.ne.size(); ++i) rows *= static_cast<int64_t>(t.info.ne[i]);
+  if (slice >= 0) rows /= static_cast<int64_t>(t.info.outer());
+  const uint64_t n = static_cast<uint64_t>(rows * cols);
+  WeightView v;
+  v.cols = cols;
+  v.rows = rows;
+  v.type = u.tier[0].type;
+  v.data = tier_data[0] + (offset_el ? *RowBytes(u.tier[0].type, offset_el) : 0);
+  v.bytes = *RowBytes(u.tier[0].type, n);
+  v.n_residuals = use;
+  for (int k = 1; k <= use; ++k) {
+    v.residual_type[k - 1] = u.tier[k].type;
+    v.residual[k - 1] = tier_data[k] + (offset_el ? *RowBytes(u.tier[k].type, offset_el) : 0);
+  }
+  return v;
+}
+
+Status StoreIndex::Verify(const StoreRange& r, const uint8_t* data) const {
+  const uint32_t got = Crc32c(data, r.bytes);
+  if (got == r.crc) return Status::Ok();
+  return Corruption(dir_ + "/" + r.what + " at offset " + std::to_string(r.offset) +
+                    ": checksum mismatch (crc32c " + std::to_string(got) + ", manifest says " +
+                    std::to_string(r.crc) + ")");
+}
+
+Status StoreIndex::ReadVerified(const StoreRange& r, uint8_t* dst) const {
+  if (r.file < 0) return InvalidArgument("store: " + r.what + " is above the opened tiers");
+  RETURN_IF_ERROR(files_[r.file]->Read(r.offset, r.bytes, dst));
+  return Verify(r, dst);
+}
+
+}  // namespace substrate

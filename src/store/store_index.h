@@ -1,0 +1,111 @@
+// StoreIndex: the parsed manifest of a tiered store (store/pack.h) — every tensor unit's ranges
+// per tier, grouped by the op that owns them — plus the store's open data files and a verified
+// positioned read. Shared by StoreWeightSource (resident) and runtime/ResidencyManager
+// (streaming); it holds no weight bytes itself.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/file_io.h"
+#include "format/model_file.h"
+#include "model/weight_source.h"
+
+namespace substrate {
+
+// One tier of one tensor unit in a data file.
+struct StoreRange {
+  DType type = DType::kF32;
+  uint64_t bytes = 0;
+  uint64_t offset = 0;
+  uint32_t crc = 0;
+  int file = -1;     // index into StoreIndex files; -1 for a tier above max_tier (not opened)
+  std::string what;  // "FILE: tensor 'x' slice s tier k", for errors
+};
+
+// A whole tensor, or one expert slice of a 3-D expert tensor.
+struct StoreUnit {
+  StoreRange tier[3];
+  int n_tiers = 0;  // tiers in the store (some may be above max_tier)
+  int op = -1;      // index into StoreIndex::ops()
+};
+
+struct StoreTensor {
+  TensorInfo info;
+  bool sliced = false;
+  std::vector<StoreUnit> units;  // one, or one per expert slice
+};
+
+// An op's data: per tier one contiguous span of one file holding all its units' ranges.
+struct StoreOp {
+  struct Span {
+    int file = -1;
+    uint64_t offset = 0;  // 4096-aligned
+    uint64_t bytes = 0;   // a multiple of 4096 where the file allows (packs pad to it)
+  };
+  std::string id;
+  Span span[3];
+  int n_tiers = 0;  // loadable tiers (<= max_tier + 1)
+  std::vector<std::pair<TensorId, int>> units;  // (tensor, slice or -1)
+  // Bytes of tiers 0..tier (each span rounded up to 4096, as laid out in a slab).
+  uint64_t SlabBytes(int tier) const;
+  // Offset of tier k's span inside a slab laid out as tier 0, tier 1, ...
+  uint64_t SlabOffset(int tier) const;
+};
+
+struct StoreIndexOptions {
+  int max_tier = 2;        // tiers above it are not opened nor checked
+  bool direct_io = false;  // open data files with O_DIRECT (falls back where refused)
+};
+
+class StoreIndex {
+ public:
+  // Parses STORE/manifest.json, opens model.gguf (metadata) and the data files, and checks every
+  // range against its file's size. NotFound without a manifest; Corruption naming the file and
+  // tensor for a malformed manifest or a truncated data file.
+  static Expected<std::unique_ptr<StoreIndex>> Open(const std::string& dir,
+                                                    const StoreIndexOptions& options = {});
+
+  const ModelFile& meta() const { return *meta_; }
+  const std::string& dir() const { return dir_; }
+  int n_tiers() const { return n_tiers_; }
+  int max_tier() const { return options_.max_tier; }
+
+  TensorId Resolve(const std::string& name) const;
+  const std::vector<StoreTensor>& tensors() const { return tensors_; }
+  const std::vector<StoreOp>& ops() const { return ops_; }
+  int FindOp(const std::string& id) const;  // -1 when absent
+  const RandomAccessFile& file(int i) const { return *files_[i]; }
+  size_t n_files() const { return files_.size(); }
+
+  // The unit that Acquire(id, slice) reads, and for a slice of an unsliced tensor the element
+  // offset of that slice within it. InvalidArgument / Unimplemented for a bad id or slice.
+  Expected<const StoreUnit*> FindUnit(TensorId id, int slice, uint64_t* offset_el) const;
+  // The view of tiers 0..use of a unit whose tier k bytes start at tier_data[k].
+  WeightView MakeView(TensorId id, int slice, const StoreUnit& u, uint64_t offset_el, int use,
+                      const uint8_t* const tier_data[3]) const;
+
+  // Reads range r into dst (r.bytes) and checks its CRC32C.
+  Status ReadVerified(const StoreRange& r, uint8_t* dst) const;
+  // Corruption naming file, tensor and offset when data's CRC32C differs from r's.
+  Status Verify(const StoreRange& r, const uint8_t* data) const;
+
+ private:
+  StoreIndex() = default;
+  Status Parse(const std::string& text);
+
+  StoreIndexOptions options_;
+  std::string dir_;
+  std::unique_ptr<ModelFile> meta_;
+  std::vector<std::unique_ptr<RandomAccessFile>> files_;
+  std::vector<StoreTensor> tensors_;
+  std::unordered_map<std::string, TensorId> ids_;
+  std::vector<StoreOp> ops_;
+  std::unordered_map<std::string, int> op_ids_;
+  int n_tiers_ = 1;
+};
+
+}  // namespace substrate
