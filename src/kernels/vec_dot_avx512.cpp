@@ -44,11 +44,7 @@ void DotQ4_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     const BlockQ4_K& x = w[b];
-    // Weights stream from DRAM in decode: fetch ~1 KiB ahead (past 4 KiB page edges, where
-    // the hardware prefetcher stops).
-    _mm_prefetch(reinterpret_cast<const char*>(&x) + 1024, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(&x) + 1088, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(&x) + 1152, _MM_HINT_T0);
+    PrefetchWeights<NT>(&x, sizeof(x));
     uint64_t sc8, mn8;
     UnpackQ4KScales64(x.scales, &sc8, &mn8);
     __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc8))));
