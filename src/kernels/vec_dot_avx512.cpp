@@ -76,12 +76,123 @@ void DotQ4_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
 
 SUBSTRATE_DEFINE_MULTI(DotQ4_KWide)
 
+// ---------------------------------------------------------------- decode GEMV, 32-blocks
+
+// Two 32-byte pieces (two blocks' quants or activations) as one zmm.
+inline __m512i Load2x256(const void* lo, const void* hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(Load256(lo)), Load256(hi), 1);
+}
+
+// Scales of blocks b..b+3 (weight fp16 d times the activation's float d), spread so that lanes
+// 0-7 of the first result carry block b, lanes 8-15 block b+1, and the second result b+2, b+3:
+// one fp16 conversion per 4 blocks instead of one per block.
+template <typename W>
+inline void Scales4(const W* w, const float* yd, __m512* s01, __m512* s23) {
+  __m128i dh = _mm_setr_epi16(static_cast<short>(w[0].d), static_cast<short>(w[1].d),
+                              static_cast<short>(w[2].d), static_cast<short>(w[3].d), 0, 0, 0, 0);
+  __m512 d4 = _mm512_castps128_ps512(_mm_mul_ps(_mm_cvtph_ps(dh), _mm_loadu_ps(yd)));
+  *s01 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), d4);
+  *s23 = _mm512_permutexvar_ps(_mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), d4);
+}
+
+// Signed weights q times signed activations a, as 16 int32 lanes (4 products each): |q| times
+// a with q's sign (there is no 512-bit psignb: negate a where q < 0 under a mask).
+inline __m512i DotS8S8x64(__m512i q, __m512i a) {
+  __m512i neg_a = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(q), _mm512_setzero_si512(), a);
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(q), neg_a);
+}
+
+// Q8_0 x Q8_0 for one token (decode): 4 blocks per step in two zmm with independent
+// accumulators, one scale conversion per 4 blocks, weights prefetched ahead (PrefetchWeights).
+void DotQ8_0Decode(int64_t n, const BlockQ8_0* w, const uint8_t* act, float* out) {
+  const int64_t nb = n / 32;
+  const auto* y = reinterpret_cast<const BlockQ8_0*>(act);
+  const float* yd = reinterpret_cast<const float*>(y + nb);  // float scales (ActRowBytes)
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    PrefetchWeights<1>(w + b, 4 * sizeof(BlockQ8_0));
+    __m512 s01, s23;
+    Scales4(w + b, yd + b, &s01, &s23);
+    __m512i p01 = DotS8S8x64(Load2x256(w[b].qs, w[b + 1].qs), Load2x256(y[b].qs, y[b + 1].qs));
+    __m512i p23 =
+        DotS8S8x64(Load2x256(w[b + 2].qs, w[b + 3].qs), Load2x256(y[b + 2].qs, y[b + 3].qs));
+    acc0 = _mm512_fmadd_ps(s01, _mm512_cvtepi32_ps(p01), acc0);
+    acc1 = _mm512_fmadd_ps(s23, _mm512_cvtepi32_ps(p23), acc1);
+  }
+  __m256 tail = _mm256_setzero_ps();
+  for (; b < nb; ++b) {
+    __m256i q = Load256(w[b].qs);
+    __m256i p = DotS8S8(_mm256_abs_epi8(q), q, Load256(y[b].qs));
+    tail = _mm256_fmadd_ps(_mm256_set1_ps(H(w[b].d) * yd[b]), _mm256_cvtepi32_ps(p), tail);
+  }
+  *out = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + HsumPs(tail);
+}
+
+// Q4_0 x Q8_0 for one token. Nibbles (0..15) meet the activations unsigned-by-signed in dpbusd;
+// the -8 offset comes back as 8 * sum(a), itself one dpbusd, which is cheaper than the sign
+// trick. Blocks b, b+1 unpack to [b lo 16 | b hi 16 | b+1 lo | b+1 hi], the activation order.
+void DotQ4_0Decode(int64_t n, const BlockQ4_0* w, const uint8_t* act, float* out) {
+  const int64_t nb = n / 32;
+  const auto* y = reinterpret_cast<const BlockQ8_0*>(act);
+  const float* yd = reinterpret_cast<const float*>(y + nb);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  const __m512i dup = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
+  const __m512i shifts = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+  auto unpack = [&](const BlockQ4_0* x) {
+    __m256i t = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[0].qs))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[1].qs)), 1);
+    __m512i z = _mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(t));
+    return _mm512_and_si512(_mm512_srlv_epi64(z, shifts), m4);
+  };
+  auto dot = [&](__m512i q, __m512i a) {
+    __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, a);
+    return _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a), c);
+  };
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    PrefetchWeights<1>(w + b, 4 * sizeof(BlockQ4_0));
+    __m512 s01, s23;
+    Scales4(w + b, yd + b, &s01, &s23);
+    __m512i p01 = dot(unpack(w + b), Load2x256(y[b].qs, y[b + 1].qs));
+    __m512i p23 = dot(unpack(w + b + 2), Load2x256(y[b + 2].qs, y[b + 3].qs));
+    acc0 = _mm512_fmadd_ps(s01, _mm512_cvtepi32_ps(p01), acc0);
+    acc1 = _mm512_fmadd_ps(s23, _mm512_cvtepi32_ps(p23), acc1);
+  }
+  __m256 tail = _mm256_setzero_ps();
+  for (; b < nb; ++b) {
+    __m256i q = _mm256_sub_epi8(Nibbles32(w[b].qs), _mm256_set1_epi8(8));
+    __m256i p = DotS8S8(_mm256_abs_epi8(q), q, Load256(y[b].qs));
+    tail = _mm256_fmadd_ps(_mm256_set1_ps(H(w[b].d) * yd[b]), _mm256_cvtepi32_ps(p), tail);
+  }
+  *out = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + HsumPs(tail);
+}
+
+// One token: the 512-bit decode kernels; more: the 256-bit multi-token kernels.
+void DotQ8_0Wide(int64_t n, const void* w, const void* act, size_t stride, int nt, float* out) {
+  if (nt == 1) return DotQ8_0Decode(n, static_cast<const BlockQ8_0*>(w),
+                                    static_cast<const uint8_t*>(act), out);
+  DotQ8_0(n, w, act, stride, nt, out);
+}
+
+void DotQ4_0Wide(int64_t n, const void* w, const void* act, size_t stride, int nt, float* out) {
+  if (nt == 1) return DotQ4_0Decode(n, static_cast<const BlockQ4_0*>(w),
+                                    static_cast<const uint8_t*>(act), out);
+  DotQ4_0(n, w, act, stride, nt, out);
+}
+
 }  // namespace
 
 const DotKernel* FindWide(DType type) {
   static const DotKernel kQ4_K{DType::kQ8_K, DotQ4_KWide, kMaxNT};
+  static const DotKernel kQ8_0{DType::kQ8_0, DotQ8_0Wide, kMaxNT};
+  static const DotKernel kQ4_0{DType::kQ8_0, DotQ4_0Wide, kMaxNT};
   switch (type) {
     case DType::kQ4_K: return &kQ4_K;
+    case DType::kQ8_0: return &kQ8_0;
+    case DType::kQ4_0: return &kQ4_0;
     default: return nullptr;
   }
 }

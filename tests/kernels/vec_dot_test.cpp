@@ -107,7 +107,8 @@ TEST(VecDot, SimdEqualsScalarOnRandomBlocks) {
     // Awkward lengths: one block, odd counts, and for the float types non-multiples of 8/16.
     std::vector<int64_t> lengths = bs == 1 ? std::vector<int64_t>{1, 7, 33, 100, 257, 1000}
                                            : std::vector<int64_t>{bs, 3 * bs, 17 * bs};
-    if (bs == 32) lengths.push_back(35 * bs);
+    if (bs == 32)  // every remainder of the 4-block decode kernels
+      for (int64_t k : {2, 6, 35, 128}) lengths.push_back(k * bs);
     for (int64_t n : lengths) {
       const int kTokens = 11;
       auto w = RandomRow(t, n, rng);
