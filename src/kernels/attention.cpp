@@ -1,16 +1,19 @@
 #include "kernels/attention.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <vector>
 
+#include "kernels/attention_simd.h"
 #include "kernels/ops.h"
+#include "kernels/profile.h"
 
 namespace substrate {
 
-void Attention(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
-               const float* k, int64_t k_stride, const float* v, int64_t v_stride, float* out,
-               ThreadPool& pool) {
+void AttentionReference(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
+                        const float* k, int64_t k_stride, const float* v, int64_t v_stride,
+                        float* out, ThreadPool& pool) {
   const int group = s.n_head / s.n_head_kv;
   const int64_t n_items = n_tokens * s.n_head;
   pool.ParallelFor(n_items, 1, [&](int64_t begin, int64_t end, int) {
@@ -39,6 +42,23 @@ void Attention(const AttentionShape& s, const float* q, int64_t n_tokens, int64_
       for (int d = 0; d < s.dv; ++d) o[d] = static_cast<float>(acc[d]);
     }
   });
+}
+
+void Attention(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
+               const float* k, int64_t k_stride, const float* v, int64_t v_stride, float* out,
+               ThreadPool& pool) {
+  const bool profile = KernelProfilingEnabled();
+  auto t0 = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+  if (!AttentionSimd(s, q, n_tokens, pos0, k, k_stride, v, v_stride, out, pool))
+    AttentionReference(s, q, n_tokens, pos0, k, k_stride, v, v_stride, out, pool);
+  if (profile) {
+    // K/V bytes touched: every (token, query head) reads its causal history of K and V rows.
+    const uint64_t rows = static_cast<uint64_t>(n_tokens * pos0 + n_tokens * (n_tokens + 1) / 2);
+    const uint64_t bytes = rows * static_cast<uint64_t>(s.n_head) * (s.dk + s.dv) * sizeof(float);
+    AddKernelProfile(kProfileAttention,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                     bytes);
+  }
 }
 
 }  // namespace substrate

@@ -1,5 +1,6 @@
 // Causal multi-head attention over a float K/V history (the KV cache), with grouped-query heads.
-// Scalar reference; parallel over (token, head) pairs.
+// Attention picks the SIMD version (attention_simd.h) where the CPU has it, else the scalar
+// reference; both parallel over (token, head) pairs.
 #pragma once
 
 #include <cstdint>
@@ -23,5 +24,11 @@ struct AttentionShape {
 void Attention(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
                const float* k, int64_t k_stride, const float* v, int64_t v_stride, float* out,
                ThreadPool& pool);
+
+// The scalar reference the SIMD version is tested against: float q.k, softmax with a double
+// sum, value mix accumulated in double.
+void AttentionReference(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
+                        const float* k, int64_t k_stride, const float* v, int64_t v_stride,
+                        float* out, ThreadPool& pool);
 
 }  // namespace substrate

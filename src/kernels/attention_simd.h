@@ -1,5 +1,9 @@
-// SIMD attention with the same contract as Attention (kernels/attention.h): AVX2+FMA dot
-// products and value accumulation in float, one scratch row per thread (no allocation per call
+// SIMD attention with the same contract as Attention (kernels/attention.h), which calls it:
+// AVX2+FMA q.k dot products in float; the softmax and the value mix as the scalar reference
+// does them (float exp, double sum, weights normalized in float, values accumulated in double,
+// four doubles per vector), so the two differ only by the dot products' summation order. That
+// matters: float value sums shifted logits of the tiny MoE models enough to flip near-tied
+// expert routing against float64 references. One scratch row per thread (no allocation per call
 // once warm). Returns false, doing nothing, when the CPU (or SUBSTRATE_ISA) has no AVX2, so a
 // caller can write `if (!AttentionSimd(...)) <scalar path>`.
 #pragma once

@@ -40,8 +40,9 @@ std::vector<KernelProfileEntry> KernelProfile() {
   std::vector<KernelProfileEntry> out;
   for (int i = 0; i < 64; ++i) {
     if (g_slots[i].calls == 0) continue;
-    std::string name = i == kProfileQuantizeAct
-                           ? "quantize_act"
+    std::string name = i == kProfileQuantizeAct ? "quantize_act"
+                       : i == kProfileAttention
+                           ? "attention"
                            : std::string("matmul.") + DTypeName(static_cast<DType>(i));
     out.push_back({name, g_slots[i].seconds, g_slots[i].calls, g_slots[i].bytes});
   }

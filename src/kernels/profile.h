@@ -10,7 +10,7 @@
 namespace substrate {
 
 struct KernelProfileEntry {
-  std::string name;  // "matmul.Q4_K", "quantize_act"
+  std::string name;  // "matmul.Q4_K", "quantize_act", "attention"
   double seconds = 0;
   uint64_t calls = 0;
   uint64_t bytes = 0;  // weight bytes read
@@ -19,8 +19,10 @@ struct KernelProfileEntry {
 void SetKernelProfiling(bool on);
 bool KernelProfilingEnabled();
 void ResetKernelProfile();
-// Slot: a DType id for matmuls, kProfileQuantizeAct for activation quantization.
+// Slot: a DType id for matmuls, kProfileQuantizeAct for activation quantization,
+// kProfileAttention for attention (bytes: K/V cache read).
 constexpr int kProfileQuantizeAct = 63;
+constexpr int kProfileAttention = 62;
 void AddKernelProfile(int slot, double seconds, uint64_t bytes);
 std::vector<KernelProfileEntry> KernelProfile();
 
