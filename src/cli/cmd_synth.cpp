@@ -15,10 +15,11 @@
 #include <vector>
 
 #include "cli/command.h"
-#include "core/file_io.h"
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "format/dtype.h"
+#include "format/gguf_writer.h"
+#include "format/model_file.h"
 #include "quant/mix.h"
 #include "quant/quant.h"
 
@@ -49,55 +50,6 @@ const Preset kPresets[] = {
     // Small enough for tests: a qwen2moe layout (biases, shared expert, 1.5x256-wide experts).
     {"test-tiny-moe", "qwen2moe", "tiny MoE (synthetic, for tests)", 1000, 256, 2, 4, 2, 64, 512,
      4, 2, 384, 512, 10000.0, 1e-6, 512, true, false},
-};
-
-// ------------------------------------------------------------------ GGUF serialization
-
-enum : uint32_t { kU32 = 4, kI32 = 5, kF32 = 6, kStr = 8, kArr = 9 };
-
-class KvWriter {
- public:
-  void U32(const std::string& k, uint32_t v) { Key(k, kU32); Raw(&v, 4); ++n_; }
-  void F32(const std::string& k, float v) { Key(k, kF32); Raw(&v, 4); ++n_; }
-  void Str(const std::string& k, const std::string& v) { Key(k, kStr); String(v); ++n_; }
-  void StrArray(const std::string& k, const std::vector<std::string>& v) {
-    Key(k, kArr);
-    ArrayHeader(kStr, v.size());
-    for (const auto& s : v) String(s);
-    ++n_;
-  }
-  void F32Array(const std::string& k, const std::vector<float>& v) {
-    Key(k, kArr);
-    ArrayHeader(kF32, v.size());
-    Raw(v.data(), v.size() * 4);
-    ++n_;
-  }
-  void I32Array(const std::string& k, const std::vector<int32_t>& v) {
-    Key(k, kArr);
-    ArrayHeader(kI32, v.size());
-    Raw(v.data(), v.size() * 4);
-    ++n_;
-  }
-  void String(const std::string& s) {
-    uint64_t n = s.size();
-    Raw(&n, 8);
-    bytes_ += s;
-  }
-  void Raw(const void* p, size_t n) { bytes_.append(static_cast<const char*>(p), n); }
-  const std::string& bytes() const { return bytes_; }
-  uint64_t count() const { return n_; }
-
- private:
-  void Key(const std::string& k, uint32_t type) {
-    String(k);
-    Raw(&type, 4);
-  }
-  void ArrayHeader(uint32_t type, uint64_t n) {
-    Raw(&type, 4);
-    Raw(&n, 8);
-  }
-  std::string bytes_;
-  uint64_t n_ = 0;
 };
 
 // ------------------------------------------------------------------ the model's tensors
@@ -170,7 +122,7 @@ std::vector<SynthTensor> BuildTensors(const Preset& p) {
 
 // A SentencePiece-style vocabulary (control tokens, 256 byte tokens, filler pieces): enough
 // for any GGUF loader, including llama.cpp's, to build a tokenizer.
-void AddVocab(KvWriter& kv, int64_t n_vocab) {
+void AddVocab(Metadata& md, int64_t n_vocab) {
   std::vector<std::string> tokens;
   std::vector<float> scores;
   std::vector<int32_t> types;
@@ -190,39 +142,44 @@ void AddVocab(KvWriter& kv, int64_t n_vocab) {
   }
   while (static_cast<int64_t>(tokens.size()) < n_vocab)
     push("\xE2\x96\x81t" + std::to_string(tokens.size()), 1);
-  kv.Str("tokenizer.ggml.model", "llama");
-  kv.StrArray("tokenizer.ggml.tokens", tokens);
-  kv.F32Array("tokenizer.ggml.scores", scores);
-  kv.I32Array("tokenizer.ggml.token_type", types);
-  kv.U32("tokenizer.ggml.bos_token_id", 1);
-  kv.U32("tokenizer.ggml.eos_token_id", 2);
-  kv.U32("tokenizer.ggml.unknown_token_id", 0);
+  md.Set("tokenizer.ggml.model", MetaValue::Str("llama"));
+  md.Set("tokenizer.ggml.tokens", MetaValue::StrArray(tokens));
+  md.Set("tokenizer.ggml.scores", MetaValue::F32Array(scores));
+  md.Set("tokenizer.ggml.token_type", MetaValue::I32Array(types));
+  md.Set("tokenizer.ggml.bos_token_id", MetaValue::U32(1));
+  md.Set("tokenizer.ggml.eos_token_id", MetaValue::U32(2));
+  md.Set("tokenizer.ggml.unknown_token_id", MetaValue::U32(0));
 }
 
-void AddHparams(KvWriter& kv, const Preset& p, uint32_t file_type) {
+void AddHparams(Metadata& md, const Preset& p, uint32_t file_type) {
   const std::string a = p.arch;
-  kv.Str("general.architecture", a);
-  kv.Str("general.name", p.display);
-  kv.U32("general.file_type", file_type);
-  kv.U32("general.quantization_version", 2);
-  kv.U32(a + ".context_length", static_cast<uint32_t>(p.n_ctx));
-  kv.U32(a + ".embedding_length", static_cast<uint32_t>(p.n_embd));
-  kv.U32(a + ".block_count", static_cast<uint32_t>(p.n_layer));
-  kv.U32(a + ".feed_forward_length", static_cast<uint32_t>(p.n_ff));
-  kv.U32(a + ".attention.head_count", static_cast<uint32_t>(p.n_head));
-  kv.U32(a + ".attention.head_count_kv", static_cast<uint32_t>(p.n_head_kv));
-  kv.U32(a + ".attention.key_length", static_cast<uint32_t>(p.head_dim));
-  kv.U32(a + ".attention.value_length", static_cast<uint32_t>(p.head_dim));
-  kv.F32(a + ".attention.layer_norm_rms_epsilon", static_cast<float>(p.rms_eps));
-  kv.F32(a + ".rope.freq_base", static_cast<float>(p.rope_theta));
-  kv.U32(a + ".rope.dimension_count", static_cast<uint32_t>(p.head_dim));
-  kv.U32(a + ".vocab_size", static_cast<uint32_t>(p.n_vocab));
+  auto u32 = [&](const std::string& key, int64_t v) {
+    md.Set(key, MetaValue::U32(static_cast<uint32_t>(v)));
+  };
+  auto f32 = [&](const std::string& key, double v) {
+    md.Set(key, MetaValue::F32(static_cast<float>(v)));
+  };
+  md.Set("general.architecture", MetaValue::Str(a));
+  md.Set("general.name", MetaValue::Str(p.display));
+  u32("general.file_type", file_type);
+  u32("general.quantization_version", 2);
+  u32(a + ".context_length", p.n_ctx);
+  u32(a + ".embedding_length", p.n_embd);
+  u32(a + ".block_count", p.n_layer);
+  u32(a + ".feed_forward_length", p.n_ff);
+  u32(a + ".attention.head_count", p.n_head);
+  u32(a + ".attention.head_count_kv", p.n_head_kv);
+  u32(a + ".attention.key_length", p.head_dim);
+  u32(a + ".attention.value_length", p.head_dim);
+  f32(a + ".attention.layer_norm_rms_epsilon", p.rms_eps);
+  f32(a + ".rope.freq_base", p.rope_theta);
+  u32(a + ".rope.dimension_count", p.head_dim);
+  u32(a + ".vocab_size", p.n_vocab);
   if (p.n_expert > 0) {
-    kv.U32(a + ".expert_count", static_cast<uint32_t>(p.n_expert));
-    kv.U32(a + ".expert_used_count", static_cast<uint32_t>(p.n_expert_used));
-    if (a != "llama") kv.U32(a + ".expert_feed_forward_length", static_cast<uint32_t>(p.n_ff_exp));
-    if (p.n_ff_shexp > 0)
-      kv.U32(a + ".expert_shared_feed_forward_length", static_cast<uint32_t>(p.n_ff_shexp));
+    u32(a + ".expert_count", p.n_expert);
+    u32(a + ".expert_used_count", p.n_expert_used);
+    if (a != "llama") u32(a + ".expert_feed_forward_length", p.n_ff_exp);
+    if (p.n_ff_shexp > 0) u32(a + ".expert_shared_feed_forward_length", p.n_ff_shexp);
   }
 }
 
@@ -316,36 +273,19 @@ Status Synth(const Preset& preset, const FileType& ftype, const std::string& out
                       DTypeName(tensors[i].type));
   }
 
-  KvWriter kv;
-  AddHparams(kv, preset, ftype.id);
-  AddVocab(kv, preset.n_vocab);
-  const uint64_t kAlign = 32;
-  kv.U32("general.alignment", static_cast<uint32_t>(kAlign));
-
-  KvWriter infos;  // tensor infos, offsets relative to the data section
-  uint64_t offset = 0, total = 0;
+  // The header through the format layer's writer: metadata in insertion order, tensor infos,
+  // then the data streamed a chunk at a time (GgufWriter pads each tensor to the alignment).
+  Metadata md;
+  AddHparams(md, preset, ftype.id);
+  AddVocab(md, preset.n_vocab);
+  md.Set("general.alignment", MetaValue::U32(32));
+  GgufWriter writer(out_path);
+  writer.SetMetadata(md);
+  uint64_t total = 0;
   for (const auto& t : tensors) {
-    infos.String(t.name);
-    uint32_t n_dims = static_cast<uint32_t>(t.ne.size()), type = static_cast<uint32_t>(t.type);
-    infos.Raw(&n_dims, 4);
-    infos.Raw(t.ne.data(), t.ne.size() * 8);
-    infos.Raw(&type, 4);
-    infos.Raw(&offset, 8);
-    uint64_t bytes = *RowBytes(t.type, t.ne[0]) * t.rows();
-    offset += (bytes + kAlign - 1) / kAlign * kAlign;
-    total += bytes;
+    RETURN_IF_ERROR(writer.AddTensor(t.name, t.ne, t.type));
+    total += *RowBytes(t.type, t.ne[0]) * t.rows();
   }
-
-  ASSIGN_OR_RETURN(auto writer, AtomicFileWriter::Create(out_path));
-  const uint32_t version = 3;
-  const uint64_t n_tensors = tensors.size(), n_kv = kv.count();
-  RETURN_IF_ERROR(writer->Append("GGUF"));
-  RETURN_IF_ERROR(writer->Append(&version, 4));
-  RETURN_IF_ERROR(writer->Append(&n_tensors, 8));
-  RETURN_IF_ERROR(writer->Append(&n_kv, 8));
-  RETURN_IF_ERROR(writer->Append(kv.bytes()));
-  RETURN_IF_ERROR(writer->Append(infos.bytes()));
-  RETURN_IF_ERROR(writer->PadTo(kAlign));
 
   std::map<std::pair<DType, uint64_t>, BlockPool> pools;
   std::vector<uint8_t> chunk;
@@ -371,14 +311,13 @@ Status Synth(const Preset& preset, const FileType& ftype, const std::string& out
       pool.ParallelFor(static_cast<int64_t>(r1 - r0), 64, [&](int64_t a, int64_t b, int) {
         FillRows(t, bp, tseed, r0 + a, r0 + b, chunk.data() + a * rb);
       });
-      RETURN_IF_ERROR(writer->Append(chunk.data(), chunk.size()));
+      RETURN_IF_ERROR(writer.WriteTensorData(chunk.data(), chunk.size()));
       done += chunk.size();
       bar.Update(done, t.name);
     }
-    RETURN_IF_ERROR(writer->PadTo(kAlign));
   }
   bar.Finish();
-  return writer->Commit();
+  return writer.Finish();
 }
 
 int RunSynth(const std::vector<std::string>& args) {
