@@ -170,11 +170,65 @@ void DotQ4_0Decode(int64_t n, const BlockQ4_0* w, const uint8_t* act, float* out
   *out = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + HsumPs(tail);
 }
 
+// Q6_K x Q8_K for one token. Each half block (128 values) is one zmm of low nibbles (values
+// 0-63 of the half) and one of high nibbles (64-127), their two top bits taken from the same
+// 32 qh bytes at per-256-bit-lane shifts; each 128-bit chunk then holds one 16-value group, so
+// the int16 scales apply per chunk. The -32 offset comes back through the bsums.
+void DotQ6_KDecode(int64_t n, const BlockQ6_K* w, const uint8_t* act, float* out) {
+  const auto* y = reinterpret_cast<const BlockQ8_K*>(act);
+  const __m512i m4 = _mm512_set1_epi8(0xF), m3 = _mm512_set1_epi8(3);
+  auto halves = [](short a, short b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(a)), _mm256_set1_epi16(b), 1);
+  };
+  const __m512i shift_lo = halves(0, 2), shift_hi = halves(4, 6);
+  // pick[g]: int16 lane j of a zmm takes scale 4g + j / 8 (g = 2h + 0 for low, 2h + 1 for high).
+  __m512i pick[4];
+  for (int g = 0; g < 4; ++g) {
+    alignas(64) int16_t idx[32];
+    for (int j = 0; j < 32; ++j) idx[j] = static_cast<int16_t>(4 * g + j / 8);
+    pick[g] = _mm512_load_si512(idx);
+  }
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const BlockQ6_K& x = w[b];
+    const BlockQ8_K& yb = y[b];
+    PrefetchWeights<1>(&x, sizeof(x));
+    __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+    __m512i sc = _mm512_castsi256_si512(sc16);
+    __m512i sumi = _mm512_setzero_si512();
+    for (int h = 0; h < 2; ++h) {
+      __m512i a = _mm512_loadu_si512(x.ql + 64 * h);
+      __m512i qh = _mm512_broadcast_i64x4(Load256(x.qh + 32 * h));
+      __m512i top_lo = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), m3), 4);
+      __m512i top_hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), m3), 4);
+      __m512i lo = _mm512_or_si512(_mm512_and_si512(a, m4), top_lo);
+      __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), top_hi);
+      __m512i p_lo = _mm512_madd_epi16(_mm512_maddubs_epi16(lo, _mm512_loadu_si512(yb.qs + 128 * h)),
+                                       _mm512_permutexvar_epi16(pick[2 * h], sc));
+      __m512i p_hi =
+          _mm512_madd_epi16(_mm512_maddubs_epi16(hi, _mm512_loadu_si512(yb.qs + 128 * h + 64)),
+                            _mm512_permutexvar_epi16(pick[2 * h + 1], sc));
+      sumi = _mm512_add_epi32(sumi, _mm512_add_epi32(p_lo, p_hi));
+    }
+    __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+    __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, Load256(yb.bsums)), 5);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(H(x.d) * yb.d), _mm256_cvtepi32_ps(_mm256_sub_epi32(s8, corr)),
+                          acc);
+  }
+  *out = HsumPs(acc);
+}
+
 // One token: the 512-bit decode kernels; more: the 256-bit multi-token kernels.
 void DotQ8_0Wide(int64_t n, const void* w, const void* act, size_t stride, int nt, float* out) {
   if (nt == 1) return DotQ8_0Decode(n, static_cast<const BlockQ8_0*>(w),
                                     static_cast<const uint8_t*>(act), out);
   DotQ8_0(n, w, act, stride, nt, out);
+}
+
+void DotQ6_KWide(int64_t n, const void* w, const void* act, size_t stride, int nt, float* out) {
+  if (nt == 1) return DotQ6_KDecode(n, static_cast<const BlockQ6_K*>(w),
+                                    static_cast<const uint8_t*>(act), out);
+  DotQ6_K(n, w, act, stride, nt, out);
 }
 
 void DotQ4_0Wide(int64_t n, const void* w, const void* act, size_t stride, int nt, float* out) {
@@ -189,10 +243,12 @@ const DotKernel* FindWide(DType type) {
   static const DotKernel kQ4_K{DType::kQ8_K, DotQ4_KWide, kMaxNT};
   static const DotKernel kQ8_0{DType::kQ8_0, DotQ8_0Wide, kMaxNT};
   static const DotKernel kQ4_0{DType::kQ8_0, DotQ4_0Wide, kMaxNT};
+  static const DotKernel kQ6_K{DType::kQ8_K, DotQ6_KWide, kMaxNT};
   switch (type) {
     case DType::kQ4_K: return &kQ4_K;
     case DType::kQ8_0: return &kQ8_0;
     case DType::kQ4_0: return &kQ4_0;
+    case DType::kQ6_K: return &kQ6_K;
     default: return nullptr;
   }
 }
