@@ -5,7 +5,8 @@
 // a matrix small enough for L2 (--rows 256) shows the kernels' compute speed without memory.
 //
 //   bench_matmul_kernels [--threads N] [--rows 14336] [--cols 4096] [--tokens 64]
-//                        [--types Q4_K,Q6_K,Q8_0,Q4_0] [--isa scalar|avx2|avx512|all]
+//     [--isa best|all|scalar|avx2|avx512|prefill (avx512 dot kernels vs the amx GEMM)]
+//     [--types Q4_K,Q6_K,Q8_0,Q4_0] [--seconds S]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -70,9 +71,11 @@ int main(int argc, char** argv) {
   }
   ThreadPool pool(threads);
   std::vector<Isa> tiers;
-  if (isa_arg == "all") tiers = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512};
+  if (isa_arg == "all") tiers = {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx};
   else if (isa_arg == "scalar") tiers = {Isa::kScalar};
   else if (isa_arg == "avx2") tiers = {Isa::kAvx2};
+  else if (isa_arg == "avx512") tiers = {Isa::kAvx512};
+  else if (isa_arg == "prefill") tiers = {Isa::kAvx512, Isa::kAmx};  // dot kernels vs AMX GEMM
   else tiers = {DetectedIsa()};
 
   nlohmann::json out;

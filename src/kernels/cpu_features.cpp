@@ -5,8 +5,29 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace substrate {
 namespace {
+
+// AMX-TILE and AMX-INT8 (CPUID leaf 7 EDX bits 24, 25), and the kernel's permission to use the
+// tile data state, which Linux grants per process on request (XFEATURE_XTILEDATA = 18). Without
+// the grant the first tile instruction faults, so a refusal means no AMX.
+bool AmxUsable() {
+#if defined(__x86_64__) && defined(__linux__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if (!((d >> 24) & 1) || !((d >> 25) & 1)) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
 
 Isa Detect() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -18,6 +39,7 @@ Isa Detect() {
                 // The AVX-512 units are built with -mavxvnni too, so the compiler may pick
                 // VEX-encoded VNNI: require it rather than fault on AVX-512-only parts.
                 __builtin_cpu_supports("avxvnni");
+  if (avx512 && AmxUsable()) return Isa::kAmx;
   if (avx512) return Isa::kAvx512;
   if (avx2) return Isa::kAvx2;
 #endif
@@ -31,6 +53,7 @@ Isa FromEnv(Isa detected) {
   if (!std::strcmp(env, "scalar")) want = Isa::kScalar;
   if (!std::strcmp(env, "avx2")) want = Isa::kAvx2;
   if (!std::strcmp(env, "avx512")) want = Isa::kAvx512;
+  if (!std::strcmp(env, "amx")) want = Isa::kAmx;
   return std::min(want, detected);
 }
 
@@ -48,7 +71,7 @@ Isa DetectedIsa() {
 
 bool CpuHasAvx512Bf16() {
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool has = DetectedIsa() == Isa::kAvx512 && __builtin_cpu_supports("avx512bf16");
+  static const bool has = DetectedIsa() >= Isa::kAvx512 && __builtin_cpu_supports("avx512bf16");
   return has;
 #else
   return false;
@@ -67,6 +90,7 @@ const char* IsaName(Isa isa) {
     case Isa::kScalar: return "scalar";
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
+    case Isa::kAmx: return "amx";
   }
   return "?";
 }

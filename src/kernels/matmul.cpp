@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/memory_ledger.h"
+#include "kernels/gemm.h"
 #include "kernels/profile.h"
 #include "kernels/vec_dot.h"
 #include "quant/quant.h"
@@ -165,11 +166,18 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
   auto t0 = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   QuantizeActivations(x, n_tokens, w.cols, isa, parts, n_parts, pool);
   auto t1 = profile ? std::chrono::steady_clock::now() : t0;
-  // Chunks of whole row groups; small products run on the caller alone.
-  int64_t grain = std::max<int64_t>(4, 16384 / std::max<int64_t>(1, w.cols * n_tokens));
-  pool.ParallelFor(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
-    FastRows(w, parts, n_parts, n_tokens, y, r0, r1);
-  });
+  if (n_parts == 1 && n_tokens >= kGemmMinTokens && GemmSupports(w.type, w.cols, isa) &&
+      parts[0].kernel->act_type == GemmActType(w.type)) {
+    // Prefill: AMX tiles over panels of unpacked rows (gemm.h).
+    GemmQuantized(w.type, w.data, parts[0].row_bytes, w.rows, w.cols, parts[0].act,
+                  parts[0].act_stride, n_tokens, y, pool);
+  } else {
+    // Chunks of whole row groups; small products run on the caller alone.
+    int64_t grain = std::max<int64_t>(4, 16384 / std::max<int64_t>(1, w.cols * n_tokens));
+    pool.ParallelFor(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
+      FastRows(w, parts, n_parts, n_tokens, y, r0, r1);
+    });
+  }
   if (profile) {
     auto t2 = std::chrono::steady_clock::now();
     uint64_t bytes = 0;

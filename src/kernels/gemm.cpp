@@ -1,0 +1,266 @@
+#include "kernels/gemm.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/memory_ledger.h"
+#include "kernels/gemm_amx.h"
+#include "kernels/vec_dot.h"
+#include "quant/blocks.h"
+#include "quant/quant.h"
+
+namespace substrate {
+namespace {
+
+// Unpacks one weight row into int8 values q[0..cols) and, per sub-block j, its float scale
+// s[j * 16] and (formats with mins) offset o[j * 16]: the row's value k is s * q[k] + o.
+using UnpackRowFn = void (*)(const uint8_t* row, int64_t cols, int8_t* q, float* s, float* o);
+
+struct Format {
+  int sub;            // elements per sub-block (one tile product)
+  int act_block;      // elements per activation scale: 32 (Q8_0) or 256 (Q8_K)
+  bool offsets;       // the weight has per-sub-block mins (needs activation sub-block sums)
+  DType act_type;
+  UnpackRowFn unpack;
+};
+
+void UnpackQ8_0(const uint8_t* row, int64_t cols, int8_t* q, float* s, float*) {
+  auto* x = reinterpret_cast<const BlockQ8_0*>(row);
+  for (int64_t b = 0; b < cols / kQK8_0; ++b) {
+    s[b * 16] = Fp16ToFp32(x[b].d);
+    std::memcpy(q + b * kQK8_0, x[b].qs, kQK8_0);
+  }
+}
+
+void UnpackQ4_0(const uint8_t* row, int64_t cols, int8_t* q, float* s, float*) {
+  auto* x = reinterpret_cast<const BlockQ4_0*>(row);
+  for (int64_t b = 0; b < cols / kQK4_0; ++b) {
+    s[b * 16] = Fp16ToFp32(x[b].d);
+    int8_t* d = q + b * kQK4_0;
+    for (int l = 0; l < kQK4_0 / 2; ++l) {
+      d[l] = static_cast<int8_t>((x[b].qs[l] & 0xF) - 8);
+      d[l + 16] = static_cast<int8_t>((x[b].qs[l] >> 4) - 8);
+    }
+  }
+}
+
+// Q4_K: sub-block j of 32 is d * sc[j] * q - dmin * mn[j], q in 0..15; chunk i of 64 bytes'
+// low nibbles are sub-block 2i, high nibbles 2i+1.
+void UnpackQ4_K(const uint8_t* row, int64_t cols, int8_t* q, float* s, float* o) {
+  auto* x = reinterpret_cast<const BlockQ4_K*>(row);
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    uint8_t sc[8], mn[8];
+    scalar::UnpackQ4KScales(x[b].scales, sc, mn);
+    float d = Fp16ToFp32(x[b].d), dmin = Fp16ToFp32(x[b].dmin);
+    for (int j = 0; j < 8; ++j) {
+      s[(8 * b + j) * 16] = d * sc[j];
+      o[(8 * b + j) * 16] = -dmin * mn[j];
+    }
+    int8_t* dst = q + b * kQK_K;
+    for (int i = 0; i < 4; ++i)
+      for (int l = 0; l < 32; ++l) {
+        uint8_t v = x[b].qs[32 * i + l];
+        dst[64 * i + l] = static_cast<int8_t>(v & 0xF);
+        dst[64 * i + 32 + l] = static_cast<int8_t>(v >> 4);
+      }
+  }
+}
+
+// Q6_K: sub-block j of 16 is d * scales[j] * (q - 32), q 6 bits from ql's nibble and qh's pair.
+void UnpackQ6_K(const uint8_t* row, int64_t cols, int8_t* q, float* s, float*) {
+  auto* x = reinterpret_cast<const BlockQ6_K*>(row);
+  for (int64_t b = 0; b < cols / kQK_K; ++b) {
+    float d = Fp16ToFp32(x[b].d);
+    for (int j = 0; j < 16; ++j) s[(16 * b + j) * 16] = d * x[b].scales[j];
+    int8_t* dst = q + b * kQK_K;
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = x[b].ql + 64 * h;
+      const uint8_t* qh = x[b].qh + 32 * h;
+      int8_t* o8 = dst + 128 * h;
+      for (int l = 0; l < 32; ++l) {
+        o8[l] = static_cast<int8_t>(((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
+        o8[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+        o8[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+        o8[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+      }
+    }
+  }
+}
+
+const Format* FindFormat(DType type) {
+  static const Format kQ8_0{32, 32, false, DType::kQ8_0, UnpackQ8_0};
+  static const Format kQ4_0{32, 32, false, DType::kQ8_0, UnpackQ4_0};
+  static const Format kQ4_K{32, 256, true, DType::kQ8_K, UnpackQ4_K};
+  static const Format kQ6_K{16, 256, false, DType::kQ8_K, UnpackQ6_K};
+  switch (type) {
+    case DType::kQ8_0: return &kQ8_0;
+    case DType::kQ4_0: return &kQ4_0;
+    case DType::kQ4_K: return &kQ4_K;
+    case DType::kQ6_K: return &kQ6_K;
+    default: return nullptr;
+  }
+}
+
+// A 64-byte-aligned buffer that grows to the largest size asked of it, charged to the ledger's
+// "scratch" account (one per thread and role: the prefill GEMM runs every layer's matrices).
+struct Scratch {
+  std::vector<uint8_t> bytes;
+  LedgerCharge charge;
+  uint8_t* Reserve(size_t n) {
+    if (bytes.size() < n + 64) {
+      bytes.assign(n + 64, 0);
+      auto c = MemoryLedger::Global().Charge("scratch", bytes.size());
+      charge = c.ok() ? std::move(c).value() : LedgerCharge();
+    }
+    auto p = reinterpret_cast<uintptr_t>(bytes.data());
+    return bytes.data() + ((64 - p % 64) % 64);
+  }
+};
+
+constexpr int kTile = 16;
+// Weight panel budget: the unpacked rows of one panel stay in L2 while all tokens pass.
+constexpr size_t kPanelBytes = 512 * 1024;
+constexpr int kMaxPanelTiles = 4;
+
+size_t RoundUp64(size_t n) { return (n + 63) / 64 * 64; }
+
+// Layout of one packed 16-token activation tile.
+struct ActTileLayout {
+  size_t q_bytes, ad_floats, asum_floats, bytes;
+  ActTileLayout(const Format& f, int64_t cols) {
+    q_bytes = static_cast<size_t>(cols) * kTile;
+    ad_floats = static_cast<size_t>(cols / f.act_block) * kTile;
+    asum_floats = f.offsets ? static_cast<size_t>(cols / f.sub) * kTile : 0;
+    bytes = RoundUp64(q_bytes + 4 * (ad_floats + asum_floats));
+  }
+};
+
+// Packs tokens [t0, t0 + nt) (nt <= 16; missing tokens are zeros) into tile order.
+void PackActTile(const Format& f, const ActTileLayout& lay, const uint8_t* act, size_t stride,
+                 int64_t cols, int64_t t0, int nt, uint8_t* dst) {
+  std::memset(dst, 0, lay.bytes);
+  auto* q32 = reinterpret_cast<uint32_t*>(dst);
+  auto* ad = reinterpret_cast<float*>(dst + lay.q_bytes);
+  float* asum = ad + lay.ad_floats;
+  for (int n = 0; n < nt; ++n) {
+    const uint8_t* row = act + static_cast<size_t>(t0 + n) * stride;
+    if (f.act_type == DType::kQ8_0) {
+      const int64_t nb = cols / kQK8_0;
+      auto* y = reinterpret_cast<const BlockQ8_0*>(row);
+      auto* yd = reinterpret_cast<const float*>(y + nb);  // float scales (ActRowBytes)
+      for (int64_t b = 0; b < nb; ++b) {
+        ad[b * kTile + n] = yd[b];
+        for (int g = 0; g < 8; ++g) {
+          uint32_t v;
+          std::memcpy(&v, y[b].qs + 4 * g, 4);
+          q32[(b * 8 + g) * kTile + n] = v;
+        }
+      }
+    } else {  // Q8_K
+      auto* y = reinterpret_cast<const BlockQ8_K*>(row);
+      for (int64_t b = 0; b < cols / kQK_K; ++b) {
+        ad[b * kTile + n] = y[b].d;
+        for (int g = 0; g < kQK_K / 4; ++g) {
+          uint32_t v;
+          std::memcpy(&v, y[b].qs + 4 * g, 4);
+          q32[(b * kQK_K / 4 + g) * kTile + n] = v;
+        }
+        if (f.offsets)  // sub-blocks of 32: two bsums of 16 each
+          for (int j = 0; j < kQK_K / 32; ++j)
+            asum[(b * 8 + j) * kTile + n] =
+                y[b].d * static_cast<float>(y[b].bsums[2 * j] + y[b].bsums[2 * j + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+DType GemmActType(DType type) {
+  const Format* f = FindFormat(type);
+  return f ? f->act_type : DType::kF32;
+}
+
+bool GemmSupports(DType type, int64_t cols, Isa isa) {
+  const Format* f = FindFormat(type);
+  return isa >= Isa::kAmx && f && cols > 0 && cols % f->act_block == 0;
+}
+
+void GemmQuantized(DType type, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t cols,
+                   const uint8_t* act, size_t act_stride, int64_t n_tokens, float* y,
+                   ThreadPool& pool) {
+  const Format& f = *FindFormat(type);
+  const ActTileLayout lay(f, cols);
+  const int64_t n_tt = (n_tokens + kTile - 1) / kTile;
+  static thread_local Scratch act_scratch;
+  uint8_t* packed = act_scratch.Reserve(lay.bytes * static_cast<size_t>(n_tt));
+  pool.ParallelFor(n_tt, 1, [&](int64_t a, int64_t b, int) {
+    for (int64_t tt = a; tt < b; ++tt)
+      PackActTile(f, lay, act, act_stride, cols, tt * kTile,
+                  static_cast<int>(std::min<int64_t>(kTile, n_tokens - tt * kTile)),
+                  packed + tt * lay.bytes);
+  });
+
+  const int64_t n_sub = cols / f.sub;
+  const int64_t row_tiles = (rows + kTile - 1) / kTile;
+  const int64_t panel_tiles = std::clamp<int64_t>(
+      static_cast<int64_t>(kPanelBytes / (static_cast<size_t>(cols) * kTile)), 1, kMaxPanelTiles);
+  const int64_t n_panels = (row_tiles + panel_tiles - 1) / panel_tiles;
+  // Per 16-row tile: int8 values, then [n_sub][16] scales, then [n_sub][16] offsets.
+  const size_t tile_q = static_cast<size_t>(cols) * kTile;
+  const size_t tile_bytes = RoundUp64(tile_q + 4 * static_cast<size_t>(n_sub) * kTile * 2);
+  pool.ParallelFor(n_panels, 1, [&](int64_t p0, int64_t p1, int) {
+    static thread_local Scratch panel_scratch;
+    uint8_t* panel = panel_scratch.Reserve(tile_bytes * static_cast<size_t>(panel_tiles));
+    alignas(64) float out[kTile * kTile];
+    amx::ConfigureTiles(f.sub);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t tile0 = p * panel_tiles;
+      const int64_t n_tiles = std::min(panel_tiles, row_tiles - tile0);
+      for (int64_t i = 0; i < n_tiles; ++i) {
+        uint8_t* base = panel + i * tile_bytes;
+        auto* q = reinterpret_cast<int8_t*>(base);
+        auto* s = reinterpret_cast<float*>(base + tile_q);
+        float* o = s + n_sub * kTile;
+        for (int m = 0; m < kTile; ++m) {
+          int64_t r = (tile0 + i) * kTile + m;
+          if (r < rows) {
+            f.unpack(w + static_cast<size_t>(r) * row_bytes, cols, q + m * cols, s + m, o + m);
+          } else {  // rows past the end: zero weights, never written out
+            std::memset(q + m * cols, 0, static_cast<size_t>(cols));
+            for (int64_t j = 0; j < n_sub; ++j) s[j * kTile + m] = 0, o[j * kTile + m] = 0;
+          }
+        }
+      }
+      for (int64_t tt = 0; tt < n_tt; ++tt) {
+        const uint8_t* at = packed + tt * lay.bytes;
+        const int nt = static_cast<int>(std::min<int64_t>(kTile, n_tokens - tt * kTile));
+        for (int64_t i = 0; i < n_tiles; ++i) {
+          const uint8_t* base = panel + i * tile_bytes;
+          amx::TileArgs args;
+          args.wq = reinterpret_cast<const int8_t*>(base);
+          args.ldw = cols;
+          args.ws = reinterpret_cast<const float*>(base + tile_q);
+          args.wo = f.offsets ? args.ws + n_sub * kTile : nullptr;
+          args.aq = at;
+          args.ad = reinterpret_cast<const float*>(at + lay.q_bytes);
+          args.asum = args.ad + lay.ad_floats;
+          args.n_sub = n_sub;
+          args.sub = f.sub;
+          args.act_shift = f.act_block == f.sub ? 0 : (f.act_block / f.sub == 8 ? 3 : 4);
+          amx::TileDot(args, out);
+          const int64_t r0 = (tile0 + i) * kTile;
+          const int nr = static_cast<int>(std::min<int64_t>(kTile, rows - r0));
+          for (int n = 0; n < nt; ++n) {
+            float* yt = y + (tt * kTile + n) * rows + r0;
+            for (int m = 0; m < nr; ++m) yt[m] = out[m * kTile + n];
+          }
+        }
+      }
+    }
+    amx::ReleaseTiles();
+  });
+}
+
+}  // namespace substrate

@@ -1,0 +1,36 @@
+// Prefill GEMM: many tokens against one quantized weight on AMX int8 tiles. MatMul sends
+// products of at least kGemmMinTokens tokens here when the tier is Isa::kAmx, the weight has no
+// residual tiers and its type is supported (Q8_0, Q4_0, Q4_K, Q6_K); everything else keeps the
+// per-row dot kernels.
+//
+// Weights are never copied whole: each thread unpacks one panel of rows at a time (int8 values
+// plus float scales) into a small buffer that stays in L2 while every token passes over it.
+// Activations arrive quantized by MatMul in the same formats the dot kernels use (Q8_0 rows for
+// Q8_0/Q4_0, Q8_K rows for the K formats), so results equal the dot kernels' up to float order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/thread_pool.h"
+#include "format/dtype.h"
+#include "kernels/cpu_features.h"
+
+namespace substrate {
+
+// Fewer tokens than this go through the dot kernels (decode and tiny batches).
+inline constexpr int64_t kGemmMinTokens = 8;
+
+// Whether GemmQuantized handles weight `type` with `cols` columns at tier `isa`, and the
+// activation format it expects (the dot kernels' partner format).
+bool GemmSupports(DType type, int64_t cols, Isa isa);
+DType GemmActType(DType type);
+
+// y[t * rows + r] = dot(row r of w, activation row t) for r < rows, t < n_tokens. w is `rows`
+// rows of `row_bytes` bytes in format `type`; act holds n_tokens rows of GemmActType(type),
+// act_stride bytes apart (ActRowBytes). Needs GemmSupports(type, cols, ActiveIsa()).
+void GemmQuantized(DType type, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t cols,
+                   const uint8_t* act, size_t act_stride, int64_t n_tokens, float* y,
+                   ThreadPool& pool);
+
+}  // namespace substrate
