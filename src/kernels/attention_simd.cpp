@@ -8,7 +8,11 @@ bool AttentionSimd(const AttentionShape& s, const float* q, int64_t n_tokens, in
                    const float* k, int64_t k_stride, const float* v, int64_t v_stride, float* out,
                    ThreadPool& pool) {
   if (ActiveIsa() < Isa::kAvx2 || s.n_head_kv <= 0 || s.n_head % s.n_head_kv != 0) return false;
-  AttentionAvx2(s, q, n_tokens, pos0, k, k_stride, v, v_stride, out, pool);
+  if (ActiveIsa() >= Isa::kAvx512) {
+    AttentionAvx512(s, q, n_tokens, pos0, k, k_stride, v, v_stride, out, pool);
+  } else {
+    AttentionAvx2(s, q, n_tokens, pos0, k, k_stride, v, v_stride, out, pool);
+  }
   return true;
 }
 

@@ -19,13 +19,33 @@ struct Case {
   int64_t n_tokens, pos0;
 };
 
+// Runs the test body once per SIMD tier this CPU has (AttentionSimd picks by the active tier).
+std::vector<Isa> SimdTiers() {
+  std::vector<Isa> tiers;
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512})
+    if (DetectedIsa() >= isa) tiers.push_back(isa);
+  return tiers;
+}
+
+class ScopedIsa {
+ public:
+  explicit ScopedIsa(Isa isa) : prev_(SetIsaForTesting(isa)) {}
+  ~ScopedIsa() { SetIsaForTesting(prev_); }
+
+ private:
+  Isa prev_;
+};
+
 TEST(AttentionSimd, MatchesScalarReference) {
   if (DetectedIsa() < Isa::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  for (Isa isa : SimdTiers()) {
+  SCOPED_TRACE(IsaName(isa));
+  ScopedIsa scoped(isa);
   std::mt19937 rng(11);
   std::normal_distribution<float> g(0, 1);
   ThreadPool pool(2);
   for (Case c : {Case{4, 2, 64, 64, 5, 3}, Case{8, 1, 20, 13, 1, 40}, Case{6, 6, 128, 128, 33, 0},
-                 Case{4, 4, 128, 128, 2, 700}}) {
+                 Case{4, 4, 128, 128, 2, 700}, Case{2, 1, 47, 80, 3, 9}}) {
     AttentionShape s{c.n_head, c.n_head_kv, c.dk, c.dv, 1.0f / std::sqrt(float(c.dk))};
     const int64_t n_pos = c.pos0 + c.n_tokens;
     const int64_t ks = c.n_head_kv * c.dk + 3, vs = c.n_head_kv * c.dv + 5;  // padded rows
@@ -51,10 +71,14 @@ TEST(AttentionSimd, MatchesScalarReference) {
             << "element " << i << (dispatch ? " (Attention)" : " (AttentionSimd)");
     }
   }
+  }
 }
 
 TEST(AttentionSimd, MaskedKeysGiveZeroWeight) {
   if (DetectedIsa() < Isa::kAvx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  for (Isa isa : SimdTiers()) {
+  SCOPED_TRACE(IsaName(isa));
+  ScopedIsa scoped(isa);
   ThreadPool pool(1);
   // One head, dk = dv = 8, two positions; key 0 is -inf-scored through an infinite component.
   AttentionShape s{1, 1, 8, 8, 1.0f};
@@ -67,6 +91,7 @@ TEST(AttentionSimd, MaskedKeysGiveZeroWeight) {
   for (int i = 0; i < 8; ++i) {
     EXPECT_EQ(want[i], v[8 + i]);
     EXPECT_EQ(got[i], want[i]);
+  }
   }
 }
 
