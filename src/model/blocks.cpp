@@ -14,19 +14,6 @@
 namespace substrate {
 namespace {
 
-// BeginOp/EndOp around one op, so an early error return still closes it.
-class OpScope {
- public:
-  OpScope(WeightSource* s, std::string id) : s_(s), id_(std::move(id)) { s_->BeginOp(id_); }
-  ~OpScope() { s_->EndOp(id_); }
-  OpScope(const OpScope&) = delete;
-  OpScope& operator=(const OpScope&) = delete;
-
- private:
-  WeightSource* s_;
-  std::string id_;
-};
-
 int64_t OutDim(ForwardContext& c, TensorId id) {
   const TensorInfo& info = c.source->Info(id);
   return info.ne.size() >= 2 ? static_cast<int64_t>(info.ne[1]) : 1;
@@ -34,14 +21,13 @@ int64_t OutDim(ForwardContext& c, TensorId id) {
 
 }  // namespace
 
-Expected<float*> Scratch::Get(Slot slot, int64_t n) {
-  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+Expected<void*> Scratch::GetBytes(Slot slot, size_t bytes) {
   AlignedBuffer& b = bufs_[slot];
   if (b.size() < bytes) {
     b = AlignedBuffer();  // release the old charge first
     ASSIGN_OR_RETURN(b, AlignedBuffer::Allocate(bytes, ledger_, "scratch", 64));
   }
-  return b.as<float>();
+  return static_cast<void*>(b.data());
 }
 
 Status Linear(ForwardContext& c, TensorId w, const float* x, int64_t n, float* y,
@@ -190,11 +176,8 @@ Status MlaBlock(ForwardContext& c, int il, const LayerWeights& w) {
   return OutputProjection(c, w, attn, int64_t{hp.n_head} * dv);
 }
 
-namespace {
-
-// out [m, d] = down(silu(gate(x)) * up(x)) for x [m, d]; widths from the tensors' shapes.
 Status SwiGluMlp(ForwardContext& c, TensorId gate, TensorId up, TensorId down, const float* x,
-                 int64_t m, float* out, int slice = -1) {
+                 int64_t m, float* out, int slice) {
   const int64_t d = c.hp->n_embd;
   const int64_t ff = OutDim(c, gate);  // ne[1] of [d, ff] or of the expert tensor [d, ff, E]
   ASSIGN_OR_RETURN(float* g, c.scratch->Get(Scratch::kGate, m * ff));
@@ -205,8 +188,6 @@ Status SwiGluMlp(ForwardContext& c, TensorId gate, TensorId up, TensorId down, c
   return Linear(c, down, g, m, out, ff, d, slice);
 }
 
-}  // namespace
-
 Status FfnBlock(ForwardContext& c, int il, const LayerWeights& w) {
   const int64_t d = c.hp->n_embd, n = c.n;
   OpScope op(c.source, OpIdFfn(il));
@@ -215,118 +196,6 @@ Status FfnBlock(ForwardContext& c, int il, const LayerWeights& w) {
   ASSIGN_OR_RETURN(float* tmp, c.scratch->Get(Scratch::kTmp, n * d));
   RETURN_IF_ERROR(SwiGluMlp(c, w.ffn_gate, w.ffn_up, w.ffn_down, xn, n, tmp));
   AddInPlace(c.x, tmp, n * d);
-  return Status::Ok();
-}
-
-void RouteToken(const ModelHParams& hp, const float* logits, const float* bias, int32_t* idx,
-                float* weight) {
-  const int E = hp.n_expert, K = hp.n_expert_used;
-  std::vector<float> prob(logits, logits + E);
-  if (hp.gating == GatingFunc::kSigmoid) {
-    for (float& p : prob) p = Sigmoid(p);
-  } else {
-    Softmax(prob.data(), E);
-  }
-  // Selection scores: deepseek-v3 adds its correction bias for choosing only.
-  std::vector<float> choice = prob;
-  if (bias)
-    for (int e = 0; e < E; ++e) choice[e] += bias[e];
-  if (hp.n_expert_groups > 1 && hp.n_group_used < hp.n_expert_groups) {
-    // Keep the best groups (v3: sum of each group's top two; v2: its max); others score 0,
-    // as the reference implementation masks them.
-    const int G = hp.n_expert_groups, per = E / G;
-    std::vector<float> gscore(G);
-    for (int g = 0; g < G; ++g) {
-      std::vector<float> s(choice.begin() + g * per, choice.begin() + (g + 1) * per);
-      std::sort(s.begin(), s.end(), std::greater<float>());
-      gscore[g] = hp.gating == GatingFunc::kSigmoid ? s[0] + (per > 1 ? s[1] : 0.0f) : s[0];
-    }
-    std::vector<int> gorder(G);
-    std::iota(gorder.begin(), gorder.end(), 0);
-    std::stable_sort(gorder.begin(), gorder.end(),
-                     [&](int a, int b) { return gscore[a] > gscore[b]; });
-    std::vector<bool> keep(G, false);
-    for (int i = 0; i < hp.n_group_used; ++i) keep[gorder[i]] = true;
-    for (int e = 0; e < E; ++e)
-      if (!keep[e / per]) choice[e] = 0.0f;
-  }
-  std::vector<int> order(E);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return choice[a] > choice[b]; });
-  double sum = 0;
-  for (int k = 0; k < K; ++k) {
-    idx[k] = order[k];
-    weight[k] = prob[order[k]];
-    sum += weight[k];
-  }
-  if (hp.expert_weights_norm) {
-    const float inv = static_cast<float>(1.0 / (sum + 1e-20));
-    for (int k = 0; k < K; ++k) weight[k] *= inv;
-  }
-  for (int k = 0; k < K; ++k) weight[k] *= hp.expert_weights_scale;
-}
-
-Status MoeBlock(ForwardContext& c, int il, const LayerWeights& w) {
-  const ModelHParams& hp = *c.hp;
-  const int64_t d = hp.n_embd, n = c.n;
-  const int E = hp.n_expert, K = hp.n_expert_used;
-  ASSIGN_OR_RETURN(float* xn, c.scratch->Get(Scratch::kXNorm, n * d));
-  std::vector<int32_t> sel(static_cast<size_t>(n * K));
-  std::vector<float> sel_w(static_cast<size_t>(n * K));
-  {
-    OpScope op(c.source, OpIdMoeRouter(il));
-    RETURN_IF_ERROR(NormRows(c, w.ffn_norm, c.x, d, n, xn));
-    ASSIGN_OR_RETURN(float* logits, c.scratch->Get(Scratch::kRouter, n * E));
-    RETURN_IF_ERROR(Linear(c, w.gate_inp, xn, n, logits, d, E));
-    std::vector<float> bias;
-    if (w.exp_probs_b != kNoTensor) {
-      bias.resize(static_cast<size_t>(E));
-      RETURN_IF_ERROR(LoadVector(c, w.exp_probs_b, E, bias.data()));
-    }
-    for (int64_t t = 0; t < n; ++t)
-      RouteToken(hp, logits + t * E, bias.empty() ? nullptr : bias.data(), &sel[t * K],
-                 &sel_w[t * K]);
-  }
-
-  ASSIGN_OR_RETURN(float* acc, c.scratch->Get(Scratch::kMoeAcc, n * d));
-  std::fill(acc, acc + n * d, 0.0f);
-  // Tokens of each expert, so every selected expert runs once over all its tokens.
-  std::vector<std::vector<std::pair<int64_t, float>>> per_expert(static_cast<size_t>(E));
-  for (int64_t t = 0; t < n; ++t)
-    for (int k = 0; k < K; ++k) per_expert[sel[t * K + k]].push_back({t, sel_w[t * K + k]});
-  ASSIGN_OR_RETURN(float* xg, c.scratch->Get(Scratch::kGathered, n * d));
-  ASSIGN_OR_RETURN(float* out, c.scratch->Get(Scratch::kExpertOut, n * d));
-  for (int e = 0; e < E; ++e) {
-    const auto& toks = per_expert[e];
-    if (toks.empty()) continue;
-    OpScope op(c.source, OpIdMoeExpert(il, e));
-    const int64_t m = static_cast<int64_t>(toks.size());
-    for (int64_t j = 0; j < m; ++j)
-      std::memcpy(xg + j * d, xn + toks[j].first * d, static_cast<size_t>(d) * 4);
-    RETURN_IF_ERROR(SwiGluMlp(c, w.gate_exps, w.up_exps, w.down_exps, xg, m, out, e));
-    for (int64_t j = 0; j < m; ++j) {
-      float* a = acc + toks[j].first * d;
-      const float wt = toks[j].second;
-      for (int64_t i = 0; i < d; ++i) a[i] += wt * out[j * d + i];
-    }
-  }
-
-  if (w.gate_shexp != kNoTensor) {
-    OpScope op(c.source, OpIdMoeShared(il));
-    RETURN_IF_ERROR(SwiGluMlp(c, w.gate_shexp, w.up_shexp, w.down_shexp, xn, n, out));
-    if (w.gate_inp_shexp != kNoTensor) {
-      // qwen2moe: the shared expert's output is scaled by sigmoid(w . x) per token.
-      ASSIGN_OR_RETURN(float* g, c.scratch->Get(Scratch::kVec, n));
-      RETURN_IF_ERROR(Linear(c, w.gate_inp_shexp, xn, n, g, d, 1));
-      for (int64_t t = 0; t < n; ++t) {
-        const float s = Sigmoid(g[t]);
-        for (int64_t i = 0; i < d; ++i) out[t * d + i] *= s;
-      }
-    }
-    AddInPlace(acc, out, n * d);
-  }
-  AddInPlace(c.x, acc, n * d);
   return Status::Ok();
 }
 

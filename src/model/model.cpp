@@ -183,6 +183,7 @@ Status Model::ForwardBatch(const int32_t* tokens, int64_t n, KvCache& cache, boo
   for (int64_t t = 0; t < n; ++t) pos_[t] = static_cast<int32_t>(c.pos0 + t);
   c.pos = pos_.data();
   c.vec = &vec_;
+  c.layers = layers_.data();
   ASSIGN_OR_RETURN(c.x, scratch_->Get(Scratch::kX, n * hp_.n_embd));
 
   RETURN_IF_ERROR(Embed(c, tokens));

@@ -66,9 +66,19 @@ class WeightSource {
   virtual void BeginOp(const std::string& op_id) {}
   virtual void EndOp(const std::string& op_id) {}
 
-  // MoE: the routed experts of `layer` (called before they are acquired), or a look-ahead guess
-  // for a later layer. An expert-streaming source starts reading them; the default ignores it.
+  // MoE routing hints, so an expert-streaming source can read experts ahead of need (the default
+  // ignores them). Per forward pass and MoE layer L, in this order:
+  //  - inside block_L.moe.router, after routing: the experts layer L will acquire (the union over
+  //    the pass's tokens, increasing, no duplicates), before any of them is acquired;
+  //  - then, only when WantsLookahead(), a guess for layer L+1 (when it is a MoE layer): layer
+  //    L+1's router (ffn_norm, ffn_gate_inp, exp_probs_b: acquired inside block_L.moe.router)
+  //    applied to the hidden state entering layer L's MoE. The real hint for L+1 follows at L+1's
+  //    router, so per layer the first hint of a pass is the guess; it may name experts never
+  //    acquired. `experts` is valid only during the call.
   virtual void HintExperts(int layer, const int32_t* experts, int n) {}
+  // Whether the model computes look-ahead guesses (one small GEMV per MoE layer and token), so
+  // resident runs pay nothing.
+  virtual bool WantsLookahead() const { return false; }
 
  protected:
   friend class WeightHandle;

@@ -1,0 +1,25 @@
+// The routed experts of one MoE layer, given the router's choices (moe_block.cpp routes).
+#pragma once
+
+#include <cstdint>
+
+#include "model/blocks.h"
+
+namespace substrate {
+
+// Which tokens each selected expert serves. experts[0..n_experts) increasing; the tokens of
+// expert e are tokens[offset[e] .. offset[e + 1]) (increasing) with routing weights weights[..].
+struct ExpertRouting {
+  const int32_t* experts = nullptr;
+  int n_experts = 0;
+  const int32_t* offset = nullptr;  // [n_expert + 1], indexed by expert id
+  const int32_t* tokens = nullptr;
+  const float* weights = nullptr;
+};
+
+// acc [n, d] += sum over the selected experts of weight * expert(xn) for the tokens each serves.
+// Each expert's tensors are acquired inside its op block_L.moe.expert_E.
+Status RunRoutedExperts(ForwardContext& c, int il, const LayerWeights& w, const float* xn,
+                        const ExpertRouting& r, float* acc);
+
+}  // namespace substrate

@@ -1,0 +1,157 @@
+// The MoE routing hints (WeightSource::HintExperts): a recording source over the resident one
+// checks that every acquired expert was hinted first, in its own op, and that the hint names
+// exactly the experts acquired; logits do not change when the look-ahead runs; and it measures
+// how many of a layer's experts the look-ahead (layer L+1's router on layer L's hidden state)
+// predicted, on heldout text.
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "model/kv_cache.h"
+#include "model/op_id.h"
+#include "model_test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace substrate::testing {
+namespace {
+
+class RecordingSource : public WeightSource {
+ public:
+  RecordingSource(WeightSource* inner, bool lookahead) : inner_(inner), lookahead_(lookahead) {}
+
+  TensorId Resolve(const std::string& name) const override { return inner_->Resolve(name); }
+  const TensorInfo& Info(TensorId id) const override { return inner_->Info(id); }
+  bool WantsLookahead() const override { return lookahead_; }
+
+  void BeginOp(const std::string& op) override {
+    if (op == OpIdTokenEmbd()) EndPass();
+    open_.insert(op);
+  }
+  void EndOp(const std::string& op) override { open_.erase(op); }
+
+  void HintExperts(int layer, const int32_t* experts, int n) override {
+    std::set<int> s(experts, experts + n);
+    if (static_cast<int>(s.size()) != n) ++errors;  // duplicates
+    for (int i = 1; i < n; ++i)
+      if (experts[i] <= experts[i - 1]) ++errors;  // not increasing
+    // With the look-ahead on, the first hint of a layer in a pass is the guess (layer 0 has none).
+    const bool guess = lookahead_ && layer > 0 && !hinted_.count(layer);
+    hinted_[layer] = true;
+    if (guess) {
+      guess_[layer] = s;
+      ++guesses;
+    } else {
+      if (real_.count(layer)) ++errors;  // two real hints for one layer
+      real_[layer] = s;
+    }
+  }
+
+  Expected<WeightHandle> Acquire(TensorId id, int slice, int tier) override {
+    if (slice >= 0) {
+      const std::string& name = Info(id).name;  // blk.L.ffn_*_exps.weight
+      const int layer = std::stoi(name.substr(4, name.find('.', 4) - 4));
+      ++expert_acquires;
+      if (!real_.count(layer) || !real_[layer].count(slice)) ++unhinted;
+      if (!open_.count(OpIdMoeExpert(layer, slice))) ++outside_op;
+      acquired_[layer].insert(slice);
+    }
+    return inner_->Acquire(id, slice, tier);
+  }
+
+  // Closes the pass: compares hints with what was acquired, scores the guesses.
+  void EndPass() {
+    for (const auto& [layer, s] : real_)
+      if (acquired_[layer] != s) ++errors;  // hinted experts never acquired, or the reverse
+    for (const auto& [layer, g] : guess_) {
+      const std::set<int>& a = real_[layer];
+      if (static_cast<int>(a.size()) > decode_k) continue;  // score decode steps only
+      for (int e : a) predicted += g.count(e);
+      actual += static_cast<int64_t>(a.size());
+    }
+    real_.clear();
+    guess_.clear();
+    acquired_.clear();
+    hinted_.clear();
+  }
+
+  int decode_k = 1 << 30;  // a real hint with more experts is a prefill pass
+  int errors = 0, unhinted = 0, outside_op = 0, guesses = 0;
+  int64_t expert_acquires = 0, predicted = 0, actual = 0;
+
+ private:
+  WeightSource* inner_;
+  bool lookahead_;
+  std::multiset<std::string> open_;
+  std::map<int, std::set<int>> real_, guess_, acquired_;
+  std::map<int, bool> hinted_;
+};
+
+// Prefill `prefill` tokens, then teacher-forced decode of the rest one at a time.
+void RunText(const LoadedModel& m, WeightSource* src, const std::vector<int32_t>& toks,
+             size_t prefill, std::vector<float>* all, MemoryLedger* ledger) {
+  ThreadPool& pool = TestPool();
+  auto model = Model::Create(m.file->metadata(), src, &pool, ledger);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  auto cache = KvCache::Create((*model)->hparams(), static_cast<int64_t>(toks.size()) + 8, ledger);
+  ASSERT_TRUE(cache.ok());
+  std::vector<float> logits;
+  ASSERT_TRUE((*model)->Forward(toks.data(), static_cast<int64_t>(prefill), *cache, false, &logits).ok());
+  all->insert(all->end(), logits.begin(), logits.end());
+  for (size_t i = prefill; i < toks.size(); ++i) {
+    ASSERT_TRUE((*model)->Forward(&toks[i], 1, *cache, false, &logits).ok());
+    all->insert(all->end(), logits.begin(), logits.end());
+  }
+}
+
+TEST(MoeHints, EveryAcquiredExpertIsHintedAndLookaheadIsMeasured) {
+  const std::string path = SharedDir() + "/gguf/tiny-coder-moe-bf16.gguf";
+  const std::string text_path = SharedDir() + "/text/heldout.txt";
+  if (!Exists(path) || !Exists(text_path)) GTEST_SKIP() << "no fixture " << path << " or " << text_path;
+  MemoryLedger ledger;
+  auto m = LoadModel(path, &ledger);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  auto tok = Tokenizer::FromMetadata(m->file->metadata());
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  auto text = ReadFileToString(text_path);
+  ASSERT_TRUE(text.ok());
+  auto ids = (*tok)->Encode(text->substr(0, 4000));
+  ASSERT_TRUE(ids.ok());
+  std::vector<int32_t> toks(ids->begin(), ids->end());
+  if (toks.size() > 160) toks.resize(160);
+  ASSERT_GT(toks.size(), 64u);
+  const size_t prefill = 32;
+
+  std::vector<float> plain, hinted, ahead;
+  RunText(*m, m->source.get(), toks, prefill, &plain, &ledger);
+  RecordingSource no_look(m->source.get(), false), look(m->source.get(), true);
+  look.decode_k = m->model->hparams().n_expert_used;
+  RunText(*m, &no_look, toks, prefill, &hinted, &ledger);
+  RunText(*m, &look, toks, prefill, &ahead, &ledger);
+  no_look.EndPass();
+  look.EndPass();
+
+  for (RecordingSource* r : {&no_look, &look}) {
+    EXPECT_GT(r->expert_acquires, 0);
+    EXPECT_EQ(r->errors, 0);
+    EXPECT_EQ(r->unhinted, 0) << "experts acquired before their layer's hint";
+    EXPECT_EQ(r->outside_op, 0) << "expert tensors acquired outside their op";
+  }
+  EXPECT_EQ(no_look.guesses, 0);
+  EXPECT_GT(look.guesses, 0);
+  // The hooks change no arithmetic.
+  ASSERT_EQ(plain.size(), ahead.size());
+  EXPECT_EQ(plain, hinted);
+  EXPECT_EQ(plain, ahead);
+
+  const int K = m->model->hparams().n_expert_used, E = m->model->hparams().n_expert;
+  const double precision = static_cast<double>(look.predicted) / static_cast<double>(look.actual);
+  std::printf("{\"lookahead_precision\": %.4f, \"predicted\": %lld, \"actual\": %lld, "
+              "\"chance\": %.4f, \"tokens\": %zu}\n",
+              precision, static_cast<long long>(look.predicted),
+              static_cast<long long>(look.actual), static_cast<double>(K) / E, toks.size());
+  // Far better than chance (K/E), or the look-ahead is not using the next layer's router.
+  EXPECT_GT(precision, 2.0 * K / E);
+}
+
+}  // namespace
+}  // namespace substrate::testing
