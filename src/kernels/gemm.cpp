@@ -13,86 +13,19 @@
 namespace substrate {
 namespace {
 
-// Unpacks one weight row into int8 values q[0..cols) and, per sub-block j, its float scale
-// s[j * 16] and (formats with mins) offset o[j * 16]: the row's value k is s * q[k] + o.
-using UnpackRowFn = void (*)(const uint8_t* row, int64_t cols, int8_t* q, float* s, float* o);
-
 struct Format {
   int sub;            // elements per sub-block (one tile product)
   int act_block;      // elements per activation scale: 32 (Q8_0) or 256 (Q8_K)
   bool offsets;       // the weight has per-sub-block mins (needs activation sub-block sums)
   DType act_type;
-  UnpackRowFn unpack;
+  amx::WeightFormat weight;
 };
 
-void UnpackQ8_0(const uint8_t* row, int64_t cols, int8_t* q, float* s, float*) {
-  auto* x = reinterpret_cast<const BlockQ8_0*>(row);
-  for (int64_t b = 0; b < cols / kQK8_0; ++b) {
-    s[b * 16] = Fp16ToFp32(x[b].d);
-    std::memcpy(q + b * kQK8_0, x[b].qs, kQK8_0);
-  }
-}
-
-void UnpackQ4_0(const uint8_t* row, int64_t cols, int8_t* q, float* s, float*) {
-  auto* x = reinterpret_cast<const BlockQ4_0*>(row);
-  for (int64_t b = 0; b < cols / kQK4_0; ++b) {
-    s[b * 16] = Fp16ToFp32(x[b].d);
-    int8_t* d = q + b * kQK4_0;
-    for (int l = 0; l < kQK4_0 / 2; ++l) {
-      d[l] = static_cast<int8_t>((x[b].qs[l] & 0xF) - 8);
-      d[l + 16] = static_cast<int8_t>((x[b].qs[l] >> 4) - 8);
-    }
-  }
-}
-
-// Q4_K: sub-block j of 32 is d * sc[j] * q - dmin * mn[j], q in 0..15; chunk i of 64 bytes'
-// low nibbles are sub-block 2i, high nibbles 2i+1.
-void UnpackQ4_K(const uint8_t* row, int64_t cols, int8_t* q, float* s, float* o) {
-  auto* x = reinterpret_cast<const BlockQ4_K*>(row);
-  for (int64_t b = 0; b < cols / kQK_K; ++b) {
-    uint8_t sc[8], mn[8];
-    scalar::UnpackQ4KScales(x[b].scales, sc, mn);
-    float d = Fp16ToFp32(x[b].d), dmin = Fp16ToFp32(x[b].dmin);
-    for (int j = 0; j < 8; ++j) {
-      s[(8 * b + j) * 16] = d * sc[j];
-      o[(8 * b + j) * 16] = -dmin * mn[j];
-    }
-    int8_t* dst = q + b * kQK_K;
-    for (int i = 0; i < 4; ++i)
-      for (int l = 0; l < 32; ++l) {
-        uint8_t v = x[b].qs[32 * i + l];
-        dst[64 * i + l] = static_cast<int8_t>(v & 0xF);
-        dst[64 * i + 32 + l] = static_cast<int8_t>(v >> 4);
-      }
-  }
-}
-
-// Q6_K: sub-block j of 16 is d * scales[j] * (q - 32), q 6 bits from ql's nibble and qh's pair.
-void UnpackQ6_K(const uint8_t* row, int64_t cols, int8_t* q, float* s, float*) {
-  auto* x = reinterpret_cast<const BlockQ6_K*>(row);
-  for (int64_t b = 0; b < cols / kQK_K; ++b) {
-    float d = Fp16ToFp32(x[b].d);
-    for (int j = 0; j < 16; ++j) s[(16 * b + j) * 16] = d * x[b].scales[j];
-    int8_t* dst = q + b * kQK_K;
-    for (int h = 0; h < 2; ++h) {
-      const uint8_t* ql = x[b].ql + 64 * h;
-      const uint8_t* qh = x[b].qh + 32 * h;
-      int8_t* o8 = dst + 128 * h;
-      for (int l = 0; l < 32; ++l) {
-        o8[l] = static_cast<int8_t>(((ql[l] & 0xF) | ((qh[l] & 3) << 4)) - 32);
-        o8[l + 32] = static_cast<int8_t>(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
-        o8[l + 64] = static_cast<int8_t>(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-        o8[l + 96] = static_cast<int8_t>(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
-      }
-    }
-  }
-}
-
 const Format* FindFormat(DType type) {
-  static const Format kQ8_0{32, 32, false, DType::kQ8_0, UnpackQ8_0};
-  static const Format kQ4_0{32, 32, false, DType::kQ8_0, UnpackQ4_0};
-  static const Format kQ4_K{32, 256, true, DType::kQ8_K, UnpackQ4_K};
-  static const Format kQ6_K{16, 256, false, DType::kQ8_K, UnpackQ6_K};
+  static const Format kQ8_0{32, 32, false, DType::kQ8_0, amx::WeightFormat::kQ8_0};
+  static const Format kQ4_0{32, 32, false, DType::kQ8_0, amx::WeightFormat::kQ4_0};
+  static const Format kQ4_K{32, 256, true, DType::kQ8_K, amx::WeightFormat::kQ4_K};
+  static const Format kQ6_K{16, 256, false, DType::kQ8_K, amx::WeightFormat::kQ6_K};
   switch (type) {
     case DType::kQ8_0: return &kQ8_0;
     case DType::kQ4_0: return &kQ4_0;
@@ -207,7 +140,7 @@ void GemmQuantized(DType type, const uint8_t* w, size_t row_bytes, int64_t rows,
   const int64_t panel_tiles = std::clamp<int64_t>(
       static_cast<int64_t>(kPanelBytes / (static_cast<size_t>(cols) * kTile)), 1, kMaxPanelTiles);
   const int64_t n_panels = (row_tiles + panel_tiles - 1) / panel_tiles;
-  // Per 16-row tile: int8 values, then [n_sub][16] scales, then [n_sub][16] offsets.
+  // Per 16-row tile: int8 values [n_sub][16][sub], then [n_sub][16] scales and offsets.
   const size_t tile_q = static_cast<size_t>(cols) * kTile;
   const size_t tile_bytes = RoundUp64(tile_q + 4 * static_cast<size_t>(n_sub) * kTile * 2);
   pool.ParallelFor(n_panels, 1, [&](int64_t p0, int64_t p1, int) {
@@ -220,18 +153,11 @@ void GemmQuantized(DType type, const uint8_t* w, size_t row_bytes, int64_t rows,
       const int64_t n_tiles = std::min(panel_tiles, row_tiles - tile0);
       for (int64_t i = 0; i < n_tiles; ++i) {
         uint8_t* base = panel + i * tile_bytes;
-        auto* q = reinterpret_cast<int8_t*>(base);
         auto* s = reinterpret_cast<float*>(base + tile_q);
-        float* o = s + n_sub * kTile;
-        for (int m = 0; m < kTile; ++m) {
-          int64_t r = (tile0 + i) * kTile + m;
-          if (r < rows) {
-            f.unpack(w + static_cast<size_t>(r) * row_bytes, cols, q + m * cols, s + m, o + m);
-          } else {  // rows past the end: zero weights, never written out
-            std::memset(q + m * cols, 0, static_cast<size_t>(cols));
-            for (int64_t j = 0; j < n_sub; ++j) s[j * kTile + m] = 0, o[j * kTile + m] = 0;
-          }
-        }
+        const int64_t r0 = (tile0 + i) * kTile;
+        amx::UnpackTile(f.weight, w + static_cast<size_t>(r0) * row_bytes, row_bytes,
+                        static_cast<int>(std::min<int64_t>(kTile, rows - r0)), cols,
+                        reinterpret_cast<int8_t*>(base), s, f.offsets ? s + n_sub * kTile : nullptr);
       }
       for (int64_t tt = 0; tt < n_tt; ++tt) {
         const uint8_t* at = packed + tt * lay.bytes;
@@ -240,7 +166,6 @@ void GemmQuantized(DType type, const uint8_t* w, size_t row_bytes, int64_t rows,
           const uint8_t* base = panel + i * tile_bytes;
           amx::TileArgs args;
           args.wq = reinterpret_cast<const int8_t*>(base);
-          args.ldw = cols;
           args.ws = reinterpret_cast<const float*>(base + tile_q);
           args.wo = f.offsets ? args.ws + n_sub * kTile : nullptr;
           args.aq = at;
