@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/store_flags.h"
 #include "kernels/cpu_features.h"
 #include "kernels/membw.h"
 #include "kernels/profile.h"
@@ -97,8 +98,8 @@ nlohmann::json ProfileJson(const std::vector<KernelProfileEntry>& entries, doubl
 }
 
 int RunBench(const std::vector<std::string>& args) {
-  Flags f(args, {"-m", "--model", "-p", "-n", "-t", "--threads", "-r", "--repetitions",
-                 "--bw-bytes"});
+  Flags f(args, StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-t", "--threads", "-r",
+                                     "--repetitions", "--bw-bytes"}));
   if (!f.status().ok()) return PrintError("bench", f.status());
   if (f.Has("--help") || f.Has("-h")) {
     std::printf(
@@ -111,20 +112,23 @@ int RunBench(const std::vector<std::string>& args) {
     return 0;
   }
   std::string path = f.Get({"-m", "--model"});
-  if (path.empty()) return PrintError("bench", InvalidArgument("-m MODEL is required"));
+  if (path.empty() && !f.Has("--store"))
+    return PrintError("bench", InvalidArgument("-m MODEL (or --store STORE/) is required"));
   auto p = f.GetInt({"-p"}, 512), n = f.GetInt({"-n"}, 128), t = f.GetInt({"-t", "--threads"}, 0),
        r = f.GetInt({"-r", "--repetitions"}, 2);
   for (auto* e : {&p, &n, &t, &r})
     if (!e->ok()) return PrintError("bench", e->status());
   if (*p < 0 || *n < 0 || *r < 1 || *t < 0)
     return PrintError("bench", InvalidArgument("-p/-n must be >= 0, -r >= 1, -t >= 0"));
-  auto bw_bytes = ParseBytes(f.Get({"--bw-bytes"}, "2G"));
+  auto bw_bytes = ParseBytes(f.Get({"--bw-bytes"}, f.Has("--store") ? "128M" : "2G"));
   if (!bw_bytes.ok()) return PrintError("bench", bw_bytes.status());
   const bool json = f.Has("--json"), profile = f.Has("--profile");
 
   EngineOptions eo;
   eo.n_threads = static_cast<int>(*t);
   eo.require_tokenizer = false;
+  auto store = ApplyStoreFlags(f, *p + *n + 8, &path, &eo);
+  if (!store.ok()) return PrintError("bench", store.status());
   auto t_load = Clock::now();
   auto engine = Engine::Load(path, eo);
   if (!engine.ok()) return PrintError("bench", engine.status());
@@ -142,6 +146,7 @@ int RunBench(const std::vector<std::string>& args) {
   if (!cache.ok()) return PrintError("bench", cache.status());
   std::vector<float> logits;
   Series pp, tg;
+  uint64_t tg_disk_bytes = 0;  // --store: bytes read from the store during timed decode
   nlohmann::json prefill_profile;
   // One untimed token warms caches, page tables and the pool.
   {
@@ -167,6 +172,7 @@ int RunBench(const std::vector<std::string>& args) {
     }
     if (*n > 0) {
       auto tokens = RandomTokens(*n, n_vocab, static_cast<uint32_t>(1000 + rep));
+      const uint64_t read0 = store->get() ? store->get()->stats().stream_bytes_read : 0;
       cache->Clear();
       if (profile && rep == *r - 1) {
         ResetKernelProfile();
@@ -178,6 +184,7 @@ int RunBench(const std::vector<std::string>& args) {
         if (!st.ok()) return PrintError("bench", st);
       }
       tg.tps.push_back(static_cast<double>(*n) / Seconds(start));
+      if (store->get()) tg_disk_bytes += store->get()->stats().stream_bytes_read - read0;
       SetKernelProfiling(false);
     }
   }
@@ -200,6 +207,16 @@ int RunBench(const std::vector<std::string>& args) {
     j["tg"] = {{"n_tokens", *n}, {"tokens_per_s", tg.Mean()}, {"stdev", tg.Stdev()},
                {"runs", tg.tps}};
   j["weight_bytes_per_token"] = w.per_token_bytes;
+  j["ledger"] = {{"cap_bytes", e.ledger().cap()}, {"peak_bytes", e.ledger().peak()}};
+  if (store->get()) {
+    j["store"] = nlohmann::json::parse(StoreStatsJson(*store));
+    double tg_s = 0;
+    for (double v : tg.tps) tg_s += static_cast<double>(*n) / v;
+    if (*n > 0 && tg_s > 0) {
+      j["disk_bytes_per_token"] = static_cast<double>(tg_disk_bytes) / static_cast<double>(*n * *r);
+      j["disk_read_bytes_per_s"] = static_cast<double>(tg_disk_bytes) / tg_s;
+    }
+  }
   j["mem_bw"] = {{"bytes_per_s", limit}, {"buffer_bytes", bw->buffer_bytes},
                  {"threads", bw->threads}, {"method", "streaming read, widest vector loads, with and without prefetch, best of 3x2"}};
   if (*n > 0) {

@@ -6,6 +6,7 @@
 
 #include "cli/command.h"
 #include "cli/generation_flags.h"
+#include "cli/store_flags.h"
 #include "core/file_io.h"
 #include "model/perplexity.h"
 
@@ -20,16 +21,16 @@ constexpr const char* kUsage =
     "  --kl-divergence BASE       compare with a saved run: mean KLD, same top token %\n";
 
 int RunPerplexity(const std::vector<std::string>& args) {
-  Flags f(args, {"-m", "--model", "-f", "--file", "-c", "--ctx-size", "--chunks", "-t",
-                 "--threads", "--kl-divergence-base", "--kl-divergence"});
+  Flags f(args, StoreFlagsWithValue({"-m", "--model", "-f", "--file", "-c", "--ctx-size", "--chunks",
+                                     "-t", "--threads", "--kl-divergence-base", "--kl-divergence"}));
   if (!f.status().ok()) return PrintError("perplexity", f.status());
   if (f.Has("-h") || f.Has("--help")) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  const std::string model_path = f.Get({"-m", "--model"});
+  std::string model_path = f.Get({"-m", "--model"});
   const std::string text_path = f.Get({"-f", "--file"});
-  if (model_path.empty() || text_path.empty())
+  if ((model_path.empty() && !f.Has("--store")) || text_path.empty())
     return PrintError("perplexity", InvalidArgument(std::string("need -m MODEL and -f FILE\n") + kUsage));
   auto n_ctx = f.GetInt({"-c", "--ctx-size"}, 512);
   auto chunks = f.GetInt({"--chunks"}, -1);
@@ -43,6 +44,8 @@ int RunPerplexity(const std::vector<std::string>& args) {
   if (!text.ok()) return PrintError("perplexity", text.status());
   EngineOptions eo;
   eo.n_threads = static_cast<int>(*threads);
+  auto store = ApplyStoreFlags(f, *n_ctx, &model_path, &eo);
+  if (!store.ok()) return PrintError("perplexity", store.status());
   auto engine = Engine::Load(model_path, eo);
   if (!engine.ok()) return PrintError("perplexity", engine.status());
   Engine& e = **engine;

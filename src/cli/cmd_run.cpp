@@ -7,6 +7,7 @@
 
 #include "cli/command.h"
 #include "cli/generation_flags.h"
+#include "cli/store_flags.h"
 #include "model/engine.h"
 
 namespace substrate::cli {
@@ -16,6 +17,7 @@ constexpr const char* kUsage =
     "usage: substrate run -m MODEL -p PROMPT [-n N] [--temp T] [--seed S] [-c CTX] [-t THREADS]\n"
     "                     [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
     "                     [--stop TEXT]... [--chat] [--system TEXT] [--json]\n"
+    "                     [--store STORE/ --max-ram SIZE [--plan P] [--trace T] [--prefetch-depth N]]\n"
     "  -n N      tokens to generate (default 128)\n"
     "  --temp T  sampling temperature; 0 (the default) is greedy decoding\n"
     "  -c CTX    context size in tokens (default: min(model's, 4096))\n"
@@ -23,7 +25,7 @@ constexpr const char* kUsage =
     "  --json    print one JSON object: text, token counts, tokens/s, memory ledger peak\n";
 
 int RunRun(const std::vector<std::string>& args) {
-  Flags f(args, GenerationFlagsWithValue({"-p", "--prompt", "-f", "--file", "--system"}));
+  Flags f(args, StoreFlagsWithValue(GenerationFlagsWithValue({"-p", "--prompt", "-f", "--file", "--system"})));
   if (!f.status().ok()) return PrintError("run", f.status());
   if (f.Has("-h") || f.Has("--help")) {
     std::fputs(kUsage, stdout);
@@ -39,7 +41,10 @@ int RunRun(const std::vector<std::string>& args) {
   }
   if (prompt.empty()) return PrintError("run", InvalidArgument(std::string("no prompt (-p)\n") + kUsage));
 
-  auto loaded = LoadForGeneration(*gf);
+  EngineOptions eo;
+  auto store = ApplyStoreFlags(f, gf->n_ctx, &gf->model, &eo);
+  if (!store.ok()) return PrintError("run", store.status());
+  auto loaded = LoadForGeneration(*gf, eo);
   if (!loaded.ok()) return PrintError("run", loaded.status());
   auto& [engine, session] = *loaded;
 
@@ -66,6 +71,7 @@ int RunRun(const std::vector<std::string>& args) {
   if (json) {
     nlohmann::json j = StatsJson(*engine, *stats);
     j["text"] = text;
+    if (store->get()) j["store"] = nlohmann::json::parse(StoreStatsJson(*store));
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\n");

@@ -16,7 +16,7 @@ std::vector<std::string> GenerationFlagsWithValue(std::vector<std::string> extra
 Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
   GenerationFlags g;
   g.model = f.Get({"-m", "--model"});
-  if (g.model.empty()) return InvalidArgument("no model given (-m MODEL: a .gguf file or a HF folder)");
+  if (g.model.empty() && !f.Has("--store")) return InvalidArgument("no model given (-m MODEL: a .gguf file or a HF folder)");
   ASSIGN_OR_RETURN(long long n_ctx, f.GetInt({"-c", "--ctx-size"}, 0));
   ASSIGN_OR_RETURN(long long threads, f.GetInt({"-t", "--threads"}, 0));
   ASSIGN_OR_RETURN(long long n, f.GetInt({"-n", "--n-predict"}, 128));
@@ -47,8 +47,7 @@ Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
 }
 
 Expected<std::pair<std::unique_ptr<Engine>, std::unique_ptr<Session>>> LoadForGeneration(
-    const GenerationFlags& g) {
-  EngineOptions opt;
+    const GenerationFlags& g, EngineOptions opt) {
   opt.n_threads = g.threads;
   ASSIGN_OR_RETURN(auto engine, Engine::Load(g.model, opt));
   int64_t n_ctx = g.n_ctx;

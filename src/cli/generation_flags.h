@@ -26,8 +26,9 @@ std::vector<std::string> GenerationFlagsWithValue(std::vector<std::string> extra
 Expected<GenerationFlags> ParseGenerationFlags(const Flags& f);
 
 // Loads the model (weights resident) and opens a session of the requested context.
+// `opt` carries what other flags set (a weight-source factory from --store, a ledger).
 Expected<std::pair<std::unique_ptr<Engine>, std::unique_ptr<Session>>> LoadForGeneration(
-    const GenerationFlags& g);
+    const GenerationFlags& g, EngineOptions opt = {});
 
 struct ChatMessage {
   std::string role;

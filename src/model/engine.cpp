@@ -42,9 +42,15 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path, const En
     auto hp = ModelHParams::FromMetadata(e->file_->metadata());
     if (!hp.ok()) return hp.status().WithContext(path);
   }
-  auto weights = ResidentWeightSource::Load(*e->file_, e->ledger_);
-  if (!weights.ok()) return weights.status().WithContext(path);
-  e->weights_ = std::move(weights).value();
+  if (opt.weights) {
+    auto weights = opt.weights(*e->file_, e->ledger_);
+    if (!weights.ok()) return weights.status().WithContext(path);
+    e->weights_ = std::move(weights).value();
+  } else {
+    auto weights = ResidentWeightSource::Load(*e->file_, e->ledger_);
+    if (!weights.ok()) return weights.status().WithContext(path);
+    e->weights_ = std::move(weights).value();
+  }
   auto model = Model::Create(e->file_->metadata(), e->weights_.get(), e->pool_, e->ledger_);
   if (!model.ok()) return model.status().WithContext(path);
   e->model_ = std::move(model).value();

@@ -31,6 +31,9 @@ struct EngineOptions {
   int n_threads = 0;               // 0: ThreadPool::Default()
   MemoryLedger* ledger = nullptr;  // nullptr: MemoryLedger::Global()
   bool require_tokenizer = true;   // false: token-level use of models without a vocabulary
+  // Builds the weight source for the opened model file, charging the ledger (runtime/'s
+  // ResidencyManager streams a store under a budget). nullptr: every tensor resident.
+  std::function<Expected<std::unique_ptr<WeightSource>>(const ModelFile&, MemoryLedger*)> weights;
 };
 
 // One conversation: its KV cache and the tokens in it.
@@ -69,6 +72,7 @@ class Engine {
   // nullptr when the model has no vocabulary (and require_tokenizer was false).
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   MemoryLedger& ledger() { return *ledger_; }
+  WeightSource& weights() { return *weights_; }
   ThreadPool& pool() { return *pool_; }
 
   // n_ctx <= 0: the model's training context.
@@ -86,7 +90,7 @@ class Engine {
  private:
   Engine() = default;
   std::unique_ptr<ModelFile> file_;
-  std::unique_ptr<ResidentWeightSource> weights_;
+  std::unique_ptr<WeightSource> weights_;
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool* pool_ = nullptr;
   MemoryLedger* ledger_ = nullptr;

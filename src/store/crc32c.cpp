@@ -1,6 +1,11 @@
 #include "store/crc32c.h"
 
 #include <array>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
 
 namespace substrate {
 namespace {
@@ -21,10 +26,38 @@ constexpr std::array<std::array<uint32_t, 256>, 8> MakeTables() {
 
 constexpr auto kTables = MakeTables();
 
+
+#if defined(__x86_64__)
+// SSE4.2's crc32 instruction computes exactly this polynomial, 8 bytes per instruction: the
+// runtime verifies every range it streams, at disk speed, so the table version (~1 GB/s) would
+// be the bottleneck.
+__attribute__((target("sse4.2"))) uint32_t Crc32cHw(const uint8_t* p, size_t n, uint32_t crc) {
+  uint64_t c = ~crc;
+  while (n >= 8) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    c = _mm_crc32_u64(c, v);
+    p += 8;
+    n -= 8;
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  while (n--) c32 = _mm_crc32_u8(c32, *p++);
+  return ~c32;
+}
+
+bool HaveHwCrc() {
+  static const bool have = __builtin_cpu_supports("sse4.2");
+  return have;
+}
+#endif
+
 }  // namespace
 
 // Slicing-by-8: eight table lookups per 8 bytes.
 uint32_t Crc32c(const void* data, size_t n, uint32_t crc) {
+#if defined(__x86_64__)
+  if (HaveHwCrc()) return Crc32cHw(static_cast<const uint8_t*>(data), n, crc);
+#endif
   const uint8_t* p = static_cast<const uint8_t*>(data);
   crc = ~crc;
   while (n >= 8) {

@@ -1,0 +1,59 @@
+// ExpertCache: fixed slots for routed experts' weights (op `block_L.moe.expert_E`), allocated once
+// (ledger account "expert_cache") and recycled: an expert the router picks is served from a
+// slot if present (hit), else read into a victim slot (miss). Victims are unpinned slots with no
+// read in flight and no recent hint, least recently used (kLru) or least used (kFrequency).
+//
+// Not thread-safe: the ResidencyManager calls it under its own lock.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/aligned_buffer.h"
+#include "runtime/prefetch_scheduler.h"
+
+namespace substrate {
+
+class ExpertCache {
+ public:
+  enum class Policy { kLru, kFrequency };
+  struct Slot {
+    uint8_t* data = nullptr;
+    int op = -1;  // StoreIndex op held (or being read), -1 when empty
+    int tier = 0;
+    ReadTicket ticket;
+    int pins = 0;
+    uint64_t last_use = 0;
+    uint64_t uses = 0;
+    int64_t hint_pos = -1;  // sequence position of the hint that filled it
+  };
+
+  // n_slots slots of slot_bytes (4096-aligned), charged to "expert_cache". n_ops: ops in the store.
+  static Expected<std::unique_ptr<ExpertCache>> Create(int n_slots, uint64_t slot_bytes, int n_ops,
+                                                       MemoryLedger* ledger, Policy policy);
+
+  int Find(int op) const { return op_slot_[op]; }
+  // A victim slot (emptied of its op), or -1 when every slot is pinned, in flight or protected
+  // (hinted at a position > protect_before).
+  int TakeVictim(int64_t protect_before);
+  // Slot s now holds op (its read is the caller's to submit).
+  void Assign(int s, int op, int tier);
+  void Touch(int s);  // a use: recency and frequency
+  void Clear(int s);  // empties slot s (its read failed)
+  Slot& slot(int s) { return slots_[s]; }
+  int n_slots() const { return static_cast<int>(slots_.size()); }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+
+  uint64_t hits = 0, misses = 0, late = 0, hinted = 0, evictions = 0;
+
+ private:
+  Policy policy_ = Policy::kLru;
+  uint64_t slot_bytes_ = 0;
+  uint64_t clock_ = 0;
+  AlignedBuffer arena_;
+  std::vector<Slot> slots_;
+  std::vector<int> op_slot_;
+};
+
+}  // namespace substrate

@@ -1,0 +1,156 @@
+#include "runtime/prefetch_scheduler.h"
+
+#include <algorithm>
+
+namespace substrate {
+
+PrefetchScheduler::PrefetchScheduler(const StoreIndex& index, IoMode mode, int n_workers,
+                                     TraceWriter* trace, RuntimeClock::time_point origin)
+    : index_(index), trace_(trace), origin_(origin) {
+  n_workers = std::max(1, n_workers);
+  for (int i = 0; i < n_workers; ++i) readers_.push_back(IoReader::Create(mode));
+  uring_ = readers_[0]->uring();
+  for (int i = 0; i < n_workers; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+}
+
+PrefetchScheduler::~PrefetchScheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    for (Item& it : queue_) {
+      it.req.ticket->state = ReadTicket::kFailed;
+      it.req.ticket->error = Cancelled("read cancelled: the runtime is shutting down");
+    }
+    queue_.clear();
+  }
+  work_cv_.notify_all();
+  done_cv_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+int64_t PrefetchScheduler::NowUs() const {
+  return std::chrono::duration_cast<std::chrono::microseconds>(RuntimeClock::now() - origin_)
+      .count();
+}
+
+void PrefetchScheduler::Submit(const ReadRequest& r) {
+  const uint64_t bytes = index_.ops()[r.op].SlabBytes(r.tier);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    r.ticket->state = ReadTicket::kQueued;
+    r.ticket->error = Status::Ok();
+    queue_.push_back({r, bytes});
+    queued_bytes_ += bytes;
+  }
+  work_cv_.notify_one();
+}
+
+void PrefetchScheduler::Expedite(ReadTicket* t, int64_t deadline) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Item& it : queue_)
+    if (it.req.ticket == t) it.req.deadline = std::min(it.req.deadline, deadline);
+}
+
+bool PrefetchScheduler::Ready(const ReadTicket* t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return t->state == ReadTicket::kDone;
+}
+
+Status PrefetchScheduler::Wait(ReadTicket* t, int64_t* waited_us) {
+  const auto t0 = RuntimeClock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  done_cv_.wait(lock, [&] {
+    return t->state == ReadTicket::kDone || t->state == ReadTicket::kFailed ||
+           t->state == ReadTicket::kIdle;
+  });
+  if (waited_us)
+    *waited_us = std::chrono::duration_cast<std::chrono::microseconds>(RuntimeClock::now() - t0)
+                     .count();
+  if (t->state == ReadTicket::kIdle) return Internal("runtime: waited on a read never submitted");
+  return t->state == ReadTicket::kDone ? Status::Ok() : t->error;
+}
+
+void PrefetchScheduler::Cancel(ReadTicket* t) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (size_t i = 0; i < queue_.size(); ++i) {
+    if (queue_[i].req.ticket != t) continue;
+    queued_bytes_ -= queue_[i].bytes;
+    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(i));
+    t->state = ReadTicket::kIdle;
+    return;
+  }
+  done_cv_.wait(lock, [&] { return t->state != ReadTicket::kRunning; });
+  t->state = ReadTicket::kIdle;
+}
+
+double PrefetchScheduler::bandwidth() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return read_seconds_ > 0 ? static_cast<double>(bytes_read_) / read_seconds_ : 0;
+}
+uint64_t PrefetchScheduler::queued_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queued_bytes_;
+}
+uint64_t PrefetchScheduler::bytes_read() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_read_;
+}
+double PrefetchScheduler::read_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return read_seconds_;
+}
+
+void PrefetchScheduler::WorkerLoop(int index) {
+  IoReader& io = *readers_[index];
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    size_t best = 0;
+    for (size_t i = 1; i < queue_.size(); ++i)
+      if (queue_[i].req.deadline < queue_[best].req.deadline) best = i;
+    Item item = queue_[best];
+    queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(best));
+    queued_bytes_ -= item.bytes;
+    item.req.ticket->state = ReadTicket::kRunning;
+    lock.unlock();
+    const auto t0 = RuntimeClock::now();
+    Status st = Execute(io, item.req);
+    const double secs = std::chrono::duration<double>(RuntimeClock::now() - t0).count();
+    lock.lock();
+    if (st.ok()) {
+      bytes_read_ += item.bytes;
+      read_seconds_ += secs;
+    }
+    item.req.ticket->state = st.ok() ? ReadTicket::kDone : ReadTicket::kFailed;
+    item.req.ticket->error = st;
+    done_cv_.notify_all();
+  }
+}
+
+Status PrefetchScheduler::Execute(IoReader& io, const ReadRequest& r) {
+  const StoreOp& op = index_.ops()[r.op];
+  const int top = std::min(r.tier, op.n_tiers - 1);
+  for (int k = 0; k <= top; ++k) {
+    const StoreOp::Span& s = op.span[k];
+    const RandomAccessFile& f = index_.file(s.file);
+    const int64_t start = NowUs();
+    RETURN_IF_ERROR(io.Read(f, s.offset, s.bytes, r.dst + op.SlabOffset(k)));
+    if (trace_) {
+      const std::string name = f.path().substr(f.path().rfind('/') + 1);
+      ReadEvent e{&op.id, &name, s.offset, s.bytes, start, NowUs(), f.direct(), io.uring()};
+      trace_->Read(e);
+    }
+  }
+  // Checksums after the reads, so the disk stays busy while the CPU verifies the next op's data.
+  for (const auto& [id, slice] : op.units) {
+    const StoreUnit& u = index_.tensors()[id].units[slice >= 0 ? slice : 0];
+    for (int k = 0; k <= top && k < u.n_tiers; ++k) {
+      const StoreRange& rg = u.tier[k];
+      RETURN_IF_ERROR(index_.Verify(rg, r.dst + op.SlabOffset(k) + (rg.offset - op.span[k].offset)));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace substrate

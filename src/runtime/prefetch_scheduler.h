@@ -1,0 +1,92 @@
+// PrefetchScheduler: an earliest-deadline-first queue of op reads served by worker threads that
+// do real reads (runtime/io_reader.h: O_DIRECT, io_uring or pread) and verify every range's
+// CRC32C before the op may use it. The ResidencyManager submits the next ops' reads while the
+// current op computes, and waits on an op's ticket at its BeginOp.
+//
+// Deadlines are positions in the op sequence (smaller = needed sooner): a read for the op about
+// to run jumps ahead of look-ahead reads. Throughput is measured (bytes per second of read time)
+// for the manager's admission control.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "runtime/io_reader.h"
+#include "runtime/trace_writer.h"
+#include "store/store_index.h"
+
+namespace substrate {
+
+using RuntimeClock = std::chrono::steady_clock;
+
+// A read's lifecycle, owned by its destination (a slab or an expert slot). Fields are guarded by
+// the scheduler's mutex; read them through the scheduler.
+struct ReadTicket {
+  enum State { kIdle, kQueued, kRunning, kDone, kFailed };
+  std::atomic<State> state{kIdle};  // written under the scheduler's mutex
+  Status error;
+};
+
+struct ReadRequest {
+  int64_t deadline = 0;  // EDF key
+  int op = -1;           // StoreIndex op
+  int tier = 0;          // reads tiers 0..tier, laid out as StoreOp::SlabOffset says
+  uint8_t* dst = nullptr;
+  ReadTicket* ticket = nullptr;
+};
+
+class PrefetchScheduler {
+ public:
+  // `index` and `trace` (may be null) must outlive the scheduler. origin: time zero of traces.
+  PrefetchScheduler(const StoreIndex& index, IoMode mode, int n_workers, TraceWriter* trace,
+                    RuntimeClock::time_point origin);
+  // Drops queued requests (their tickets fail with "cancelled"), lets running ones finish, joins.
+  ~PrefetchScheduler();
+
+  // Queues a read. The ticket must not be queued or running.
+  void Submit(const ReadRequest& r);
+  // Moves a queued request's deadline earlier (the op is needed now).
+  void Expedite(ReadTicket* t, int64_t deadline);
+  // Blocks until the ticket is done or failed; its status. *waited_us: time blocked here.
+  Status Wait(ReadTicket* t, int64_t* waited_us);
+  bool Ready(const ReadTicket* t);
+  // A queued request is dropped; a running one is waited for. The ticket is idle after.
+  void Cancel(ReadTicket* t);
+
+  double bandwidth() const;       // bytes/s of read time so far; 0 before the first read
+  uint64_t queued_bytes() const;  // bytes of queued requests
+  uint64_t bytes_read() const;
+  double read_seconds() const;
+  bool uring() const { return uring_; }
+
+ private:
+  struct Item {
+    ReadRequest req;
+    uint64_t bytes;
+  };
+  void WorkerLoop(int index);
+  Status Execute(IoReader& io, const ReadRequest& r);
+  int64_t NowUs() const;
+
+  const StoreIndex& index_;
+  TraceWriter* trace_;
+  RuntimeClock::time_point origin_;
+  std::vector<std::unique_ptr<IoReader>> readers_;
+  std::vector<std::thread> workers_;
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_, done_cv_;
+  std::vector<Item> queue_;  // small (prefetch depth + expert hints): a linear scan picks the EDF
+  bool stop_ = false;
+  bool uring_ = false;
+  uint64_t queued_bytes_ = 0;
+  uint64_t bytes_read_ = 0;
+  double read_seconds_ = 0;
+};
+
+}  // namespace substrate

@@ -1,0 +1,592 @@
+#include "runtime/residency_manager.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <numeric>
+#include <unordered_map>
+
+#include "compiler/plan_bundle.h"
+#include "model/op_id.h"
+
+namespace substrate {
+
+uint64_t EstimateRunReserve(const ModelHParams& hp, int64_t n_ctx, int64_t n_batch) {
+  const uint64_t ctx = static_cast<uint64_t>(std::max<int64_t>(n_ctx, 1));
+  const uint64_t kv = static_cast<uint64_t>(hp.n_layer) * ctx *
+                      static_cast<uint64_t>(hp.n_head_kv) *
+                      static_cast<uint64_t>(hp.head_dim_k + hp.head_dim_v) * 4;
+  const uint64_t ff = static_cast<uint64_t>(
+      std::max({hp.n_ff, hp.n_ff_exp * std::max(hp.n_expert_used, 1), hp.n_ff_shexp, int64_t{1}}));
+  const uint64_t b = static_cast<uint64_t>(std::max<int64_t>(n_batch, 1));
+  const uint64_t per_token = 8 * static_cast<uint64_t>(hp.n_embd) + 4 * ff +
+                             4 * static_cast<uint64_t>(hp.n_head) * (hp.head_dim_k + hp.head_dim_v) +
+                             static_cast<uint64_t>(hp.n_head) * ctx;
+  return kv + b * per_token * 4 + 2 * static_cast<uint64_t>(hp.n_vocab) * 4 + (8ull << 20);
+}
+
+Expected<std::unique_ptr<ResidencyManager>> ResidencyManager::Open(const std::string& store_dir,
+                                                                   MemoryLedger* ledger,
+                                                                   const ResidencyOptions& options) {
+  std::unique_ptr<ResidencyManager> m(new ResidencyManager());
+  m->origin_ = RuntimeClock::now();
+  StoreIndexOptions io;
+  io.max_tier = options.serve_tier < 0 ? 2 : options.serve_tier;
+  io.direct_io = options.direct_io;
+  ASSIGN_OR_RETURN(m->index_, StoreIndex::Open(store_dir, io));
+  Status st = m->Setup(ledger, options);
+  if (!st.ok()) return st.WithContext("runtime: store '" + store_dir + "'");
+  return m;
+}
+
+ResidencyManager::~ResidencyManager() {
+  sched_.reset();  // joins the workers before the buffers they write into go
+}
+
+int64_t ResidencyManager::NowUs() const {
+  return std::chrono::duration_cast<std::chrono::microseconds>(RuntimeClock::now() - origin_)
+      .count();
+}
+
+Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& options) {
+  ledger_ = ledger;
+  options_ = options;
+  options_.prefetch_depth = std::clamp(options.prefetch_depth, 1, 64);
+  const uint64_t budget = options.budget_bytes ? options.budget_bytes : ledger->cap();
+  if (budget == 0)
+    return InvalidArgument("a byte budget is needed (--max-ram, or a ledger cap)");
+  ASSIGN_OR_RETURN(hp_, ModelHParams::FromMetadata(index_->meta().metadata()));
+  serve_ = std::min(options.serve_tier < 0 ? index_->n_tiers() - 1 : options.serve_tier,
+                    index_->n_tiers() - 1);
+  stats_.serve_tier = serve_;
+
+  const auto& ops = index_->ops();
+  st_ = std::vector<OpState>(ops.size());
+  evict_lists_.assign(ops.size(), {});
+  expert_ops_.assign(static_cast<size_t>(hp_.n_layer),
+                     std::vector<int>(static_cast<size_t>(std::max(hp_.n_expert, 0)), -1));
+  auto has = [&](const std::string& n) { return index_->Resolve(n) != kNoTensor; };
+  int n_expert_ops = 0;
+  uint64_t expert_slot = 0;
+  for (const OpSpec& spec : ListOps(hp_, has)) {
+    const int o = index_->FindOp(spec.id);
+    if (o < 0) continue;  // every tensor it names lives in an earlier op
+    st_[o].layer = spec.layer;
+    if (spec.kind == OpKind::kMoeExpert) {
+      st_[o].where = Where::kExpert;
+      if (spec.layer >= 0 && spec.layer < hp_.n_layer && spec.expert >= 0 &&
+          spec.expert < hp_.n_expert)
+        expert_ops_[spec.layer][spec.expert] = o;
+      expert_slot = std::max(expert_slot, OpBytes(o));
+      ++n_expert_ops;
+      continue;
+    }
+    st_[o].seq = static_cast<int>(seq_.size());
+    st_[o].where = Where::kStreamed;
+    seq_.push_back(o);
+  }
+  ops_per_layer_ = std::max(1, static_cast<int>(seq_.size()) / std::max(1, hp_.n_layer));
+  for (size_t o = 0; o < ops.size(); ++o) st_[o].evict_at = static_cast<int>(o);
+
+  const int min_slots = n_expert_ops == 0 ? 0 : std::min(n_expert_ops, std::max(2, hp_.n_expert_used + 1));
+  if (!options.plan_path.empty()) {
+    RETURN_IF_ERROR(ApplyPlan(options.plan_path));
+  } else {
+    RETURN_IF_ERROR(ChooseResidency(budget, options.reserve_bytes,
+                                    min_slots));
+  }
+  // Ops no sequence names (a store's "misc") are kept resident: nothing would schedule them.
+  for (size_t o = 0; o < ops.size(); ++o)
+    if (st_[o].where == Where::kStreamed && st_[o].seq < 0) st_[o].where = Where::kResident;
+
+  uint64_t resident = 0;
+  slab_bytes_ = 0;
+  for (size_t o = 0; o < ops.size(); ++o) {
+    const OpState& s = st_[o];
+    if (s.where == Where::kResident) {
+      resident += OpBytes(static_cast<int>(o));
+      ++stats_.n_ops_resident;
+    } else if (s.where == Where::kStreamed) {
+      slab_bytes_ = std::max(slab_bytes_, OpBytes(static_cast<int>(o)));
+      ++stats_.n_ops_streamed;
+    } else {
+      ++stats_.n_ops_expert;
+    }
+    if (s.where == Where::kStreamed || s.evict_at != static_cast<int>(o))
+      evict_lists_[s.evict_at].push_back(static_cast<int>(o));
+  }
+  const int n_slabs = stats_.n_ops_streamed ? options_.prefetch_depth + 1 : 0;
+  const uint64_t fixed = resident + slab_bytes_ * n_slabs + options.reserve_bytes;
+  int slots = options.expert_slots > 0 ? std::min(options.expert_slots, n_expert_ops) : 0;
+  if (n_expert_ops > 0 && slots == 0) {
+    const uint64_t left = budget > fixed ? budget - fixed : 0;
+    slots = static_cast<int>(std::min<uint64_t>(left / std::max<uint64_t>(expert_slot, 1),
+                                                static_cast<uint64_t>(n_expert_ops)));
+  }
+  const uint64_t need = fixed + expert_slot * static_cast<uint64_t>(std::max(slots, min_slots));
+  if (need > budget || (n_expert_ops > 0 && slots < min_slots))
+    return OutOfMemory("budget " + FormatBytes(budget) + " cannot hold the resident set (" +
+                       FormatBytes(resident) + "), " + std::to_string(n_slabs) + " slabs of " +
+                       FormatBytes(slab_bytes_) + ", " + std::to_string(min_slots) +
+                       " expert slots of " + FormatBytes(expert_slot) + " and the reserve (" +
+                       FormatBytes(options.reserve_bytes) + "): " + FormatBytes(need) + " asked");
+
+  if (!options.trace_path.empty()) {
+    ASSIGN_OR_RETURN(trace_, TraceWriter::Open(options.trace_path));
+  }
+  sched_ = std::make_unique<PrefetchScheduler>(*index_, options.io_mode, 1, trace_.get(), origin_);
+  stats_.uring = sched_->uring();
+  stats_.direct = index_->n_files() > 0 && index_->file(0).direct();
+
+  // Fixed allocations first (slabs, cache), then the resident set, all through the ledger.
+  for (int i = 0; i < n_slabs; ++i) {
+    auto s = std::make_unique<Slab>();
+    auto buf = AlignedBuffer::Allocate(slab_bytes_, ledger_, "stream_slabs");
+    if (!buf.ok()) return buf.status().WithContext("stream slab " + std::to_string(i));
+    s->buf = std::move(buf).value();
+    slabs_.push_back(std::move(s));
+  }
+  stats_.n_slabs = n_slabs;
+  stats_.slab_bytes = slab_bytes_;
+  ASSIGN_OR_RETURN(experts_, ExpertCache::Create(slots, expert_slot, static_cast<int>(ops.size()),
+                                                 ledger_, options.expert_policy));
+  stats_.expert_slots = slots;
+  stats_.expert_slot_bytes = experts_->slot_bytes();
+
+  std::vector<std::unique_ptr<ReadTicket>> tickets;
+  int64_t deadline = INT64_MIN / 2;
+  for (size_t o = 0; o < ops.size(); ++o) {
+    OpState& s = st_[o];
+    if (s.where != Where::kResident) continue;
+    auto buf = AlignedBuffer::Allocate(OpBytes(static_cast<int>(o)), ledger_, "weights");
+    if (!buf.ok()) return buf.status().WithContext("resident op '" + ops[o].id + "'");
+    s.resident = std::move(buf).value();
+    s.tier = serve_;
+    tickets.push_back(std::make_unique<ReadTicket>());
+    sched_->Submit({deadline++, static_cast<int>(o), serve_, s.resident.data(), tickets.back().get()});
+  }
+  for (auto& t : tickets) RETURN_IF_ERROR(sched_->Wait(t.get(), nullptr));
+  stats_.resident_bytes = resident;
+  open_bytes_ = sched_->bytes_read();
+  return Status::Ok();
+}
+
+// Without a plan: the largest ops first (each one kept resident also shrinks the slabs), as
+// many as fit next to the slabs, the minimum expert slots and the reserve; then smaller ones
+// in forward order while the budget lasts.
+Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int min_slots) {
+  std::vector<int> order(seq_);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return OpBytes(a) > OpBytes(b); });
+  uint64_t expert_min = 0;
+  for (size_t o = 0; o < st_.size(); ++o)
+    if (st_[o].where == Where::kExpert) expert_min = std::max(expert_min, OpBytes(static_cast<int>(o)));
+  expert_min *= static_cast<uint64_t>(min_slots);
+  const uint64_t slabs = static_cast<uint64_t>(options_.prefetch_depth + 1);
+  // cost(k): the k largest resident, the rest streamed through slabs of the (k+1)-th's size.
+  int best_k = -1;
+  uint64_t prefix = 0, best_used = 0;
+  for (size_t k = 0; k <= order.size(); ++k) {
+    const uint64_t slab = k < order.size() ? OpBytes(order[k]) : 0;
+    const uint64_t used = prefix + slabs * slab + reserve + expert_min;
+    if (used <= budget) {
+      best_k = static_cast<int>(k);
+      best_used = used;
+    }
+    if (k < order.size()) prefix += OpBytes(order[k]);
+  }
+  if (best_k < 0)
+    return OutOfMemory("budget " + FormatBytes(budget) + " cannot stream this model: " +
+                       std::to_string(slabs) + " slabs of the largest op (" +
+                       FormatBytes(order.empty() ? 0 : OpBytes(order[0])) + "), the reserve (" +
+                       FormatBytes(reserve) + ") and " + std::to_string(min_slots) +
+                       " expert slots need more");
+  for (int k = 0; k < best_k; ++k) st_[order[k]].where = Where::kResident;
+  uint64_t used = best_used;
+  for (int o : seq_) {
+    if (st_[o].where == Where::kResident) continue;
+    if (used + OpBytes(o) > budget) continue;
+    // Keeping the slab-sized op resident would not shrink the slabs; smaller ones only.
+    if (best_k < static_cast<int>(order.size()) && o == order[best_k]) continue;
+    st_[o].where = Where::kResident;
+    used += OpBytes(o);
+  }
+  return Status::Ok();
+}
+
+// A plan's resident set (its ops' tier-0 residency), evict_after and deadline fallbacks.
+Status ResidencyManager::ApplyPlan(const std::string& path) {
+  ASSIGN_OR_RETURN(compiler::PlanBundle plan, compiler::LoadPlan(path));
+  std::unordered_map<std::string, std::string> op_of;  // catalog id -> op id
+  std::unordered_map<std::string, bool> resident;      // op id -> tier 0 resident
+  for (const compiler::CatalogTensor& c : plan.tensor_catalog) {
+    op_of[c.id] = c.op_id;
+    if (c.tier == 0) resident[c.op_id] = c.residency == compiler::Residency::kResident;
+  }
+  for (int o : seq_) {
+    auto it = resident.find(index_->ops()[o].id);
+    // An op the plan does not cover (norms-only ops of some layouts) is small: resident.
+    st_[o].where = it == resident.end() || it->second ? Where::kResident : Where::kStreamed;
+  }
+  for (const compiler::OpBundle& b : plan.op_bundles) {
+    const int o = index_->FindOp(b.op_id);
+    if (o < 0 || b.tiers.empty()) continue;
+    const compiler::Tier& t = b.tiers[std::min<size_t>(static_cast<size_t>(serve_), b.tiers.size() - 1)];
+    const compiler::FallbackStrategy f =
+        t.fallback == compiler::FallbackStrategy::kNone ? plan.fallback_policy.deadline_miss : t.fallback;
+    st_[o].lower_tier_fallback = f == compiler::FallbackStrategy::kUseLowerTier;
+    for (const std::string& e : b.tiers[0].evict_after) {
+      auto it = op_of.find(e);
+      if (it == op_of.end()) continue;
+      const int x = index_->FindOp(it->second);
+      // Only later evictions within one token's sequence; anything else keeps the default.
+      if (x >= 0 && x != o && st_[x].seq >= 0 && st_[o].seq > st_[x].seq) st_[x].evict_at = o;
+    }
+  }
+  return Status::Ok();
+}
+
+void ResidencyManager::AdvanceTo(int seq) {
+  const int64_t n = static_cast<int64_t>(seq_.size());
+  if (pos_ < 0) {
+    pos_ = seq;
+  } else {
+    const int64_t d = (seq - pos_ % n + n) % n;
+    // Positions skipped (an op the model did not run): release what was read for them.
+    for (int64_t q = pos_ + 1; q < pos_ + d; ++q) {
+      OpState& s = st_[seq_[q % n]];
+      if (s.where == Where::kStreamed && s.slab >= 0 && s.abs == q) {
+        sched_->Cancel(&slabs_[s.slab]->ticket);
+        slabs_[s.slab]->op = -1;
+        s.slab = -1;
+      }
+    }
+    pos_ += d;
+  }
+  sched_pos_ = std::max(sched_pos_, pos_ + 1);
+}
+
+// The bandwidth admission: a read that cannot finish before its op is predicted to start (the
+// queued bytes ahead of it at the measured rate, against the compute time of the ops before it)
+// takes the op's fallback: served at a lower tier when the plan allows, else waited for.
+int ResidencyManager::Admit(int op, int64_t abs) {
+  int tier = serve_;
+  const double bw = sched_->bandwidth();
+  if (bw <= 0) return tier;
+  const int64_t n = static_cast<int64_t>(seq_.size());
+  double deadline_us = 0;
+  for (int64_t q = pos_ + 1; q < abs; ++q) deadline_us += st_[seq_[q % n]].compute_us;
+  const double queued = static_cast<double>(sched_->queued_bytes());
+  auto finish_us = [&](int t) {
+    return (queued + static_cast<double>(index_->ops()[op].SlabBytes(t))) / bw * 1e6;
+  };
+  if (finish_us(tier) <= deadline_us) return tier;
+  ++stats_.predicted_late;
+  if (!st_[op].lower_tier_fallback) return tier;
+  while (tier > 0 && finish_us(tier) > deadline_us) --tier;
+  if (tier < serve_) ++stats_.demoted;
+  return tier;
+}
+
+void ResidencyManager::ScheduleAhead() {
+  const int64_t n = static_cast<int64_t>(seq_.size());
+  if (slabs_.empty() || pos_ < 0) return;
+  int ahead = 0;
+  for (const auto& sl : slabs_)
+    if (sl->op >= 0 && st_[sl->op].abs > pos_) ++ahead;
+  for (; sched_pos_ < pos_ + n && ahead < options_.prefetch_depth; ++sched_pos_) {
+    const int o = seq_[sched_pos_ % n];
+    OpState& s = st_[o];
+    if (s.where != Where::kStreamed || s.slab >= 0) continue;
+    int free_slab = -1;
+    for (size_t i = 0; i < slabs_.size() && free_slab < 0; ++i)
+      if (slabs_[i]->op < 0) free_slab = static_cast<int>(i);
+    if (free_slab < 0) break;
+    s.tier = Admit(o, sched_pos_);
+    s.slab = free_slab;
+    s.abs = sched_pos_;
+    slabs_[free_slab]->op = o;
+    sched_->Submit({sched_pos_, o, s.tier, slabs_[free_slab]->buf.data(), &slabs_[free_slab]->ticket});
+    ++ahead;
+  }
+}
+
+void ResidencyManager::BeginOp(const std::string& op_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int o = index_->FindOp(op_id);
+  if (o < 0) return;
+  OpState& s = st_[o];
+  cur_op_ = o;
+  cur_start_ = NowUs();
+  cur_stall_ = 0;
+  cur_hit_ = true;
+  cur_tier_ = s.where == Where::kResident ? s.tier : serve_;
+  pending_ = Status::Ok();
+  if (s.layer >= 0) cur_layer_ = s.layer;
+  if (s.where == Where::kExpert) {
+    pending_ = BeginExpert(o);
+    return;
+  }
+  if (s.seq >= 0) AdvanceTo(s.seq);
+  if (s.where == Where::kStreamed) {
+    if (s.slab < 0 || s.abs != pos_) {
+      // Not read ahead (the first op, or slabs were busy): read now, at the head of the queue.
+      if (s.slab < 0) {
+        int free_slab = -1;
+        for (size_t i = 0; i < slabs_.size() && free_slab < 0; ++i)
+          if (slabs_[i]->op < 0) free_slab = static_cast<int>(i);
+        if (free_slab >= 0) {
+          s.slab = free_slab;
+          s.tier = serve_;
+          slabs_[free_slab]->op = o;
+          sched_->Submit({INT64_MIN / 2, o, serve_, slabs_[free_slab]->buf.data(),
+                          &slabs_[free_slab]->ticket});
+        }
+      }
+      s.abs = pos_;
+    }
+    if (s.slab >= 0) {
+      ReadTicket* t = &slabs_[s.slab]->ticket;
+      if (!sched_->Ready(t)) {
+        cur_hit_ = false;
+        sched_->Expedite(t, INT64_MIN / 2);
+        int64_t waited = 0;
+        pending_ = sched_->Wait(t, &waited);
+        cur_stall_ += waited;
+      } else {
+        pending_ = sched_->Wait(t, nullptr);
+      }
+      cur_tier_ = s.tier;
+    }
+    // else: no slab free (a plan's late evictions); Acquire demand-loads.
+    cur_hit_ ? ++stats_.hits : ++stats_.misses;
+  }
+  ScheduleAhead();
+}
+
+Status ResidencyManager::BeginExpert(int o) {
+  int slot = experts_->Find(o);
+  if (slot >= 0) {
+    ExpertCache::Slot& sl = experts_->slot(slot);
+    if (sched_->Ready(&sl.ticket)) {
+      ++experts_->hits;
+    } else {
+      ++experts_->late;
+      cur_hit_ = false;
+      sched_->Expedite(&sl.ticket, INT64_MIN / 2);
+    }
+  } else {
+    ++experts_->misses;
+    cur_hit_ = false;
+    // Every slot may be busy with hinted reads (a prefill routes to many experts): wait for one.
+    while ((slot = experts_->TakeVictim(pos_)) < 0) {
+      int busy = -1;
+      for (int i = 0; i < experts_->n_slots() && busy < 0; ++i)
+        if (experts_->slot(i).pins == 0 && !sched_->Ready(&experts_->slot(i).ticket) &&
+            experts_->slot(i).ticket.state != ReadTicket::kIdle &&
+            experts_->slot(i).ticket.state != ReadTicket::kFailed)
+          busy = i;
+      if (busy < 0)
+        return OutOfMemory("runtime: expert cache has no free slot (" +
+                           std::to_string(experts_->n_slots()) + " slots, all pinned)");
+      int64_t waited = 0;
+      sched_->Expedite(&experts_->slot(busy).ticket, INT64_MIN / 2);
+      (void)sched_->Wait(&experts_->slot(busy).ticket, &waited);
+      cur_stall_ += waited;
+    }
+    experts_->Assign(slot, o, serve_);
+    sched_->Submit({INT64_MIN / 2, o, serve_, experts_->slot(slot).data, &experts_->slot(slot).ticket});
+  }
+  ExpertCache::Slot& sl = experts_->slot(slot);
+  int64_t waited = 0;
+  Status st = sched_->Wait(&sl.ticket, &waited);
+  cur_stall_ += waited;
+  cur_tier_ = sl.tier;
+  if (!st.ok()) {
+    // Leave no half-read expert behind: the slot is emptied so the next use reads again.
+    sched_->Cancel(&sl.ticket);
+    experts_->Clear(slot);
+    return st;
+  }
+  ++sl.pins;
+  experts_->Touch(slot);
+  cur_slot_ = slot;
+  return Status::Ok();
+}
+
+void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!experts_ || experts_->n_slots() == 0 || layer < 0 || layer >= hp_.n_layer) return;
+  const int64_t deadline = layer == cur_layer_ ? pos_ : pos_ + ops_per_layer_;
+  // Hinted reads may fill all but one slot, so a miss always finds a victim soon.
+  int busy = 0;
+  for (int i = 0; i < experts_->n_slots(); ++i) {
+    const auto st = experts_->slot(i).ticket.state.load();
+    busy += st == ReadTicket::kQueued || st == ReadTicket::kRunning;
+  }
+  for (int i = 0; i < n && busy + 1 < experts_->n_slots(); ++i) {
+    if (experts[i] < 0 || experts[i] >= hp_.n_expert) continue;
+    const int o = expert_ops_[layer][experts[i]];
+    if (o < 0 || experts_->Find(o) >= 0) continue;
+    const int slot = experts_->TakeVictim(pos_ - 2 * ops_per_layer_);
+    if (slot < 0) return;
+    experts_->Assign(slot, o, serve_);
+    experts_->slot(slot).hint_pos = pos_;
+    ++experts_->hinted;
+    sched_->Submit({deadline, o, serve_, experts_->slot(slot).data, &experts_->slot(slot).ticket});
+    ++busy;
+  }
+}
+
+void ResidencyManager::EndOp(const std::string& op_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int o = index_->FindOp(op_id);
+  if (o < 0) return;
+  OpState& s = st_[o];
+  const int64_t end = NowUs();
+  if (trace_) {
+    const char* where = s.where == Where::kResident ? "resident"
+                        : s.where == Where::kStreamed ? "stream" : "expert";
+    OpEvent e;
+    e.op = &index_->ops()[o].id;
+    e.tier = cur_tier_;
+    e.bytes = OpBytes(o);
+    e.start_us = cur_start_;
+    e.end_us = end;
+    e.stall_us = cur_stall_;
+    e.hit = cur_hit_;
+    e.where = where;
+    trace_->Op(e);
+  }
+  stats_.stall_us += cur_stall_;
+  if (s.where == Where::kExpert) {
+    if (cur_slot_ >= 0 && experts_->slot(cur_slot_).pins > 0) --experts_->slot(cur_slot_).pins;
+    cur_slot_ = -1;
+  } else {
+    const double us = static_cast<double>(std::max<int64_t>(0, end - cur_start_ - cur_stall_));
+    s.compute_us = s.compute_us == 0 ? us : 0.8 * s.compute_us + 0.2 * us;
+  }
+  for (int e : evict_lists_[o]) {
+    OpState& v = st_[e];
+    if (v.where != Where::kStreamed || v.slab < 0 || v.abs > pos_) continue;
+    sched_->Cancel(&slabs_[v.slab]->ticket);  // done already; makes the ticket idle
+    slabs_[v.slab]->op = -1;
+    v.slab = -1;
+  }
+  demand_.clear();
+  pending_ = Status::Ok();
+  cur_stall_ = 0;
+  ScheduleAhead();
+}
+
+Expected<const uint8_t*> ResidencyManager::DemandLoad(int o, int* tier) {
+  for (const auto& d : demand_)
+    if (d->op == o) {
+      *tier = serve_;
+      return d->buf.data();
+    }
+  auto d = std::make_unique<Demand>();
+  d->op = o;
+  auto buf = AlignedBuffer::Allocate(OpBytes(o), ledger_, "stream");
+  if (!buf.ok()) return buf.status().WithContext("reading op '" + index_->ops()[o].id + "' on demand");
+  d->buf = std::move(buf).value();
+  sched_->Submit({INT64_MIN / 2, o, serve_, d->buf.data(), &d->ticket});
+  int64_t waited = 0;
+  Status st = sched_->Wait(&d->ticket, &waited);
+  cur_stall_ += waited;
+  RETURN_IF_ERROR(st);
+  ++stats_.demand_loads;
+  *tier = serve_;
+  demand_.push_back(std::move(d));
+  return demand_.back()->buf.data();
+}
+
+Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tier) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t offset_el = 0;
+  ASSIGN_OR_RETURN(const StoreUnit* u, index_->FindUnit(id, slice, &offset_el));
+  const int o = u->op;
+  OpState& s = st_[o];
+  const uint8_t* base = nullptr;
+  int loaded = serve_;
+  if (o == cur_op_ && !pending_.ok()) return pending_;
+  if (s.where == Where::kResident) {
+    base = s.resident.data();
+    loaded = s.tier;
+  } else if (s.where == Where::kExpert) {
+    int slot = experts_->Find(o);
+    if (slot >= 0 && sched_->Ready(&experts_->slot(slot).ticket)) {
+      base = experts_->slot(slot).data;
+      loaded = experts_->slot(slot).tier;
+    } else {
+      ASSIGN_OR_RETURN(base, DemandLoad(o, &loaded));
+    }
+  } else if (s.slab >= 0) {
+    // Read ahead already (perhaps still in flight: a look-ahead acquiring the next op's tensors).
+    ReadTicket* t = &slabs_[s.slab]->ticket;
+    if (!sched_->Ready(t)) {
+      sched_->Expedite(t, INT64_MIN / 2);
+      int64_t waited = 0;
+      Status st = sched_->Wait(t, &waited);
+      cur_stall_ += waited;
+      RETURN_IF_ERROR(st);
+    }
+    base = slabs_[s.slab]->buf.data();
+    loaded = s.tier;
+  } else {
+    ASSIGN_OR_RETURN(base, DemandLoad(o, &loaded));
+  }
+  const StoreOp& op = index_->ops()[o];
+  const int use = std::min({std::max(tier, serve_), loaded, u->n_tiers - 1});
+  const uint8_t* ptr[3] = {nullptr, nullptr, nullptr};
+  for (int k = 0; k <= use; ++k)
+    ptr[k] = base + op.SlabOffset(k) + (u->tier[k].offset - op.span[k].offset);
+  return WeightHandle(this, index_->MakeView(id, slice, *u, offset_el, use, ptr), 0);
+}
+
+ResidencyStats ResidencyManager::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ResidencyStats s = stats_;
+  s.open_bytes_read = open_bytes_;
+  s.stream_bytes_read = sched_->bytes_read() - open_bytes_;
+  s.read_seconds = sched_->read_seconds();
+  s.read_bandwidth = sched_->bandwidth();
+  s.expert_hits = experts_->hits;
+  s.expert_misses = experts_->misses;
+  s.expert_late = experts_->late;
+  s.expert_hinted = experts_->hinted;
+  return s;
+}
+
+std::string ResidencyManager::StatsJson() const {
+  const ResidencyStats s = stats();
+  char b[1536];
+  std::snprintf(
+      b, sizeof b,
+      "{\"serve_tier\":%d,\"ops_resident\":%d,\"ops_streamed\":%d,\"ops_expert\":%d,"
+      "\"resident_bytes\":%llu,\"slabs\":%d,\"slab_bytes\":%llu,\"expert_slots\":%d,"
+      "\"expert_slot_bytes\":%llu,\"open_bytes_read\":%llu,\"stream_bytes_read\":%llu,"
+      "\"read_seconds\":%.4f,\"read_bandwidth\":%.1f,\"hits\":%llu,\"misses\":%llu,"
+      "\"stall_us\":%lld,\"predicted_late\":%llu,\"demoted\":%llu,\"demand_loads\":%llu,"
+      "\"expert_hits\":%llu,\"expert_misses\":%llu,\"expert_late\":%llu,\"expert_hinted\":%llu,"
+      "\"uring\":%s,\"direct\":%s}",
+      s.serve_tier, s.n_ops_resident, s.n_ops_streamed, s.n_ops_expert,
+      static_cast<unsigned long long>(s.resident_bytes), s.n_slabs,
+      static_cast<unsigned long long>(s.slab_bytes), s.expert_slots,
+      static_cast<unsigned long long>(s.expert_slot_bytes),
+      static_cast<unsigned long long>(s.open_bytes_read),
+      static_cast<unsigned long long>(s.stream_bytes_read), s.read_seconds, s.read_bandwidth,
+      static_cast<unsigned long long>(s.hits), static_cast<unsigned long long>(s.misses),
+      static_cast<long long>(s.stall_us), static_cast<unsigned long long>(s.predicted_late),
+      static_cast<unsigned long long>(s.demoted), static_cast<unsigned long long>(s.demand_loads),
+      static_cast<unsigned long long>(s.expert_hits),
+      static_cast<unsigned long long>(s.expert_misses),
+      static_cast<unsigned long long>(s.expert_late),
+      static_cast<unsigned long long>(s.expert_hinted), s.uring ? "true" : "false",
+      s.direct ? "true" : "false");
+  return b;
+}
+
+Status ResidencyManager::FlushTrace() { return trace_ ? trace_->Flush() : Status::Ok(); }
+
+}  // namespace substrate

@@ -1,0 +1,169 @@
+// ResidencyManager: a WeightSource over a tiered store (store/pack.h) under a byte budget — the
+// out-of-core runtime. At open it keeps a resident set of ops in memory (the plan's, or one chosen
+// to fill the budget), allocates streaming slabs once (ledger "stream_slabs": prefetch depth + 1
+// slabs the size of the largest streamed op at its served tier) and an expert cache of fixed
+// slots for routed MoE experts (ledger "expert_cache"). While the model runs, BeginOp(op i) waits
+// for op i's slab (a miss: counted, stall recorded) and schedules the next streamed ops in
+// sequence order — wrapping around to the next token — so their reads run during the current
+// ops' compute; EndOp evicts per the plan's evict_after (default: the op itself).
+//
+// Every byte is charged to the ledger; a budget that cannot hold the minimum (resident set,
+// slabs, minimum expert slots and the reserve for KV cache and scratch) is an OutOfMemory error
+// at open naming the budget and the request. A read error or checksum mismatch surfaces at the
+// next Acquire as the op's error (Corruption naming file, tensor and offset).
+//
+// Threading: BeginOp/EndOp/Acquire/HintExperts come from the forward pass's thread; reads run on
+// the scheduler's worker thread(s), which shut down when the manager is destroyed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/aligned_buffer.h"
+#include "core/memory_ledger.h"
+#include "model/hparams.h"
+#include "model/weight_source.h"
+#include "runtime/expert_cache.h"
+#include "runtime/io_reader.h"
+#include "runtime/prefetch_scheduler.h"
+#include "runtime/trace_writer.h"
+#include "store/store_index.h"
+
+namespace substrate {
+
+struct ResidencyOptions {
+  uint64_t budget_bytes = 0;   // 0: the ledger's cap (one of the two must be set)
+  uint64_t reserve_bytes = 0;  // left for KV cache and scratch (EstimateRunReserve)
+  int prefetch_depth = 2;      // streamed ops read ahead of the current one
+  int serve_tier = -1;         // -1: the store's top tier
+  std::string plan_path;       // a PlanBundle JSON: its resident set, evict_after and fallbacks
+  std::string trace_path;      // JSONL trace (runtime/trace_writer.h), "" for none
+  IoMode io_mode = IoMode::kAuto;
+  bool direct_io = true;
+  ExpertCache::Policy expert_policy = ExpertCache::Policy::kLru;
+  int expert_slots = 0;  // 0: as many as the budget leaves
+};
+
+struct ResidencyStats {
+  int n_ops_resident = 0, n_ops_streamed = 0, n_ops_expert = 0;
+  uint64_t resident_bytes = 0;
+  uint64_t slab_bytes = 0;
+  int n_slabs = 0;
+  int expert_slots = 0;
+  uint64_t expert_slot_bytes = 0;
+  uint64_t open_bytes_read = 0;    // the resident set, read at open
+  uint64_t stream_bytes_read = 0;  // read since open (slabs, expert slots, demand loads)
+  double read_seconds = 0;         // time the workers spent reading (all reads)
+  double read_bandwidth = 0;       // bytes/s over that time
+  uint64_t hits = 0, misses = 0;   // streamed ops found ready / not ready at BeginOp
+  int64_t stall_us = 0;            // time BeginOp/Acquire waited for reads
+  uint64_t predicted_late = 0;     // admission: reads predicted to miss their deadline
+  uint64_t demoted = 0;            // of which served at a lower tier (fallback use_lower_tier)
+  uint64_t demand_loads = 0;       // tensors acquired outside their op's window
+  uint64_t expert_hits = 0, expert_misses = 0, expert_late = 0, expert_hinted = 0;
+  bool uring = false;
+  bool direct = false;
+  int serve_tier = 0;
+};
+
+class ResidencyManager : public WeightSource {
+ public:
+  static Expected<std::unique_ptr<ResidencyManager>> Open(const std::string& store_dir,
+                                                          MemoryLedger* ledger,
+                                                          const ResidencyOptions& options);
+  ~ResidencyManager() override;
+
+  const Metadata& metadata() const { return index_->meta().metadata(); }
+
+  TensorId Resolve(const std::string& name) const override { return index_->Resolve(name); }
+  const TensorInfo& Info(TensorId id) const override { return index_->tensors()[id].info; }
+  Expected<WeightHandle> Acquire(TensorId id, int slice = -1, int tier = 0) override;
+  void BeginOp(const std::string& op_id) override;
+  void EndOp(const std::string& op_id) override;
+  void HintExperts(int layer, const int32_t* experts, int n) override;
+  // Look-ahead guesses are worth their GEMV only when some experts are not cached.
+  bool WantsLookahead() const { return stats_.n_ops_expert > stats_.expert_slots; }
+
+  ResidencyStats stats() const;
+  std::string StatsJson() const;
+  // The trace's buffered events reach the file (also done at destruction).
+  Status FlushTrace();
+
+ private:
+  enum class Where { kResident, kStreamed, kExpert };
+  struct OpState {
+    Where where = Where::kResident;
+    int seq = -1;    // position in seq_ (dense ops), -1 for experts and unsequenced ops
+    int layer = -1;
+    AlignedBuffer resident;
+    int slab = -1;          // slab holding it (streamed)
+    int64_t abs = -1;       // absolute sequence position it was scheduled for
+    int tier = 0;           // tier read / served
+    int evict_at = -1;      // op whose EndOp evicts it (default itself)
+    bool lower_tier_fallback = false;
+    double compute_us = 0;  // moving average of BeginOp..EndOp minus stalls
+  };
+  struct Slab {
+    AlignedBuffer buf;
+    int op = -1;
+    ReadTicket ticket;
+  };
+  struct Demand {
+    int op = -1;
+    AlignedBuffer buf;
+    ReadTicket ticket;
+  };
+
+  ResidencyManager() = default;
+  Status Setup(MemoryLedger* ledger, const ResidencyOptions& options);
+  Status ChooseResidency(uint64_t budget, uint64_t fixed, int min_expert_slots);
+  Status ApplyPlan(const std::string& path);
+  void AdvanceTo(int seq);
+  void ScheduleAhead();
+  int Admit(int op, int64_t abs);
+  Status BeginExpert(int op);
+  Expected<const uint8_t*> DemandLoad(int op, int* tier);
+  int64_t NowUs() const;
+  uint64_t OpBytes(int op) const { return index_->ops()[op].SlabBytes(serve_); }
+
+  // Declared before the scheduler, destroyed after it: workers may still write into them.
+  std::unique_ptr<StoreIndex> index_;
+  std::unique_ptr<TraceWriter> trace_;
+  MemoryLedger* ledger_ = nullptr;
+  ResidencyOptions options_;
+  ModelHParams hp_;
+  int serve_ = 0;
+  std::vector<OpState> st_;
+  std::vector<int> seq_;                       // dense ops in forward order
+  std::vector<std::vector<int>> evict_lists_;  // per op: ops evicted at its EndOp
+  std::vector<std::vector<int>> expert_ops_;   // [layer][expert] -> op, -1
+  int ops_per_layer_ = 1;
+  std::vector<std::unique_ptr<Slab>> slabs_;
+  uint64_t slab_bytes_ = 0;
+  std::unique_ptr<ExpertCache> experts_;
+  std::vector<std::unique_ptr<Demand>> demand_;
+  RuntimeClock::time_point origin_;
+  std::unique_ptr<PrefetchScheduler> sched_;
+
+  mutable std::mutex mu_;
+  int64_t pos_ = -1;        // absolute position of the current dense op
+  int64_t sched_pos_ = 0;   // next absolute position to consider for scheduling
+  int cur_op_ = -1;
+  int cur_layer_ = -1;
+  int cur_slot_ = -1;       // expert slot pinned by the current op
+  int64_t cur_start_ = 0, cur_stall_ = 0;
+  bool cur_hit_ = true;
+  int cur_tier_ = 0;
+  Status pending_;          // a read error of the current op, returned by Acquire
+  ResidencyStats stats_;
+  uint64_t open_bytes_ = 0;
+};
+
+// Bytes a run charges beside the weights: KV cache for n_ctx positions plus scratch for batches
+// of n_batch tokens (an estimate with headroom, for ResidencyOptions::reserve_bytes).
+uint64_t EstimateRunReserve(const ModelHParams& hp, int64_t n_ctx, int64_t n_batch);
+
+}  // namespace substrate

@@ -1,0 +1,67 @@
+// TraceWriter: the runtime's JSONL event log (`--trace FILE.jsonl`), one object per line:
+//   {"ev":"op","op":"block_3.ffn","tier":2,"bytes":N,"start_us":..,"end_us":..,"hit":true,"stall_us":..}
+//   {"ev":"read","op":"block_4.attn","file":"block_4.attn.t0.bin","offset":0,"bytes":N,
+//    "start_us":..,"end_us":..,"direct":true,"uring":true}
+// Events are appended to an in-memory buffer under a mutex (no I/O on the token path) and a
+// background thread writes full buffers. Only whole lines reach the file, so a killed run leaves
+// a readable prefix. A log, not an artifact: written in place rather than through a temp file
+// (which a SIGKILL would leave behind).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "core/status.h"
+
+namespace substrate {
+
+struct OpEvent {
+  const std::string* op = nullptr;
+  int tier = 0;
+  uint64_t bytes = 0;
+  int64_t start_us = 0, end_us = 0, stall_us = 0;
+  bool hit = true;
+  const char* where = "";  // "resident", "stream", "expert"
+};
+
+struct ReadEvent {
+  const std::string* op = nullptr;
+  const std::string* file = nullptr;
+  uint64_t offset = 0, bytes = 0;
+  int64_t start_us = 0, end_us = 0;
+  bool direct = false, uring = false;
+};
+
+class TraceWriter {
+ public:
+  static Expected<std::unique_ptr<TraceWriter>> Open(const std::string& path);
+  ~TraceWriter();  // flushes and joins the writer thread
+
+  void Op(const OpEvent& e);      // thread-safe
+  void Read(const ReadEvent& e);  // thread-safe
+  Status Flush();                 // writes what is buffered; the first write error, if any
+
+ private:
+  TraceWriter(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  void Append(const std::string& line);
+  void WriterLoop();
+  Status WriteAll(const std::string& buf);
+
+  std::string path_;
+  int fd_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string buf_, pending_;
+  bool stop_ = false;
+  Status error_;
+  std::thread thread_;
+};
+
+// Escapes a string for a JSON value (ids and file names: no control characters expected).
+std::string JsonQuote(const std::string& s);
+
+}  // namespace substrate

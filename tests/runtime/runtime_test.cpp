@@ -1,0 +1,332 @@
+// The out-of-core runtime: tiny-coder-moe packed through a ladder that reproduces bf16 gives the
+// golden greedy continuation through the ResidencyManager under a ledger cap below its weights'
+// size (ops streamed through slabs with prefetch, experts through the cache), the ledger peak
+// stays under the cap, and damaged stores or a killed run end cleanly.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/memory_ledger.h"
+#include "core/thread_pool.h"
+#include "format/model_file.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "runtime/expert_cache.h"
+#include "runtime/residency_manager.h"
+#include "store/pack.h"
+
+extern char** environ;
+
+namespace substrate {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string Shared() { return SUBSTRATE_SHARED_DIR; }
+
+ThreadPool& Pool() {
+  static ThreadPool pool(2);
+  return pool;
+}
+
+std::string TempDir(const std::string& name) {
+  return (fs::temp_directory_path() /
+          ("substrate_runtime_test_" + std::to_string(getpid()) + "_" + name))
+      .string();
+}
+
+// tiny-coder-moe bf16 packed Q4_K + Q8_0 + F16 (reproduces bf16 at tier 2), once per binary.
+const std::string& PackedStore() {
+  static std::string dir = [] {
+    const std::string model = Shared() + "/gguf/tiny-coder-moe-bf16.gguf";
+    if (!fs::exists(model)) return std::string();
+    const std::string out = TempDir("store");
+    auto file = ModelFile::Open(model);
+    if (!file.ok()) return std::string();
+    auto st = PackStore(**file, out, PackOptions{});
+    if (!st.ok()) {
+      ADD_FAILURE() << st.status().ToString();
+      return std::string();
+    }
+    return out;
+  }();
+  static struct Cleanup {
+    ~Cleanup() {
+      std::error_code ec;
+      if (!dir.empty()) fs::remove_all(dir, ec);
+    }
+  } cleanup;
+  return dir;
+}
+
+std::string CopyStore(const std::string& name) {
+  const std::string dst = TempDir(name);
+  fs::remove_all(dst);
+  fs::copy(PackedStore(), dst, fs::copy_options::recursive);
+  return dst;
+}
+
+uint64_t DataBytes(const std::string& dir) {
+  uint64_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".bin") n += fs::file_size(e.path());
+  return n;
+}
+
+json Golden() {
+  std::ifstream in(Shared() + "/models/tiny-coder-moe/golden.json");
+  return json::parse(in);
+}
+
+ResidencyOptions SmallRun() {
+  ResidencyOptions o;
+  o.reserve_bytes = 4ull << 20;  // KV for 256 positions and scratch of tiny-coder-moe: < 2 MiB
+  o.prefetch_depth = 2;
+  return o;
+}
+
+// Greedy continuation through `src`; the first error, if any, in *err.
+std::vector<int32_t> Greedy(WeightSource* src, const Metadata& md, MemoryLedger* ledger,
+                            const std::vector<int32_t>& prompt, size_t n, Status* err) {
+  auto model = Model::Create(md, src, &Pool(), ledger);
+  if (!model.ok()) {
+    *err = model.status();
+    return {};
+  }
+  auto cache = KvCache::Create((*model)->hparams(), 256, ledger);
+  if (!cache.ok()) {
+    *err = cache.status();
+    return {};
+  }
+  const int64_t V = (*model)->hparams().n_vocab;
+  std::vector<float> logits;
+  *err = (*model)->Forward(prompt.data(), static_cast<int64_t>(prompt.size()), *cache, false, &logits);
+  std::vector<int32_t> got;
+  for (size_t i = 0; i < n && err->ok(); ++i) {
+    int32_t tok = Argmax(logits.data(), V);
+    got.push_back(tok);
+    *err = (*model)->Forward(&tok, 1, *cache, false, &logits);
+  }
+  return got;
+}
+
+TEST(Runtime, GoldenGreedyUnderCapWithPrefetch) {
+  if (PackedStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
+  const json g = Golden();
+  const auto prompt = g["greedy"]["prompt"].get<std::vector<int32_t>>();
+  const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
+  // The cap leaves 2 MiB less than the dense ops and the reserve need: the largest dense ops stay
+  // resident, the others stream through slabs, and the expert cache holds a few experts.
+  const uint64_t weights = DataBytes(PackedStore());
+  ResidencyOptions o = SmallRun();
+  uint64_t dense = 0;  // every dense op resident, as a generous budget gives
+  {
+    MemoryLedger roomy(weights * 2);
+    auto m = ResidencyManager::Open(PackedStore(), &roomy, o);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    dense = (*m)->stats().resident_bytes;
+  }
+  const uint64_t cap = dense + o.reserve_bytes - (2ull << 20);
+  ASSERT_LT(cap, weights);
+  MemoryLedger ledger(cap);
+  o.trace_path = TempDir("trace.jsonl");
+  auto m = ResidencyManager::Open(PackedStore(), &ledger, o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Status err;
+  EXPECT_EQ(Greedy(m->get(), (*m)->metadata(), &ledger, prompt, want.size(), &err), want);
+  EXPECT_TRUE(err.ok()) << err.ToString();
+  const ResidencyStats s = (*m)->stats();
+  EXPECT_GT(s.n_ops_streamed, 0);
+  EXPECT_LT(s.expert_slots, s.n_ops_expert);
+  EXPECT_EQ(s.n_slabs, 3);
+  EXPECT_GT(s.hits, 0u) << "no streamed op was ready when it began: prefetch did not run ahead";
+  EXPECT_GT(s.stream_bytes_read, 0u);
+  EXPECT_GT(s.expert_hits + s.expert_misses + s.expert_late, 0u);
+  EXPECT_LE(ledger.peak(), cap);
+  const auto acc = ledger.Accounts();
+  EXPECT_GT(acc.at("stream_slabs").peak, 0u);
+  EXPECT_GT(acc.at("expert_cache").peak, 0u);
+  ASSERT_TRUE((*m)->FlushTrace().ok());
+  std::ifstream trace(o.trace_path);
+  std::string line;
+  int ops = 0, reads = 0;
+  while (std::getline(trace, line)) {
+    json e = json::parse(line);
+    ops += e["ev"] == "op";
+    reads += e["ev"] == "read";
+  }
+  EXPECT_GT(ops, 0);
+  EXPECT_GT(reads, 0);
+}
+
+TEST(Runtime, PreadAndLruAndFrequencyPoliciesAgree) {
+  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  const json g = Golden();
+  const auto prompt = g["greedy"]["prompt"].get<std::vector<int32_t>>();
+  const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
+  ResidencyOptions o = SmallRun();
+  o.io_mode = IoMode::kPread;
+  o.direct_io = false;
+  o.expert_slots = 6;  // few slots: many misses and evictions
+  o.expert_policy = ExpertCache::Policy::kFrequency;
+  o.prefetch_depth = 1;
+  MemoryLedger ledger(DataBytes(PackedStore()) * 3 / 5);
+  auto m = ResidencyManager::Open(PackedStore(), &ledger, o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Status err;
+  EXPECT_EQ(Greedy(m->get(), (*m)->metadata(), &ledger, prompt, 8, &err),
+            std::vector<int32_t>(want.begin(), want.begin() + 8));
+  EXPECT_TRUE(err.ok()) << err.ToString();
+  EXPECT_GT((*m)->stats().expert_misses + (*m)->stats().expert_late, 0u);
+  EXPECT_FALSE((*m)->stats().uring);
+}
+
+TEST(Runtime, BudgetTooSmallIsOutOfMemoryNamingIt) {
+  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  MemoryLedger ledger(1 << 20);
+  auto m = ResidencyManager::Open(PackedStore(), &ledger, SmallRun());
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(m.status().message().find("budget 1.00 MiB"), std::string::npos) << m.status().ToString();
+  EXPECT_EQ(ledger.current(), 0u);
+}
+
+TEST(Runtime, FlippedByteInStreamedExpertIsCorruptionNamingFile) {
+  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string dir = CopyStore("flip");
+  // Every expert of layer 0: whichever the router picks is read at run time and fails.
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("block_0.moe.expert_", 0) != 0 || name.find(".t0.bin") == std::string::npos)
+      continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    char c = 0;
+    f.seekg(100);
+    f.get(c);
+    f.seekp(100);
+    f.put(static_cast<char>(c ^ 0x5a));
+  }
+  MemoryLedger ledger(DataBytes(dir) * 3 / 5);
+  auto m = ResidencyManager::Open(dir, &ledger, SmallRun());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Status err;
+  Greedy(m->get(), (*m)->metadata(), &ledger, {1, 2, 3}, 2, &err);
+  ASSERT_FALSE(err.ok());
+  EXPECT_EQ(err.code(), StatusCode::kCorruption) << err.ToString();
+  EXPECT_NE(err.message().find("block_0.moe.expert_"), std::string::npos) << err.ToString();
+  EXPECT_NE(err.message().find("checksum mismatch"), std::string::npos) << err.ToString();
+  EXPECT_NE(err.message().find("offset"), std::string::npos) << err.ToString();
+  m->reset();  // worker threads join; no hang
+  fs::remove_all(dir);
+}
+
+TEST(Runtime, TruncatedFileIsCorruptionAtOpen) {
+  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string dir = CopyStore("trunc");
+  fs::resize_file(dir + "/block_1.attn.t2.bin", 1000);
+  MemoryLedger ledger(DataBytes(PackedStore()));
+  auto m = ResidencyManager::Open(dir, &ledger, SmallRun());
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(m.status().message().find("block_1.attn.t2.bin"), std::string::npos)
+      << m.status().ToString();
+  EXPECT_NE(m.status().message().find("truncated"), std::string::npos) << m.status().ToString();
+  fs::remove_all(dir);
+}
+
+TEST(Runtime, KilledRunLeavesNoTempFileAndStoreStillOpens) {
+  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string bin = SUBSTRATE_BINARY;
+  if (!fs::exists(bin)) GTEST_SKIP() << "no substrate binary";
+  const std::string cap = std::to_string(DataBytes(PackedStore()) * 3 / 5 + (8 << 20));
+  std::vector<std::string> args = {bin, "run", "--store", PackedStore(), "--max-ram", cap,
+                                   "-c", "256", "-p", "def main():", "-n", "200"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  ASSERT_EQ(posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));  // loaded and streaming
+  kill(pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status)) << "the run ended before the kill; make it longer";
+  for (const auto& e : fs::directory_iterator(PackedStore()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  MemoryLedger ledger(DataBytes(PackedStore()));
+  auto m = ResidencyManager::Open(PackedStore(), &ledger, SmallRun());
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+}
+
+TEST(ExpertCache, LruSkipsPinnedAndInFlightSlots) {
+  MemoryLedger ledger;
+  auto c = ExpertCache::Create(3, 4096, 10, &ledger, ExpertCache::Policy::kLru);
+  ASSERT_TRUE(c.ok());
+  ExpertCache& ec = **c;
+  EXPECT_EQ(ledger.Accounts().at("expert_cache").current, 3u * 4096);
+  for (int op = 0; op < 3; ++op) ec.Assign(ec.TakeVictim(0), op, 0);
+  EXPECT_EQ(ec.Find(1), 1);
+  ec.Touch(ec.Find(0));            // 1 is now least recently used
+  ec.slot(ec.Find(1)).pins = 1;    // ... but pinned: 2 goes
+  int v = ec.TakeVictim(0);
+  EXPECT_EQ(v, 2);
+  EXPECT_EQ(ec.Find(2), -1);
+  ec.Assign(v, 7, 0);
+  ec.slot(ec.Find(7)).ticket.state = ReadTicket::kRunning;
+  ec.slot(ec.Find(0)).pins = 1;
+  EXPECT_EQ(ec.TakeVictim(0), -1);  // everything pinned or being read
+}
+
+TEST(TraceReport, SummarizesAndRejectsMalformedLines) {
+  const std::string bin = SUBSTRATE_BINARY;
+  if (!fs::exists(bin)) GTEST_SKIP() << "no substrate binary";
+  const std::string good = TempDir("good.jsonl"), bad = TempDir("bad.jsonl");
+  {
+    std::ofstream f(good);
+    f << R"({"ev":"op","op":"block_0.attn","where":"stream","tier":0,"bytes":4096,"start_us":0,"end_us":10,"hit":false,"stall_us":7})"
+      << "\n"
+      << R"({"ev":"read","op":"block_0.attn","file":"block_0.attn.t0.bin","offset":0,"bytes":4096,"start_us":0,"end_us":4,"direct":true,"uring":false})"
+      << "\n";
+    std::ofstream b(bad);
+    b << R"({"ev":"op","op":"output","where":"resident","tier":0,"bytes":1,"start_us":0,"end_us":1,"hit":true,"stall_us":0})"
+      << "\n{\"ev\":\"op\",\n";
+  }
+  auto run = [&](const std::string& args) {
+    const std::string out = TempDir("report.txt");
+    const int rc = std::system((bin + " trace-report " + args + " > " + out + " 2>&1").c_str());
+    std::ifstream in(out);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return std::make_pair(rc, text);
+  };
+  auto [rc, text] = run(good + " --json");
+  ASSERT_EQ(rc, 0) << text;
+  json j = json::parse(text);
+  EXPECT_EQ(j["ops"]["attn"]["misses"], 1);
+  EXPECT_EQ(j["ops"]["attn"]["stall_us"], 7);
+  EXPECT_EQ(j["reads"]["bytes"], 4096);
+  EXPECT_EQ(j["top_stalls"][0]["op"], "block_0.attn");
+  auto [rc2, text2] = run(bad);
+  EXPECT_NE(rc2, 0);
+  EXPECT_NE(text2.find("line 2"), std::string::npos) << text2;
+  fs::remove(good);
+  fs::remove(bad);
+}
+
+}  // namespace
+}  // namespace substrate
