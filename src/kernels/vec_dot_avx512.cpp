@@ -40,16 +40,22 @@ void DotQ4_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
   for (int j = 0; j < 4; ++j)
     pick[j] = _mm512_inserti64x4(_mm512_zextsi256_si512(_mm256_set1_epi16(static_cast<short>(2 * j))),
                                  _mm256_set1_epi16(static_cast<short>(2 * j + 1)), 1);
-  __m256 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  // Port 5 (shuffles, inserts, broadcasts) bounds this kernel, so the per-block scalar work is
+  // kept off it where possible: d and dmin convert together from one 32-bit load, the int32
+  // sums stay 16 lanes wide (no fold), and the mins expand with one byte unpack.
+  __m512 acc[NT];
+  __m256 acc_min[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps(), acc_min[t] = _mm256_setzero_ps();
+  const __m256i lane1 = _mm256_set1_epi32(1);
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     const BlockQ4_K& x = w[b];
     PrefetchWeights<NT>(&x, sizeof(x));
     uint64_t sc8, mn8;
     UnpackQ4KScales64(x.scales, &sc8, &mn8);
     __m512i sc16 = _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc8))));
-    __m128i mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(mn8)));
-    __m256i mins = _mm256_set_m128i(_mm_unpackhi_epi16(mn16, mn16), _mm_unpacklo_epi16(mn16, mn16));
+    __m128i mn = _mm_cvtsi64_si128(static_cast<long long>(mn8));
+    // [m0,m0,m1,m1,...]: each min multiplies two 16-element bsums.
+    __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));
     __m512i q[4], s[4];
     for (int j = 0; j < 4; ++j) {
       __m256i raw = Load256(x.qs + 32 * j);
@@ -57,7 +63,9 @@ void DotQ4_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
       q[j] = _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);  // elements 64j..64j+63
       s[j] = _mm512_permutexvar_epi16(pick[j], sc16);
     }
-    float dw = H(x.d), dmin = H(x.dmin);
+    uint32_t d_dmin;  // d and dmin, adjacent fp16 fields
+    std::memcpy(&d_dmin, reinterpret_cast<const uint8_t*>(&x), 4);
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(d_dmin)));  // [d, dmin, 0, 0]
     for (int t = 0; t < NT; ++t) {
       const BlockQ8_K& y = Act<BlockQ8_K>(act, stride, t)[b];
       __m512i sumi = _mm512_setzero_si512();
@@ -65,13 +73,14 @@ void DotQ4_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
         __m512i p = _mm512_maddubs_epi16(q[j], _mm512_loadu_si512(y.qs + 64 * j));
         sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(p, s[j]));
       }
-      __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
       __m256i pm = _mm256_madd_epi16(mins, Load256(y.bsums));
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y.d), _mm256_cvtepi32_ps(s8), acc[t]);
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * y.d), _mm256_cvtepi32_ps(pm), acc[t]);
+      __m128 ds = _mm_mul_ps(dd, _mm_set1_ps(y.d));  // [d * yd, dmin * yd, 0, 0]
+      acc[t] = _mm512_fmadd_ps(_mm512_broadcastss_ps(ds), _mm512_cvtepi32_ps(sumi), acc[t]);
+      acc_min[t] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(_mm256_castps128_ps256(ds), lane1),
+                                   _mm256_cvtepi32_ps(pm), acc_min[t]);
     }
   }
-  for (int t = 0; t < NT; ++t) out[t] = HsumPs(acc[t]);
+  for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]) - HsumPs(acc_min[t]);
 }
 
 SUBSTRATE_DEFINE_MULTI(DotQ4_KWide)
