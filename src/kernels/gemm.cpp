@@ -14,6 +14,7 @@ namespace substrate {
 namespace {
 
 struct Format {
+  int min_tokens;     // fewest tokens for which the tiles beat the dot kernels (gemm.h)
   int sub;            // elements per sub-block (one tile product)
   int act_block;      // elements per activation scale: 32 (Q8_0) or 256 (Q8_K)
   bool offsets;       // the weight has per-sub-block mins (needs activation sub-block sums)
@@ -22,10 +23,10 @@ struct Format {
 };
 
 const Format* FindFormat(DType type) {
-  static const Format kQ8_0{32, 32, false, DType::kQ8_0, amx::WeightFormat::kQ8_0};
-  static const Format kQ4_0{32, 32, false, DType::kQ8_0, amx::WeightFormat::kQ4_0};
-  static const Format kQ4_K{32, 256, true, DType::kQ8_K, amx::WeightFormat::kQ4_K};
-  static const Format kQ6_K{16, 256, false, DType::kQ8_K, amx::WeightFormat::kQ6_K};
+  static const Format kQ8_0{8, 32, 32, false, DType::kQ8_0, amx::WeightFormat::kQ8_0};
+  static const Format kQ4_0{8, 32, 32, false, DType::kQ8_0, amx::WeightFormat::kQ4_0};
+  static const Format kQ4_K{12, 32, 256, true, DType::kQ8_K, amx::WeightFormat::kQ4_K};
+  static const Format kQ6_K{16, 16, 256, false, DType::kQ8_K, amx::WeightFormat::kQ6_K};
   switch (type) {
     case DType::kQ8_0: return &kQ8_0;
     case DType::kQ4_0: return &kQ4_0;
@@ -115,9 +116,10 @@ DType GemmActType(DType type) {
   return f ? f->act_type : DType::kF32;
 }
 
-bool GemmSupports(DType type, int64_t cols, Isa isa) {
+bool GemmSupports(DType type, int64_t cols, int64_t n_tokens, Isa isa) {
   const Format* f = FindFormat(type);
-  return isa >= Isa::kAmx && f && cols > 0 && cols % f->act_block == 0;
+  return isa >= Isa::kAmx && f && cols > 0 && cols % f->act_block == 0 &&
+         n_tokens >= f->min_tokens;
 }
 
 void GemmQuantized(DType type, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t cols,

@@ -1,5 +1,5 @@
 // Prefill GEMM: many tokens against one quantized weight on AMX int8 tiles. MatMul sends
-// products of at least kGemmMinTokens tokens here when the tier is Isa::kAmx, the weight has no
+// products of enough tokens (GemmSupports) here when the tier is Isa::kAmx, the weight has no
 // residual tiers and its type is supported (Q8_0, Q4_0, Q4_K, Q6_K); everything else keeps the
 // per-row dot kernels.
 //
@@ -18,17 +18,17 @@
 
 namespace substrate {
 
-// Fewer tokens than this go through the dot kernels (decode and tiny batches).
-inline constexpr int64_t kGemmMinTokens = 8;
-
-// Whether GemmQuantized handles weight `type` with `cols` columns at tier `isa`, and the
-// activation format it expects (the dot kernels' partner format).
-bool GemmSupports(DType type, int64_t cols, Isa isa);
+// Whether MatMul should use GemmQuantized for weight `type` with `cols` columns and n_tokens
+// tokens at tier `isa`: the format is supported and n_tokens is past the point where the tiles
+// beat the dot kernels (measured, one core: 8 tokens for Q8_0/Q4_0, 12 for Q4_K, 16 for Q6_K;
+// fewer tokens pad the 16-token tiles and leave the unpacking unamortized).
+bool GemmSupports(DType type, int64_t cols, int64_t n_tokens, Isa isa);
+// The activation format GemmQuantized expects for `type` (the dot kernels' partner format).
 DType GemmActType(DType type);
 
 // y[t * rows + r] = dot(row r of w, activation row t) for r < rows, t < n_tokens. w is `rows`
 // rows of `row_bytes` bytes in format `type`; act holds n_tokens rows of GemmActType(type),
-// act_stride bytes apart (ActRowBytes). Needs GemmSupports(type, cols, ActiveIsa()).
+// act_stride bytes apart (ActRowBytes). Needs Isa::kAmx and a supported type; any n_tokens >= 1.
 void GemmQuantized(DType type, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t cols,
                    const uint8_t* act, size_t act_stride, int64_t n_tokens, float* y,
                    ThreadPool& pool);

@@ -166,7 +166,7 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
   auto t0 = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   QuantizeActivations(x, n_tokens, w.cols, isa, parts, n_parts, pool);
   auto t1 = profile ? std::chrono::steady_clock::now() : t0;
-  if (n_parts == 1 && n_tokens >= kGemmMinTokens && GemmSupports(w.type, w.cols, isa) &&
+  if (n_parts == 1 && GemmSupports(w.type, w.cols, n_tokens, isa) &&
       parts[0].kernel->act_type == GemmActType(w.type)) {
     // Prefill: AMX tiles over panels of unpacked rows (gemm.h).
     GemmQuantized(w.type, w.data, parts[0].row_bytes, w.rows, w.cols, parts[0].act,

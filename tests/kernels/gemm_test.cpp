@@ -90,7 +90,9 @@ TEST(Gemm, EqualsScalarDotKernelsOnAwkwardShapes) {
     const bool k_format = t == DType::kQ4_K || t == DType::kQ6_K;
     for (int64_t cols : {k_format ? int64_t{256} : int64_t{96}, int64_t{768}}) {
       for (int64_t rows : {int64_t{1}, int64_t{17}, int64_t{75}}) {
-        ASSERT_TRUE(GemmSupports(t, cols, Isa::kAmx)) << DTypeName(t);
+        ASSERT_TRUE(GemmSupports(t, cols, 70, Isa::kAmx)) << DTypeName(t);
+        ASSERT_FALSE(GemmSupports(t, cols, 1, Isa::kAmx)) << DTypeName(t);  // decode: dot kernels
+        ASSERT_FALSE(GemmSupports(t, cols, 70, Isa::kAvx512)) << DTypeName(t);
         auto w = RandomMatrix(t, rows, cols, rng);
         const size_t rb = *RowBytes(t, static_cast<uint64_t>(cols));
         const DType at = GemmActType(t);
@@ -150,7 +152,7 @@ TEST(Gemm, MatMulDispatchWithAndWithoutResiduals) {
   if (DetectedIsa() < Isa::kAmx) GTEST_SKIP() << "no usable AMX on this CPU/OS";
   std::mt19937 rng(7);
   ThreadPool pool(2);
-  const int64_t rows = 45, cols = 512, n_tokens = 40;
+  const int64_t rows = 45, cols = 512, n_tokens = 40;  // past every format's min_tokens
   for (DType t : kGemmTypes) {
     auto skel = RandomMatrix(t, rows, cols, rng);
     auto resid = RandomMatrix(DType::kQ8_0, rows, cols, rng);
