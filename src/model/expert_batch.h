@@ -22,4 +22,9 @@ struct ExpertRouting {
 Status RunRoutedExperts(ForwardContext& c, int il, const LayerWeights& w, const float* xn,
                         const ExpertRouting& r, float* acc);
 
+// Passes of at most n tokens (default 4: decode; environment SUBSTRATE_MOE_BATCH_TOKENS) run
+// all selected experts together; larger ones expert by expert. For tests and benchmarks;
+// returns the previous value.
+int64_t SetBatchedExpertMaxTokens(int64_t n);
+
 }  // namespace substrate

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "model/expert_batch.h"
 #include "model/kv_cache.h"
 #include "model/op_id.h"
 #include "model_test_util.h"
@@ -138,10 +139,15 @@ TEST(MoeHints, EveryAcquiredExpertIsHintedAndLookaheadIsMeasured) {
   }
   EXPECT_EQ(no_look.guesses, 0);
   EXPECT_GT(look.guesses, 0);
-  // The hooks change no arithmetic.
+  // The hooks change no arithmetic; nor does running a decode step's experts together.
   ASSERT_EQ(plain.size(), ahead.size());
   EXPECT_EQ(plain, hinted);
   EXPECT_EQ(plain, ahead);
+  std::vector<float> one_by_one;
+  const int64_t old = SetBatchedExpertMaxTokens(0);
+  RunText(*m, m->source.get(), toks, prefill, &one_by_one, &ledger);
+  SetBatchedExpertMaxTokens(old);
+  EXPECT_EQ(plain, one_by_one);
 
   const int K = m->model->hparams().n_expert_used, E = m->model->hparams().n_expert;
   const double precision = static_cast<double>(look.predicted) / static_cast<double>(look.actual);
