@@ -127,7 +127,7 @@ int RunBench(const std::vector<std::string>& args) {
   EngineOptions eo;
   eo.n_threads = static_cast<int>(*t);
   eo.require_tokenizer = false;
-  auto store = ApplyStoreFlags(f, *p + *n + 8, &path, &eo);
+  auto store = ApplyStoreFlags(f, *p + *n + 8, &path, &eo, *bw_bytes);
   if (!store.ok()) return PrintError("bench", store.status());
   auto t_load = Clock::now();
   auto engine = Engine::Load(path, eo);

@@ -13,7 +13,7 @@ std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra) {
 }
 
 Expected<StoreRun> ApplyStoreFlags(const Flags& f, int64_t n_ctx, std::string* model_path,
-                                   EngineOptions* opt) {
+                                   EngineOptions* opt, uint64_t extra_reserve) {
   StoreRun run;
   run.store = f.Get({"--store"});
   if (f.Has("--max-ram")) {
@@ -41,12 +41,13 @@ Expected<StoreRun> ApplyStoreFlags(const Flags& f, int64_t n_ctx, std::string* m
   ASSIGN_OR_RETURN(ro.io_mode, ParseIoMode(f.Get({"--io"}, "auto")));
   const std::string dir = run.store;
   auto slot = run.manager;
-  opt->weights = [dir, ro, n_ctx, slot](const ModelFile& file, MemoryLedger* ledger)
+  opt->weights = [dir, ro, n_ctx, slot, extra_reserve](const ModelFile& file, MemoryLedger* ledger)
       -> Expected<std::unique_ptr<WeightSource>> {
     ResidencyOptions o = ro;
     ASSIGN_OR_RETURN(ModelHParams hp, ModelHParams::FromMetadata(file.metadata()));
     const int64_t ctx = n_ctx > 0 ? n_ctx : std::min<int64_t>(hp.n_ctx_train, 4096);
-    o.reserve_bytes = EstimateRunReserve(hp, ctx, std::min<int64_t>(ctx, Model::kMaxBatch));
+    o.reserve_bytes =
+        EstimateRunReserve(hp, ctx, std::min<int64_t>(ctx, Model::kMaxBatch)) + extra_reserve;
     ASSIGN_OR_RETURN(auto m, ResidencyManager::Open(dir, ledger, o));
     *slot = m.get();
     return std::unique_ptr<WeightSource>(std::move(m));

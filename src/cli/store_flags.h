@@ -27,9 +27,10 @@ struct StoreRun {
 std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra);
 
 // Reads the flags; with --store sets *model_path and opt->weights (n_ctx: the context the command
-// will open, for the KV/scratch reserve); with --max-ram caps opt->ledger (or the global ledger).
+// will open, for the KV/scratch reserve; extra_reserve: other ledger charges the command makes,
+// such as bench's bandwidth buffer); with --max-ram caps opt->ledger (or the global ledger).
 Expected<StoreRun> ApplyStoreFlags(const Flags& f, int64_t n_ctx, std::string* model_path,
-                                   EngineOptions* opt);
+                                   EngineOptions* opt, uint64_t extra_reserve = 0);
 
 // {"bytes_read":..,"read_seconds":..,...} of the manager, or null JSON text when none.
 std::string StoreStatsJson(const StoreRun& run);

@@ -11,20 +11,6 @@
 
 namespace substrate {
 
-uint64_t EstimateRunReserve(const ModelHParams& hp, int64_t n_ctx, int64_t n_batch) {
-  const uint64_t ctx = static_cast<uint64_t>(std::max<int64_t>(n_ctx, 1));
-  const uint64_t kv = static_cast<uint64_t>(hp.n_layer) * ctx *
-                      static_cast<uint64_t>(hp.n_head_kv) *
-                      static_cast<uint64_t>(hp.head_dim_k + hp.head_dim_v) * 4;
-  const uint64_t ff = static_cast<uint64_t>(
-      std::max({hp.n_ff, hp.n_ff_exp * std::max(hp.n_expert_used, 1), hp.n_ff_shexp, int64_t{1}}));
-  const uint64_t b = static_cast<uint64_t>(std::max<int64_t>(n_batch, 1));
-  const uint64_t per_token = 8 * static_cast<uint64_t>(hp.n_embd) + 4 * ff +
-                             4 * static_cast<uint64_t>(hp.n_head) * (hp.head_dim_k + hp.head_dim_v) +
-                             static_cast<uint64_t>(hp.n_head) * ctx;
-  return kv + b * per_token * 4 + 2 * static_cast<uint64_t>(hp.n_vocab) * 4 + (8ull << 20);
-}
-
 Expected<std::unique_ptr<ResidencyManager>> ResidencyManager::Open(const std::string& store_dir,
                                                                    MemoryLedger* ledger,
                                                                    const ResidencyOptions& options) {
@@ -62,6 +48,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
 
   const auto& ops = index_->ops();
   st_ = std::vector<OpState>(ops.size());
+  op_error_.assign(ops.size(), Status::Ok());
   evict_lists_.assign(ops.size(), {});
   expert_ops_.assign(static_cast<size_t>(hp_.n_layer),
                      std::vector<int>(static_cast<size_t>(std::max(hp_.n_expert, 0)), -1));
@@ -165,7 +152,14 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     tickets.push_back(std::make_unique<ReadTicket>());
     sched_->Submit({deadline++, static_cast<int>(o), serve_, s.resident.data(), tickets.back().get()});
   }
-  for (auto& t : tickets) RETURN_IF_ERROR(sched_->Wait(t.get(), nullptr));
+  // Every ticket is waited for, even after an error: the workers must not write into buffers
+  // (or tickets) this function's failure would free.
+  Status first;
+  for (auto& t : tickets) {
+    Status st = sched_->Wait(t.get(), nullptr);
+    if (first.ok() && !st.ok()) first = st;
+  }
+  RETURN_IF_ERROR(first);
   stats_.resident_bytes = resident;
   open_bytes_ = sched_->bytes_read();
   return Status::Ok();
@@ -321,10 +315,10 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
   cur_stall_ = 0;
   cur_hit_ = true;
   cur_tier_ = s.where == Where::kResident ? s.tier : serve_;
-  pending_ = Status::Ok();
+  op_error_[o] = Status::Ok();
   if (s.layer >= 0) cur_layer_ = s.layer;
   if (s.where == Where::kExpert) {
-    pending_ = BeginExpert(o);
+    op_error_[o] = BeginExpert(o);
     return;
   }
   if (s.seq >= 0) AdvanceTo(s.seq);
@@ -351,10 +345,10 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
         cur_hit_ = false;
         sched_->Expedite(t, INT64_MIN / 2);
         int64_t waited = 0;
-        pending_ = sched_->Wait(t, &waited);
+        op_error_[o] = sched_->Wait(t, &waited);
         cur_stall_ += waited;
       } else {
-        pending_ = sched_->Wait(t, nullptr);
+        op_error_[o] = sched_->Wait(t, nullptr);
       }
       cur_tier_ = s.tier;
     }
@@ -386,9 +380,9 @@ Status ResidencyManager::BeginExpert(int o) {
             experts_->slot(i).ticket.state != ReadTicket::kIdle &&
             experts_->slot(i).ticket.state != ReadTicket::kFailed)
           busy = i;
-      if (busy < 0)
-        return OutOfMemory("runtime: expert cache has no free slot (" +
-                           std::to_string(experts_->n_slots()) + " slots, all pinned)");
+      // Every slot pinned (a prefill batch begins more experts than there are slots):
+      // Acquire reads this one into a buffer of its own, freed at the batch's EndOp.
+      if (busy < 0) return Status::Ok();
       int64_t waited = 0;
       sched_->Expedite(&experts_->slot(busy).ticket, INT64_MIN / 2);
       (void)sched_->Wait(&experts_->slot(busy).ticket, &waited);
@@ -408,9 +402,8 @@ Status ResidencyManager::BeginExpert(int o) {
     experts_->Clear(slot);
     return st;
   }
-  ++sl.pins;
+  ++sl.pins;  // until this op's EndOp: a batch of experts may be open at once
   experts_->Touch(slot);
-  cur_slot_ = slot;
   return Status::Ok();
 }
 
@@ -460,8 +453,8 @@ void ResidencyManager::EndOp(const std::string& op_id) {
   }
   stats_.stall_us += cur_stall_;
   if (s.where == Where::kExpert) {
-    if (cur_slot_ >= 0 && experts_->slot(cur_slot_).pins > 0) --experts_->slot(cur_slot_).pins;
-    cur_slot_ = -1;
+    const int slot = experts_->Find(o);
+    if (slot >= 0 && experts_->slot(slot).pins > 0) --experts_->slot(slot).pins;
   } else {
     const double us = static_cast<double>(std::max<int64_t>(0, end - cur_start_ - cur_stall_));
     s.compute_us = s.compute_us == 0 ? us : 0.8 * s.compute_us + 0.2 * us;
@@ -473,8 +466,10 @@ void ResidencyManager::EndOp(const std::string& op_id) {
     slabs_[v.slab]->op = -1;
     v.slab = -1;
   }
+  // Handles are released before EndOp (also inside an open batch of experts), so buffers read on
+  // demand go at the first EndOp after them.
   demand_.clear();
-  pending_ = Status::Ok();
+  op_error_[o] = Status::Ok();
   cur_stall_ = 0;
   ScheduleAhead();
 }
@@ -509,7 +504,7 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
   OpState& s = st_[o];
   const uint8_t* base = nullptr;
   int loaded = serve_;
-  if (o == cur_op_ && !pending_.ok()) return pending_;
+  if (!op_error_[o].ok()) return op_error_[o];
   if (s.where == Where::kResident) {
     base = s.resident.data();
     loaded = s.tier;
@@ -542,49 +537,6 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
   for (int k = 0; k <= use; ++k)
     ptr[k] = base + op.SlabOffset(k) + (u->tier[k].offset - op.span[k].offset);
   return WeightHandle(this, index_->MakeView(id, slice, *u, offset_el, use, ptr), 0);
-}
-
-ResidencyStats ResidencyManager::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  ResidencyStats s = stats_;
-  s.open_bytes_read = open_bytes_;
-  s.stream_bytes_read = sched_->bytes_read() - open_bytes_;
-  s.read_seconds = sched_->read_seconds();
-  s.read_bandwidth = sched_->bandwidth();
-  s.expert_hits = experts_->hits;
-  s.expert_misses = experts_->misses;
-  s.expert_late = experts_->late;
-  s.expert_hinted = experts_->hinted;
-  return s;
-}
-
-std::string ResidencyManager::StatsJson() const {
-  const ResidencyStats s = stats();
-  char b[1536];
-  std::snprintf(
-      b, sizeof b,
-      "{\"serve_tier\":%d,\"ops_resident\":%d,\"ops_streamed\":%d,\"ops_expert\":%d,"
-      "\"resident_bytes\":%llu,\"slabs\":%d,\"slab_bytes\":%llu,\"expert_slots\":%d,"
-      "\"expert_slot_bytes\":%llu,\"open_bytes_read\":%llu,\"stream_bytes_read\":%llu,"
-      "\"read_seconds\":%.4f,\"read_bandwidth\":%.1f,\"hits\":%llu,\"misses\":%llu,"
-      "\"stall_us\":%lld,\"predicted_late\":%llu,\"demoted\":%llu,\"demand_loads\":%llu,"
-      "\"expert_hits\":%llu,\"expert_misses\":%llu,\"expert_late\":%llu,\"expert_hinted\":%llu,"
-      "\"uring\":%s,\"direct\":%s}",
-      s.serve_tier, s.n_ops_resident, s.n_ops_streamed, s.n_ops_expert,
-      static_cast<unsigned long long>(s.resident_bytes), s.n_slabs,
-      static_cast<unsigned long long>(s.slab_bytes), s.expert_slots,
-      static_cast<unsigned long long>(s.expert_slot_bytes),
-      static_cast<unsigned long long>(s.open_bytes_read),
-      static_cast<unsigned long long>(s.stream_bytes_read), s.read_seconds, s.read_bandwidth,
-      static_cast<unsigned long long>(s.hits), static_cast<unsigned long long>(s.misses),
-      static_cast<long long>(s.stall_us), static_cast<unsigned long long>(s.predicted_late),
-      static_cast<unsigned long long>(s.demoted), static_cast<unsigned long long>(s.demand_loads),
-      static_cast<unsigned long long>(s.expert_hits),
-      static_cast<unsigned long long>(s.expert_misses),
-      static_cast<unsigned long long>(s.expert_late),
-      static_cast<unsigned long long>(s.expert_hinted), s.uring ? "true" : "false",
-      s.direct ? "true" : "false");
-  return b;
 }
 
 Status ResidencyManager::FlushTrace() { return trace_ ? trace_->Flush() : Status::Ok(); }

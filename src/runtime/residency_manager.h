@@ -153,11 +153,10 @@ class ResidencyManager : public WeightSource {
   int64_t sched_pos_ = 0;   // next absolute position to consider for scheduling
   int cur_op_ = -1;
   int cur_layer_ = -1;
-  int cur_slot_ = -1;       // expert slot pinned by the current op
   int64_t cur_start_ = 0, cur_stall_ = 0;
   bool cur_hit_ = true;
   int cur_tier_ = 0;
-  Status pending_;          // a read error of the current op, returned by Acquire
+  std::vector<Status> op_error_;  // per op: a read error of its current window, for Acquire
   ResidencyStats stats_;
   uint64_t open_bytes_ = 0;
 };

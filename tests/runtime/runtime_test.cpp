@@ -232,6 +232,23 @@ TEST(Runtime, FlippedByteInStreamedExpertIsCorruptionNamingFile) {
   fs::remove_all(dir);
 }
 
+TEST(Runtime, FlippedByteInResidentOpFailsOpenCleanly) {
+  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string dir = CopyStore("flip_resident");
+  {
+    std::fstream f(dir + "/output.t0.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4097);
+    f.put('\x7f');
+  }
+  MemoryLedger ledger(DataBytes(dir) * 2);  // everything dense is resident, read at open
+  auto m = ResidencyManager::Open(dir, &ledger, SmallRun());
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kCorruption) << m.status().ToString();
+  EXPECT_NE(m.status().message().find("output.t0.bin"), std::string::npos) << m.status().ToString();
+  EXPECT_EQ(ledger.current(), 0u);  // nothing left charged
+  fs::remove_all(dir);
+}
+
 TEST(Runtime, TruncatedFileIsCorruptionAtOpen) {
   if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
   const std::string dir = CopyStore("trunc");

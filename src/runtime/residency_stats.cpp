@@ -1,0 +1,66 @@
+// ResidencyManager's counters and the run reserve estimate (kept apart from the streaming logic).
+#include <algorithm>
+#include <cstdio>
+
+#include "runtime/residency_manager.h"
+
+namespace substrate {
+
+uint64_t EstimateRunReserve(const ModelHParams& hp, int64_t n_ctx, int64_t n_batch) {
+  const uint64_t ctx = static_cast<uint64_t>(std::max<int64_t>(n_ctx, 1));
+  const uint64_t kv = static_cast<uint64_t>(hp.n_layer) * ctx *
+                      static_cast<uint64_t>(hp.n_head_kv) *
+                      static_cast<uint64_t>(hp.head_dim_k + hp.head_dim_v) * 4;
+  const uint64_t ff = static_cast<uint64_t>(
+      std::max({hp.n_ff, hp.n_ff_exp * std::max(hp.n_expert_used, 1), hp.n_ff_shexp, int64_t{1}}));
+  const uint64_t b = static_cast<uint64_t>(std::max<int64_t>(n_batch, 1));
+  const uint64_t per_token = 8 * static_cast<uint64_t>(hp.n_embd) + 4 * ff +
+                             4 * static_cast<uint64_t>(hp.n_head) * (hp.head_dim_k + hp.head_dim_v) +
+                             static_cast<uint64_t>(hp.n_head) * ctx;
+  return kv + b * per_token * 4 + 2 * static_cast<uint64_t>(hp.n_vocab) * 4 + (8ull << 20);
+}
+
+ResidencyStats ResidencyManager::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ResidencyStats s = stats_;
+  s.open_bytes_read = open_bytes_;
+  s.stream_bytes_read = sched_->bytes_read() - open_bytes_;
+  s.read_seconds = sched_->read_seconds();
+  s.read_bandwidth = sched_->bandwidth();
+  s.expert_hits = experts_->hits;
+  s.expert_misses = experts_->misses;
+  s.expert_late = experts_->late;
+  s.expert_hinted = experts_->hinted;
+  return s;
+}
+
+std::string ResidencyManager::StatsJson() const {
+  const ResidencyStats s = stats();
+  char b[1536];
+  std::snprintf(
+      b, sizeof b,
+      "{\"serve_tier\":%d,\"ops_resident\":%d,\"ops_streamed\":%d,\"ops_expert\":%d,"
+      "\"resident_bytes\":%llu,\"slabs\":%d,\"slab_bytes\":%llu,\"expert_slots\":%d,"
+      "\"expert_slot_bytes\":%llu,\"open_bytes_read\":%llu,\"stream_bytes_read\":%llu,"
+      "\"read_seconds\":%.4f,\"read_bandwidth\":%.1f,\"hits\":%llu,\"misses\":%llu,"
+      "\"stall_us\":%lld,\"predicted_late\":%llu,\"demoted\":%llu,\"demand_loads\":%llu,"
+      "\"expert_hits\":%llu,\"expert_misses\":%llu,\"expert_late\":%llu,\"expert_hinted\":%llu,"
+      "\"uring\":%s,\"direct\":%s}",
+      s.serve_tier, s.n_ops_resident, s.n_ops_streamed, s.n_ops_expert,
+      static_cast<unsigned long long>(s.resident_bytes), s.n_slabs,
+      static_cast<unsigned long long>(s.slab_bytes), s.expert_slots,
+      static_cast<unsigned long long>(s.expert_slot_bytes),
+      static_cast<unsigned long long>(s.open_bytes_read),
+      static_cast<unsigned long long>(s.stream_bytes_read), s.read_seconds, s.read_bandwidth,
+      static_cast<unsigned long long>(s.hits), static_cast<unsigned long long>(s.misses),
+      static_cast<long long>(s.stall_us), static_cast<unsigned long long>(s.predicted_late),
+      static_cast<unsigned long long>(s.demoted), static_cast<unsigned long long>(s.demand_loads),
+      static_cast<unsigned long long>(s.expert_hits),
+      static_cast<unsigned long long>(s.expert_misses),
+      static_cast<unsigned long long>(s.expert_late),
+      static_cast<unsigned long long>(s.expert_hinted), s.uring ? "true" : "false",
+      s.direct ? "true" : "false");
+  return b;
+}
+
+}  // namespace substrate
