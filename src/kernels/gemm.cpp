@@ -15,7 +15,8 @@ namespace {
 
 struct Format {
   int min_tokens;     // fewest tokens for which the tiles beat the dot kernels (gemm.h)
-  int sub;            // elements per sub-block (one tile product)
+  int sub;            // elements per tile product: a scale block, or 64 for folded formats
+  bool folded;        // weights stored as q * integer sub-block scale, low/high planes
   int act_block;      // elements per activation scale: 32 (Q8_0) or 256 (Q8_K)
   bool offsets;       // the weight has per-sub-block mins (needs activation sub-block sums)
   DType act_type;
@@ -23,10 +24,10 @@ struct Format {
 };
 
 const Format* FindFormat(DType type) {
-  static const Format kQ8_0{8, 32, 32, false, DType::kQ8_0, amx::WeightFormat::kQ8_0};
-  static const Format kQ4_0{8, 32, 32, false, DType::kQ8_0, amx::WeightFormat::kQ4_0};
-  static const Format kQ4_K{12, 32, 256, true, DType::kQ8_K, amx::WeightFormat::kQ4_K};
-  static const Format kQ6_K{16, 16, 256, false, DType::kQ8_K, amx::WeightFormat::kQ6_K};
+  static const Format kQ8_0{8, 32, false, 32, false, DType::kQ8_0, amx::WeightFormat::kQ8_0};
+  static const Format kQ4_0{8, 32, false, 32, false, DType::kQ8_0, amx::WeightFormat::kQ4_0};
+  static const Format kQ4_K{12, 64, true, 256, true, DType::kQ8_K, amx::WeightFormat::kQ4_K};
+  static const Format kQ6_K{8, 64, true, 256, false, DType::kQ8_K, amx::WeightFormat::kQ6_K};
   switch (type) {
     case DType::kQ8_0: return &kQ8_0;
     case DType::kQ4_0: return &kQ4_0;
@@ -65,7 +66,7 @@ struct ActTileLayout {
   ActTileLayout(const Format& f, int64_t cols) {
     q_bytes = static_cast<size_t>(cols) * kTile;
     ad_floats = static_cast<size_t>(cols / f.act_block) * kTile;
-    asum_floats = f.offsets ? static_cast<size_t>(cols / f.sub) * kTile : 0;
+    asum_floats = f.offsets ? static_cast<size_t>(cols / 32) * kTile : 0;  // Q4_K's 32s
     bytes = RoundUp64(q_bytes + 4 * (ad_floats + asum_floats));
   }
 };
@@ -142,9 +143,12 @@ void GemmQuantized(DType type, const uint8_t* w, size_t row_bytes, int64_t rows,
   const int64_t panel_tiles = std::clamp<int64_t>(
       static_cast<int64_t>(kPanelBytes / (static_cast<size_t>(cols) * kTile)), 1, kMaxPanelTiles);
   const int64_t n_panels = (row_tiles + panel_tiles - 1) / panel_tiles;
-  // Per 16-row tile: int8 values [n_sub][16][sub], then [n_sub][16] scales and offsets.
-  const size_t tile_q = static_cast<size_t>(cols) * kTile;
-  const size_t tile_bytes = RoundUp64(tile_q + 4 * static_cast<size_t>(n_sub) * kTile * 2);
+  // Per 16-row tile: int8 values [n_sub][16][sub] (folded: low then high planes), then scales
+  // and offsets, (cols / 16) * 16 floats each (gemm_amx.h).
+  const size_t plane = static_cast<size_t>(cols) * kTile;
+  const size_t tile_q = f.folded ? 2 * plane : plane;
+  const size_t n_scales = static_cast<size_t>(cols / 16) * kTile;
+  const size_t tile_bytes = RoundUp64(tile_q + 4 * n_scales * 2);
   pool.ParallelFor(n_panels, 1, [&](int64_t p0, int64_t p1, int) {
     static thread_local Scratch panel_scratch;
     uint8_t* panel = panel_scratch.Reserve(tile_bytes * static_cast<size_t>(panel_tiles));
@@ -157,9 +161,10 @@ void GemmQuantized(DType type, const uint8_t* w, size_t row_bytes, int64_t rows,
         uint8_t* base = panel + i * tile_bytes;
         auto* s = reinterpret_cast<float*>(base + tile_q);
         const int64_t r0 = (tile0 + i) * kTile;
+        auto* q = reinterpret_cast<int8_t*>(base);
         amx::UnpackTile(f.weight, w + static_cast<size_t>(r0) * row_bytes, row_bytes,
-                        static_cast<int>(std::min<int64_t>(kTile, rows - r0)), cols,
-                        reinterpret_cast<int8_t*>(base), s, f.offsets ? s + n_sub * kTile : nullptr);
+                        static_cast<int>(std::min<int64_t>(kTile, rows - r0)), cols, q,
+                        f.folded ? q + plane : nullptr, s, f.offsets ? s + n_scales : nullptr);
       }
       for (int64_t tt = 0; tt < n_tt; ++tt) {
         const uint8_t* at = packed + tt * lay.bytes;
@@ -168,14 +173,15 @@ void GemmQuantized(DType type, const uint8_t* w, size_t row_bytes, int64_t rows,
           const uint8_t* base = panel + i * tile_bytes;
           amx::TileArgs args;
           args.wq = reinterpret_cast<const int8_t*>(base);
+          args.wq_hi = f.folded ? args.wq + plane : nullptr;
           args.ws = reinterpret_cast<const float*>(base + tile_q);
-          args.wo = f.offsets ? args.ws + n_sub * kTile : nullptr;
+          args.wo = f.offsets ? args.ws + n_scales : nullptr;
           args.aq = at;
           args.ad = reinterpret_cast<const float*>(at + lay.q_bytes);
           args.asum = args.ad + lay.ad_floats;
           args.n_sub = n_sub;
           args.sub = f.sub;
-          args.act_shift = f.act_block == f.sub ? 0 : (f.act_block / f.sub == 8 ? 3 : 4);
+          args.act_shift = __builtin_ctz(static_cast<unsigned>(f.act_block / f.sub));
           amx::TileDot(args, out);
           const int64_t r0 = (tile0 + i) * kTile;
           const int nr = static_cast<int>(std::min<int64_t>(kTile, rows - r0));

@@ -5,6 +5,8 @@
 //
 // Weights are never copied whole: each thread unpacks one panel of rows at a time (int8 values
 // plus float scales) into a small buffer that stays in L2 while every token passes over it.
+// Q4_K and Q6_K are unpacked "folded" (quants times their integer sub-block scale, split into
+// a 7-bit low and a high byte), so a 256-element super-block is two exact int32 tile sums.
 // Activations arrive quantized by MatMul in the same formats the dot kernels use (Q8_0 rows for
 // Q8_0/Q4_0, Q8_K rows for the K formats), so results equal the dot kernels' up to float order.
 #pragma once
@@ -20,8 +22,8 @@ namespace substrate {
 
 // Whether MatMul should use GemmQuantized for weight `type` with `cols` columns and n_tokens
 // tokens at tier `isa`: the format is supported and n_tokens is past the point where the tiles
-// beat the dot kernels (measured, one core: 8 tokens for Q8_0/Q4_0, 12 for Q4_K, 16 for Q6_K;
-// fewer tokens pad the 16-token tiles and leave the unpacking unamortized).
+// beat the dot kernels (measured, one core: 8 tokens for Q8_0/Q4_0/Q6_K, 12 for Q4_K; fewer
+// tokens pad the 16-token tiles and leave the unpacking unamortized).
 bool GemmSupports(DType type, int64_t cols, int64_t n_tokens, Isa isa);
 // The activation format GemmQuantized expects for `type` (the dot kernels' partner format).
 DType GemmActType(DType type);

@@ -1,9 +1,9 @@
-// AMX int8 tile kernel of the prefill GEMM (see gemm_amx.h). One tile product per sub-block:
-// C (16 weight rows x 16 tokens, int32) = A (16 rows x sub int8) . B (sub/4 x 16 tokens x 4).
-// The integer products of a sub-block are exact; its scales (per weight row, per token) are
-// then applied in float with AVX-512, accumulating 16 rows x 16 tokens in 16 zmm registers.
-// Two sub-blocks are in flight at once (C0/A0/B0 and C1/A1/B1) so one tile product overlaps
-// the other's store and scaling.
+// AMX int8 tile kernels of the prefill GEMM (see gemm_amx.h). Q8_0/Q4_0: one tile product per
+// 32-element block, C (16 weight rows x 16 tokens, int32) = A (16 rows x 32 int8) . B (8 x 16
+// tokens x 4); the integer products are exact, the block's fp16 scales (per row, per token) are
+// applied in float with AVX-512, accumulating 16 x 16 results in 16 zmm registers; two blocks
+// in flight at once. Q4_K/Q6_K (folded, see TileDotFoldedT): two K = 64 products per 64
+// elements, stored once per 256-element super-block. Tiles: C 0-1, A 2-3, B 4-5.
 // GCC 12's 512-bit conversion intrinsics pass an "undefined" vector that its own
 // -Wmaybe-uninitialized then flags; the warning is about the header, not this code.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -29,8 +29,8 @@ struct alignas(64) TileConfig {
   uint8_t rows[16];
 };
 
-template <bool kOffset>
-void TileDotT(const TileArgs& a, float* out) {
+// Q8_0/Q4_0 weights against Q8_0 activations: scales applied per 32-element block.
+void TileDotBlocks(const TileArgs& a, float* out) {
   alignas(64) int32_t cbuf[2][16][16];
   __m512 acc[16];
   for (int m = 0; m < 16; ++m) acc[m] = _mm512_setzero_ps();
@@ -58,9 +58,46 @@ void TileDotT(const TileArgs& a, float* out) {
         __m512 c = _mm512_cvtepi32_ps(_mm512_load_si512(cbuf[h][m]));
         acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(c, _mm512_set1_ps(ws[m])), da, acc[m]);
       }
-      if constexpr (kOffset) {
-        const __m512 s = _mm512_loadu_ps(a.asum + jj * 16);
-        const float* wo = a.wo + jj * 16;
+    }
+  }
+  for (int m = 0; m < 16; ++m) _mm512_storeu_ps(out + 16 * m, acc[m]);
+}
+
+// Q4_K and Q6_K, folded: each weight is stored as q * sc (its integer sub-block scale applied)
+// split into a low 7-bit part (unsigned) and a high part (signed, times 128), so a whole
+// 256-element super-block accumulates in two int32 tiles with K = 64 products, stored once
+// per super-block instead of once per sub-block; the super-block scale d (and, for Q4_K, the
+// mins against the activation sums) are applied in float.
+template <bool kOffset>
+void TileDotFoldedT(const TileArgs& a, float* out) {
+  alignas(64) int32_t cbuf[2][16][16];
+  __m512 acc[16];
+  for (int m = 0; m < 16; ++m) acc[m] = _mm512_setzero_ps();
+  const int64_t per = int64_t{1} << a.act_shift;  // 64-element chunks per super-block
+  for (int64_t sb = 0; sb < a.n_sub / per; ++sb) {
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t j = sb * per; j < (sb + 1) * per; ++j) {
+      _tile_loadd(2, a.wq + j * 1024, 64);  // A: 16 rows x 64 (sub = 64 config)
+      _tile_loadd(3, a.wq_hi + j * 1024, 64);
+      _tile_loadd(4, a.aq + j * 1024, 64);  // B: 16 groups of 4 x 16 tokens
+      _tile_dpbusd(0, 2, 4);
+      _tile_dpbssd(1, 3, 4);
+    }
+    _tile_stored(0, cbuf[0], 64);
+    _tile_stored(1, cbuf[1], 64);
+    const __m512 da = _mm512_loadu_ps(a.ad + sb * 16);
+    const float* ws = a.ws + sb * 16;
+    for (int m = 0; m < 16; ++m) {
+      __m512i v = _mm512_add_epi32(_mm512_load_si512(cbuf[0][m]),
+                                   _mm512_slli_epi32(_mm512_load_si512(cbuf[1][m]), 7));
+      acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(ws[m])), da,
+                               acc[m]);
+    }
+    if constexpr (kOffset) {
+      for (int64_t j = sb * 8; j < sb * 8 + 8; ++j) {  // mins of the 8 sub-blocks of 32
+        const __m512 s = _mm512_loadu_ps(a.asum + j * 16);
+        const float* wo = a.wo + j * 16;
         for (int m = 0; m < 16; ++m) acc[m] = _mm512_fmadd_ps(_mm512_set1_ps(wo[m]), s, acc[m]);
       }
     }
@@ -83,8 +120,18 @@ inline void Store32(int8_t* q, int64_t j, int m, __m256i v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + (j * 16 + m) * 32), v);
 }
 
-void UnpackRow(WeightFormat f, const uint8_t* row, int64_t cols, int m, int8_t* q, float* s,
-               float* o) {
+// 32 folded values (q * sc as int16, |v| <= 4096) at offset `at` of 64-element chunk j, row m:
+// low 7 bits to q (unsigned), the rest (arithmetic shift, so v = 128 * hi + lo) to q_hi.
+inline void StoreFolded(int8_t* q, int8_t* q_hi, int64_t j, int m, int at, __m512i v) {
+  const size_t off = static_cast<size_t>((j * 16 + m) * 64 + at);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + off),
+                      _mm512_cvtepi16_epi8(_mm512_and_si512(v, _mm512_set1_epi16(127))));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q_hi + off),
+                      _mm512_cvtepi16_epi8(_mm512_srai_epi16(v, 7)));
+}
+
+void UnpackRow(WeightFormat f, const uint8_t* row, int64_t cols, int m, int8_t* q, int8_t* q_hi,
+               float* s, float* o) {
   const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
   switch (f) {
     case WeightFormat::kQ8_0: {
@@ -110,15 +157,18 @@ void UnpackRow(WeightFormat f, const uint8_t* row, int64_t cols, int m, int8_t* 
       for (int64_t b = 0; b < cols / kQK_K; ++b) {
         uint8_t sc[8], mn[8];
         scalar::UnpackQ4KScales(x[b].scales, sc, mn);
-        float d = H(x[b].d), dmin = H(x[b].dmin);
-        for (int j = 0; j < 8; ++j) {
-          s[(8 * b + j) * 16 + m] = d * sc[j];
-          o[(8 * b + j) * 16 + m] = -dmin * mn[j];
-        }
-        for (int i = 0; i < 4; ++i) {
+        s[b * 16 + m] = H(x[b].d);
+        const float dmin = H(x[b].dmin);
+        for (int j = 0; j < 8; ++j) o[(8 * b + j) * 16 + m] = -dmin * mn[j];
+        for (int i = 0; i < 4; ++i) {  // chunk 4b + i: sub-blocks 2i, 2i+1
           __m256i v = Load256(x[b].qs + 32 * i);
-          Store32(q, 8 * b + 2 * i, m, _mm256_and_si256(v, m4));
-          Store32(q, 8 * b + 2 * i + 1, m, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+          StoreFolded(q, q_hi, 4 * b + i, m, 0,
+                      _mm512_mullo_epi16(_mm512_cvtepu8_epi16(_mm256_and_si256(v, m4)),
+                                         _mm512_set1_epi16(sc[2 * i])));
+          StoreFolded(q, q_hi, 4 * b + i, m, 32,
+                      _mm512_mullo_epi16(
+                          _mm512_cvtepu8_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4)),
+                          _mm512_set1_epi16(sc[2 * i + 1])));
         }
       }
       break;
@@ -127,18 +177,21 @@ void UnpackRow(WeightFormat f, const uint8_t* row, int64_t cols, int m, int8_t* 
       auto* x = reinterpret_cast<const BlockQ6_K*>(row);
       const __m256i k32 = _mm256_set1_epi8(32);
       for (int64_t b = 0; b < cols / kQK_K; ++b) {
-        float d = H(x[b].d);
-        for (int j = 0; j < 16; ++j) s[(16 * b + j) * 16 + m] = d * x[b].scales[j];
+        s[b * 16 + m] = H(x[b].d);
         for (int h = 0; h < 2; ++h) {
           __m256i ql0 = Load256(x[b].ql + 64 * h), ql1 = Load256(x[b].ql + 64 * h + 32);
           __m256i qh = Load256(x[b].qh + 32 * h);
           __m256i lo[4] = {_mm256_and_si256(ql0, m4), _mm256_and_si256(ql1, m4),
                            _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
                            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4)};
-          for (int k = 0; k < 4; ++k) {
+          for (int k = 0; k < 4; ++k) {  // elements 128h + 32k .. +31: sub-blocks 8h+2k, +1
             __m256i top = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m3), 4);
             __m256i v = _mm256_sub_epi8(_mm256_or_si256(lo[k], top), k32);
-            Store2x16(q, 16 * b + 8 * h + 2 * k, m, v);
+            const int8_t* sc = x[b].scales + 8 * h + 2 * k;
+            __m512i scv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(sc[0])),
+                                             _mm256_set1_epi16(sc[1]), 1);
+            StoreFolded(q, q_hi, 4 * b + 2 * h + k / 2, m, 32 * (k % 2),
+                        _mm512_mullo_epi16(_mm512_cvtepi8_epi16(v), scv));
           }
         }
       }
@@ -150,16 +203,20 @@ void UnpackRow(WeightFormat f, const uint8_t* row, int64_t cols, int m, int8_t* 
 }  // namespace
 
 void UnpackTile(WeightFormat f, const uint8_t* w, size_t row_bytes, int n_rows, int64_t cols,
-                int8_t* q, float* s, float* o) {
-  const int sub = f == WeightFormat::kQ6_K ? 16 : 32;
+                int8_t* q, int8_t* q_hi, float* s, float* o) {
+  const bool folded = f == WeightFormat::kQ4_K || f == WeightFormat::kQ6_K;
+  const int sub = folded ? 64 : 32;
   const int64_t n_sub = cols / sub;
   for (int m = 0; m < 16; ++m) {
     if (m < n_rows) {
-      UnpackRow(f, w + static_cast<size_t>(m) * row_bytes, cols, m, q, s, o);
+      UnpackRow(f, w + static_cast<size_t>(m) * row_bytes, cols, m, q, q_hi, s, o);
       continue;
     }
     for (int64_t j = 0; j < n_sub; ++j) {  // rows past the end: zeros, never written out
       std::memset(q + (j * 16 + m) * sub, 0, static_cast<size_t>(sub));
+      if (q_hi) std::memset(q_hi + (j * 16 + m) * sub, 0, static_cast<size_t>(sub));
+    }
+    for (int64_t j = 0; j < cols / 16; ++j) {  // every scale layout fits in cols / 16
       s[j * 16 + m] = 0;
       if (o) o[j * 16 + m] = 0;
     }
@@ -181,10 +238,14 @@ void ConfigureTiles(int sub) {
 void ReleaseTiles() { _tile_release(); }
 
 void TileDot(const TileArgs& a, float* out) {
-  if (a.wo) {
-    TileDotT<true>(a, out);
+  if (a.wq_hi) {
+    if (a.wo) {
+      TileDotFoldedT<true>(a, out);
+    } else {
+      TileDotFoldedT<false>(a, out);
+    }
   } else {
-    TileDotT<false>(a, out);
+    TileDotBlocks(a, out);  // Q8_0/Q4_0: no mins
   }
 }
 
