@@ -85,7 +85,7 @@ class ResidencyManager : public WeightSource {
   void EndOp(const std::string& op_id) override;
   void HintExperts(int layer, const int32_t* experts, int n) override;
   // Look-ahead guesses are worth their GEMV only when some experts are not cached.
-  bool WantsLookahead() const { return stats_.n_ops_expert > stats_.expert_slots; }
+  bool WantsLookahead() const override { return stats_.n_ops_expert > stats_.expert_slots; }
 
   ResidencyStats stats() const;
   std::string StatsJson() const;

@@ -15,11 +15,13 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "compiler/plan_bundle.h"
 #include "core/memory_ledger.h"
 #include "core/thread_pool.h"
 #include "format/model_file.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
+#include "model/op_id.h"
 #include "model/sampler.h"
 #include "runtime/expert_cache.h"
 #include "runtime/residency_manager.h"
@@ -168,6 +170,69 @@ TEST(Runtime, GoldenGreedyUnderCapWithPrefetch) {
   }
   EXPECT_GT(ops, 0);
   EXPECT_GT(reads, 0);
+}
+
+// A plan's resident set is what the manager keeps: here the routers, embedding and output head
+// resident, every other dense op streamed (evicted after itself, prefetched from token start).
+TEST(Runtime, PlanChoosesTheResidentSet) {
+  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  auto index = StoreIndex::Open(PackedStore());
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  auto hp = ModelHParams::FromMetadata((*index)->meta().metadata());
+  ASSERT_TRUE(hp.ok());
+  compiler::PlanBundle plan;
+  plan.model_id = "tiny-coder-moe";
+  plan.budget.max_ram_bytes = 1ull << 40;
+  plan.escalation_policy.max_concurrent_escalations = 0;
+  int n_resident = 0, n_streamed = 0;
+  auto has = [&](const std::string& n) { return (*index)->Resolve(n) != kNoTensor; };
+  for (const OpSpec& op : ListOps(*hp, has)) {
+    const int o = (*index)->FindOp(op.id);
+    if (o < 0 || op.kind == OpKind::kMoeExpert) continue;
+    const bool resident = op.kind == OpKind::kMoeRouter || op.kind == OpKind::kTokenEmbd ||
+                          op.kind == OpKind::kOutput;
+    (resident ? n_resident : n_streamed)++;
+    compiler::CatalogTensor t;
+    t.id = op.id + ".skeleton";
+    t.op_id = op.id;
+    t.precision = "keep";
+    t.ram_bytes = t.ssd_bytes = (*index)->ops()[o].SlabBytes(2);
+    t.residency = resident ? compiler::Residency::kResident : compiler::Residency::kStreamed;
+    plan.tensor_catalog.push_back(t);
+    compiler::OpBundle b;
+    b.op_id = op.id;
+    compiler::Tier tier;
+    tier.precision = "keep";
+    tier.requires_ = {t.id};
+    if (!resident) {
+      tier.evict_after = {t.id};
+      tier.prefetch = {{t.id, "", op.id}};
+      tier.fallback = compiler::FallbackStrategy::kStall;
+    }
+    b.tiers = {tier};
+    plan.op_bundles.push_back(b);
+  }
+  auto made = compiler::PlanBundle::Create(plan);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  const std::string path = TempDir("plan.json");
+  ASSERT_TRUE(compiler::SavePlan(*made, path).ok());
+
+  const json g = Golden();
+  const auto prompt = g["greedy"]["prompt"].get<std::vector<int32_t>>();
+  const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
+  ResidencyOptions o = SmallRun();
+  o.plan_path = path;
+  MemoryLedger ledger(DataBytes(PackedStore()));
+  auto m = ResidencyManager::Open(PackedStore(), &ledger, o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ((*m)->stats().n_ops_streamed, n_streamed);
+  EXPECT_GE((*m)->stats().n_ops_resident, n_resident);
+  Status err;
+  EXPECT_EQ(Greedy(m->get(), (*m)->metadata(), &ledger, prompt, 6, &err),
+            std::vector<int32_t>(want.begin(), want.begin() + 6));
+  EXPECT_TRUE(err.ok()) << err.ToString();
+  EXPECT_LE(ledger.peak(), ledger.cap());
+  fs::remove(path);
 }
 
 TEST(Runtime, PreadAndLruAndFrequencyPoliciesAgree) {
