@@ -29,7 +29,7 @@ class Scratch {
     // MoE bookkeeping (routing, per-expert token lists, look-ahead, batched experts).
     kSel, kSelWeight, kExpertList, kExpertOffset, kExpertTokens, kExpertTokWeight, kRouterBias,
     kLookNorm, kLookLogits, kLookSel, kLookSelWeight, kLookList, kExpertAct, kExpertHidden,
-    kExpertHiddenAct, kSlotCount
+    kExpertHiddenAct, kSharedGate, kSharedUp, kSharedAct, kSlotCount
   };
   explicit Scratch(MemoryLedger* ledger) : ledger_(ledger) {}
   // At least n floats for `slot` (contents kept only if no growth happens).

@@ -49,18 +49,6 @@ struct Part {
   int act = -1;  // index into the activation formats table
 };
 
-// One weight product of the batch: y [m, rows] = W x, x one of the activation sets.
-struct Product {
-  const WeightView* w = nullptr;
-  Part parts[kMaxParts];
-  int n_parts = 0;
-  int token_block = kTokenBlock;
-  int64_t m = 0;
-  int64_t act_row0 = 0;  // first activation row (of the quantized set) this product reads
-  float* y = nullptr;
-  int64_t items = 0;     // row chunks
-};
-
 // Activations quantized to up to kMaxActs formats (one set of rows each).
 constexpr int kMaxActs = 6;
 struct ActSet {
@@ -77,8 +65,23 @@ struct ActSet {
   }
 };
 
+// One weight product of the batch: y [m, rows] = W x, x one of the activation sets.
+struct Product {
+  const WeightView* w = nullptr;
+  Part parts[kMaxParts];
+  int n_parts = 0;
+  int token_block = kTokenBlock;
+  int64_t m = 0;
+  int64_t act_row0 = 0;  // first activation row (of the quantized set) this product reads
+  float* y = nullptr;
+  int64_t items = 0;     // row chunks
+  const ActSet* acts = nullptr;          // its activation formats
+  const uint8_t* act_buf = nullptr;     // and their quantized rows (set once quantized)
+};
+
 bool PrepareProduct(const WeightView& w, Isa isa, ActSet& acts, Product* p) {
   p->w = &w;
+  p->acts = &acts;
   p->n_parts = 1 + std::clamp(w.n_residuals, 0, 2);
   p->token_block = kTokenBlock;
   for (int k = 0; k < p->n_parts; ++k) {
@@ -117,10 +120,11 @@ Expected<uint8_t*> QuantizeActs(ForwardContext& c, Scratch::Slot slot, const flo
 }
 
 // Rows [r0, r1) of one product, computed as MatMul's row loop computes them.
-void ProductRows(const Product& p, const ActSet& acts, const uint8_t* act_buf, int64_t r0,
-                 int64_t r1) {
+void ProductRows(const Product& p, int64_t r0, int64_t r1) {
   float tmp[kTokenBlock], res[kTokenBlock];
   const WeightView& w = *p.w;
+  const ActSet& acts = *p.acts;
+  const uint8_t* act_buf = p.act_buf;
   for (int64_t t0 = 0; t0 < p.m; t0 += p.token_block) {
     const int nt = static_cast<int>(std::min<int64_t>(p.token_block, p.m - t0));
     for (int64_t r = r0; r < r1; ++r) {
@@ -141,8 +145,7 @@ void ProductRows(const Product& p, const ActSet& acts, const uint8_t* act_buf, i
 
 // Every product's rows over the pool: items in product order, so a thread's contiguous range
 // of items reads contiguous weight rows.
-void RunProducts(ForwardContext& c, const Product* prods, int n_prods, const ActSet& acts,
-                 const uint8_t* act_buf) {
+void RunProducts(ForwardContext& c, const Product* prods, int n_prods) {
   int64_t n_items = 0;
   for (int i = 0; i < n_prods; ++i) n_items += prods[i].items;
   c.pool->ParallelFor(n_items, 1, [&](int64_t i0, int64_t i1, int) {
@@ -154,7 +157,7 @@ void RunProducts(ForwardContext& c, const Product* prods, int n_prods, const Act
       const int64_t last = std::min(i1, base + pr.items);
       const int64_t r0 = (i - base) * kRowsPerItem;
       const int64_t r1 = std::min(pr.w->rows, (last - base) * kRowsPerItem);
-      ProductRows(pr, acts, act_buf, r0, r1);
+      ProductRows(pr, r0, r1);
       i = last;
       base += pr.items;
       ++p;
@@ -180,13 +183,13 @@ class OpenExperts {
   }
   ~OpenExperts() {
     handles.clear();
-    for (int e : begun) s_->EndOp(OpIdMoeExpert(il_, e));
+    for (int e : begun) s_->EndOp(e >= 0 ? OpIdMoeExpert(il_, e) : OpIdMoeShared(il_));
     begun.clear();
   }
   OpenExperts(const OpenExperts&) = delete;
   OpenExperts& operator=(const OpenExperts&) = delete;
-  void Begin(int e) {
-    s_->BeginOp(OpIdMoeExpert(il_, e));
+  void Begin(int e) {  // e < 0: the shared expert
+    s_->BeginOp(e >= 0 ? OpIdMoeExpert(il_, e) : OpIdMoeShared(il_));
     begun.push_back(e);
   }
 
@@ -201,13 +204,16 @@ thread_local std::vector<WeightHandle> OpenExperts::handles;
 thread_local std::vector<int> OpenExperts::begun;
 
 Status RunBatched(ForwardContext& c, int il, const LayerWeights& w, const float* xn,
-                  const ExpertRouting& r, float* acc) {
-  const int64_t d = c.hp->n_embd;
+                  const ExpertRouting& r, float* acc, float* shared_out) {
+  const int64_t d = c.hp->n_embd, n = c.n;
   const int ne = r.n_experts;
   const int64_t ff = static_cast<int64_t>(c.source->Info(w.gate_exps).ne[1]);
+  const bool shared = shared_out != nullptr;
+  const bool shared_gate = shared && w.gate_inp_shexp != kNoTensor;
+  const int64_t ffs = shared ? static_cast<int64_t>(c.source->Info(w.gate_shexp).ne[1]) : 0;
   OpenExperts open(c.source, il);
   std::vector<WeightHandle>& h = OpenExperts::handles;
-  h.reserve(static_cast<size_t>(3 * c.hp->n_expert));
+  h.reserve(static_cast<size_t>(3 * c.hp->n_expert + 4));
   for (int i = 0; i < ne; ++i) {
     const int e = r.experts[i];
     open.Begin(e);
@@ -219,24 +225,44 @@ Status RunBatched(ForwardContext& c, int il, const LayerWeights& w, const float*
     RETURN_IF_ERROR(CheckShape(c, w.up_exps, h[3 * i + 1].view(), d, ff));
     RETURN_IF_ERROR(CheckShape(c, w.down_exps, h[3 * i + 2].view(), ff, d));
   }
+  // The shared expert joins the batch in its own op, after the routed ones (topological order).
+  const size_t hs = h.size();  // its handles: gate, up, down, [sigmoid gate]
+  if (shared) {
+    open.Begin(-1);
+    for (TensorId id : {w.gate_shexp, w.up_shexp, w.down_shexp, w.gate_inp_shexp}) {
+      if (id == kNoTensor) continue;
+      ASSIGN_OR_RETURN(WeightHandle hd, c.source->Acquire(id));
+      h.push_back(std::move(hd));
+    }
+    RETURN_IF_ERROR(CheckShape(c, w.gate_shexp, h[hs].view(), d, ffs));
+    RETURN_IF_ERROR(CheckShape(c, w.up_shexp, h[hs + 1].view(), d, ffs));
+    RETURN_IF_ERROR(CheckShape(c, w.down_shexp, h[hs + 2].view(), ffs, d));
+    if (shared_gate) RETURN_IF_ERROR(CheckShape(c, w.gate_inp_shexp, h[hs + 3].view(), d, 1));
+  }
 
   // Rows p of the gathered input / hidden / output belong to expert slot p's token
   // (tokens[p]); expert i's rows start at offset[experts[i]].
   const int64_t total = r.offset[r.experts[ne - 1] + 1] - r.offset[r.experts[0]];
   const int64_t p0 = r.offset[r.experts[0]];
-  ASSIGN_OR_RETURN(float* xg, c.scratch->Get(Scratch::kGathered, total * d));
+  // The shared expert reads rows [total, total + n) of xg: the tokens themselves.
+  ASSIGN_OR_RETURN(float* xg, c.scratch->Get(Scratch::kGathered, (total + n) * d));
+  ASSIGN_OR_RETURN(float* gs, c.scratch->Get(Scratch::kSharedGate, std::max<int64_t>(1, n * ffs)));
+  ASSIGN_OR_RETURN(float* us, c.scratch->Get(Scratch::kSharedUp, std::max<int64_t>(1, n * ffs)));
+  ASSIGN_OR_RETURN(float* sg, c.scratch->Get(Scratch::kVec, n));
   ASSIGN_OR_RETURN(float* g, c.scratch->Get(Scratch::kGate, total * ff));
   ASSIGN_OR_RETURN(float* u, c.scratch->Get(Scratch::kUp, total * ff));
   ASSIGN_OR_RETURN(float* out, c.scratch->Get(Scratch::kExpertHidden, total * d));
   thread_local std::vector<Product> up_prods, down_prods;  // grow-once bookkeeping
-  up_prods.resize(static_cast<size_t>(2 * ne));
-  down_prods.resize(static_cast<size_t>(ne));
+  const int n_up = 2 * ne + (shared ? 2 + shared_gate : 0), n_down = ne + shared;
+  up_prods.resize(static_cast<size_t>(n_up));
+  down_prods.resize(static_cast<size_t>(n_down));
   for (int64_t p = 0; p < total; ++p)
     std::memcpy(xg + p * d, xn + static_cast<int64_t>(r.tokens[p0 + p]) * d,
                 static_cast<size_t>(d) * 4);
+  std::memcpy(xg + total * d, xn, static_cast<size_t>(n * d) * 4);
 
   const Isa isa = ActiveIsa();
-  ActSet in_acts, hid_acts;
+  ActSet in_acts, hid_acts, shared_acts;
   bool fast = true;
   for (int i = 0; i < ne && fast; ++i) {
     const int e = r.experts[i];
@@ -254,20 +280,43 @@ Status RunBatched(ForwardContext& c, int il, const LayerWeights& w, const float*
     dp.act_row0 = row0;
     dp.y = out + row0 * d;
   }
+  if (shared && fast) {
+    float* ys[3] = {gs, us, sg};
+    for (int k = 0; k < 2 + shared_gate && fast; ++k) {
+      Product& pr = up_prods[2 * ne + k];
+      fast = PrepareProduct(h[hs + (k < 2 ? k : 3)].view(), isa, in_acts, &pr);
+      pr.m = n;
+      pr.act_row0 = total;
+      pr.y = ys[k];
+    }
+    Product& dp = down_prods[ne];
+    fast = fast && PrepareProduct(h[hs + 2].view(), isa, shared_acts, &dp);
+    dp.m = n;
+    dp.act_row0 = 0;
+    dp.y = shared_out;
+  }
 
   if (fast) {
     const bool profile = KernelProfilingEnabled();
     auto t0 = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(uint8_t* in_buf,
-                     QuantizeActs(c, Scratch::kExpertAct, xg, total, d, isa, in_acts));
+                     QuantizeActs(c, Scratch::kExpertAct, xg, total + n, d, isa, in_acts));
+    for (int i = 0; i < n_up; ++i) up_prods[i].act_buf = in_buf;
     auto t1 = std::chrono::steady_clock::now();
-    RunProducts(c, up_prods.data(), 2 * ne, in_acts, in_buf);
+    RunProducts(c, up_prods.data(), n_up);
     auto t2 = std::chrono::steady_clock::now();
     SwiGlu(g, u, total * ff, g);
     ASSIGN_OR_RETURN(uint8_t* hid_buf,
                      QuantizeActs(c, Scratch::kExpertHiddenAct, g, total, ff, isa, hid_acts));
+    for (int i = 0; i < ne; ++i) down_prods[i].act_buf = hid_buf;
+    if (shared) {
+      SwiGlu(gs, us, n * ffs, gs);
+      ASSIGN_OR_RETURN(uint8_t* sh_buf,
+                       QuantizeActs(c, Scratch::kSharedAct, gs, n, ffs, isa, shared_acts));
+      down_prods[ne].act_buf = sh_buf;
+    }
     auto t3 = std::chrono::steady_clock::now();
-    RunProducts(c, down_prods.data(), ne, hid_acts, hid_buf);
+    RunProducts(c, down_prods.data(), n_down);
     if (profile) {
       auto t4 = std::chrono::steady_clock::now();
       uint64_t bytes = 0;
@@ -285,6 +334,20 @@ Status RunBatched(ForwardContext& c, int il, const LayerWeights& w, const float*
       MatMul(h[3 * i + 1].view(), xg + row0 * d, m, u + row0 * ff, *c.pool);
       SwiGlu(g + row0 * ff, u + row0 * ff, m * ff, g + row0 * ff);
       MatMul(h[3 * i + 2].view(), g + row0 * ff, m, out + row0 * d, *c.pool);
+    }
+    if (shared) {
+      MatMul(h[hs].view(), xn, n, gs, *c.pool);
+      MatMul(h[hs + 1].view(), xn, n, us, *c.pool);
+      SwiGlu(gs, us, n * ffs, gs);
+      MatMul(h[hs + 2].view(), gs, n, shared_out, *c.pool);
+      if (shared_gate) MatMul(h[hs + 3].view(), xn, n, sg, *c.pool);
+    }
+  }
+  if (shared_gate) {
+    // qwen2moe: the shared expert's output is scaled by sigmoid(w . x) per token.
+    for (int64_t t = 0; t < n; ++t) {
+      const float s = Sigmoid(sg[t]);
+      for (int64_t i = 0; i < d; ++i) shared_out[t * d + i] *= s;
     }
   }
 
@@ -325,10 +388,15 @@ Status RunOneByOne(ForwardContext& c, int il, const LayerWeights& w, const float
 
 int64_t SetBatchedExpertMaxTokens(int64_t n) { return std::exchange(g_batched_max_tokens, n); }
 
-Status RunRoutedExperts(ForwardContext& c, int il, const LayerWeights& w, const float* xn,
-                        const ExpertRouting& r, float* acc) {
-  if (r.n_experts == 0) return Status::Ok();
-  if (c.n <= g_batched_max_tokens) return RunBatched(c, il, w, xn, r, acc);
+Status RunExperts(ForwardContext& c, int il, const LayerWeights& w, const float* xn,
+                  const ExpertRouting& r, float* acc, float* shared_out, bool* shared_done) {
+  *shared_done = false;
+  if (r.n_experts > 0 && c.n <= g_batched_max_tokens) {
+    const bool shared = w.gate_shexp != kNoTensor;
+    RETURN_IF_ERROR(RunBatched(c, il, w, xn, r, acc, shared ? shared_out : nullptr));
+    *shared_done = shared;
+    return Status::Ok();
+  }
   return RunOneByOne(c, il, w, xn, r, acc);
 }
 

@@ -199,9 +199,11 @@ Status MoeBlock(ForwardContext& c, int il, const LayerWeights& w) {
   std::fill(acc, acc + n * d, 0.0f);
   ASSIGN_OR_RETURN(float* out, c.scratch->Get(Scratch::kExpertOut, n * d));
   ExpertRouting routing{list, n_sel, offset, tokens, tok_w};
-  RETURN_IF_ERROR(RunRoutedExperts(c, il, w, xn, routing, acc));
-
-  if (w.gate_shexp != kNoTensor) {
+  bool shared_done = false;
+  RETURN_IF_ERROR(RunExperts(c, il, w, xn, routing, acc, out, &shared_done));
+  if (shared_done) {
+    AddInPlace(acc, out, n * d);
+  } else if (w.gate_shexp != kNoTensor) {
     OpScope op(c.source, OpIdMoeShared(il));
     RETURN_IF_ERROR(SwiGluMlp(c, w.gate_shexp, w.up_shexp, w.down_shexp, xn, n, out));
     if (w.gate_inp_shexp != kNoTensor) {
