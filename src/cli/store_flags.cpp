@@ -7,7 +7,8 @@
 namespace substrate::cli {
 
 std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra) {
-  for (const char* f : {"--store", "--max-ram", "--plan", "--trace", "--prefetch-depth", "--io"})
+  for (const char* f : {"--store", "--max-ram", "--plan", "--trace", "--prefetch-depth", "--io",
+                        "--io-threads"})
     extra.push_back(f);
   return extra;
 }
@@ -23,7 +24,7 @@ Expected<StoreRun> ApplyStoreFlags(const Flags& f, int64_t n_ctx, std::string* m
     ledger->set_cap(run.max_ram);
   }
   if (run.store.empty()) {
-    for (const char* flag : {"--plan", "--trace", "--prefetch-depth", "--io"})
+    for (const char* flag : {"--plan", "--trace", "--prefetch-depth", "--io", "--io-threads"})
       if (f.Has(flag)) return InvalidArgument(std::string(flag) + " needs --store STORE/");
     return run;
   }
@@ -39,6 +40,9 @@ Expected<StoreRun> ApplyStoreFlags(const Flags& f, int64_t n_ctx, std::string* m
   if (depth < 1 || depth > 64) return InvalidArgument("--prefetch-depth must be 1 to 64");
   ro.prefetch_depth = static_cast<int>(depth);
   ASSIGN_OR_RETURN(ro.io_mode, ParseIoMode(f.Get({"--io"}, "auto")));
+  ASSIGN_OR_RETURN(long long io_threads, f.GetInt({"--io-threads"}, 1));
+  if (io_threads < 1 || io_threads > 16) return InvalidArgument("--io-threads must be 1 to 16");
+  ro.io_threads = static_cast<int>(io_threads);
   const std::string dir = run.store;
   auto slot = run.manager;
   opt->weights = [dir, ro, n_ctx, slot, extra_reserve](const ModelFile& file, MemoryLedger* ledger)

@@ -1,7 +1,7 @@
 // Flags that run a command out of core: `--store STORE/ --max-ram SIZE [--plan P] [--trace T]
-// [--prefetch-depth N] [--io auto|uring|pread]`. With --store the model path becomes
-// STORE/model.gguf and the engine's weights come from a runtime ResidencyManager under the
-// budget; --max-ram alone caps the ledger (a resident model that does not fit then fails).
+// [--prefetch-depth N] [--io auto|uring|pread] [--io-threads N]`. With --store the model path
+// becomes STORE/model.gguf and the engine's weights come from a runtime ResidencyManager under
+// the budget; --max-ram alone caps the ledger (a resident model that does not fit then fails).
 #pragma once
 
 #include <cstdint>

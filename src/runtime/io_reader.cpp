@@ -18,8 +18,17 @@ namespace substrate {
 namespace {
 
 constexpr uint64_t kAlign = 4096;
-constexpr uint64_t kChunk = 1ull << 20;  // per request: big enough to stream, small enough to overlap
-constexpr unsigned kDepth = 16;          // requests in flight
+// Per request: big enough to stream, small enough to overlap (SUBSTRATE_IO_CHUNK_KB overrides,
+// for measuring a device).
+uint64_t ChunkBytes() {
+  static const uint64_t v = [] {
+    const char* e = std::getenv("SUBSTRATE_IO_CHUNK_KB");
+    const long kb = e ? std::atol(e) : 0;
+    return kb >= 4 && kb <= 65536 ? static_cast<uint64_t>(kb) << 10 : uint64_t{1} << 20;
+  }();
+  return v;
+}
+constexpr unsigned kDepth = 16;  // requests in flight
 
 uint64_t Length(const RandomAccessFile& f, uint64_t n) {
   return f.direct() ? (n + kAlign - 1) / kAlign * kAlign : n;
@@ -84,7 +93,7 @@ class UringReader : public IoReader {
       while (next < want && inflight < kDepth && first_error.ok()) {
         io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
         if (!sqe) break;
-        const uint64_t len = std::min(kChunk, want - next);
+        const uint64_t len = std::min(ChunkBytes(), want - next);
         io_uring_prep_read(sqe, f.fd(), dst + next, static_cast<unsigned>(len), offset + next);
         io_uring_sqe_set_data64(sqe, next);
         next += len;
@@ -106,7 +115,7 @@ class UringReader : public IoReader {
         const int res = cqe->res;
         io_uring_cqe_seen(&ring_, cqe);
         --inflight;
-        const uint64_t len = std::min(kChunk, want - start);
+        const uint64_t len = std::min(ChunkBytes(), want - start);
         if (res < 0) {
           if (first_error.ok()) first_error = ReadError(f, offset + start, -res);
         } else if (static_cast<uint64_t>(res) < len) {
@@ -117,7 +126,7 @@ class UringReader : public IoReader {
     RETURN_IF_ERROR(first_error);
     // Short completions (EOF in the rounded tail, or an interrupted request): finish with pread.
     for (uint64_t s : short_starts) {
-      const uint64_t chunk_end = std::min((s / kChunk + 1) * kChunk, want);
+      const uint64_t chunk_end = std::min((s / ChunkBytes() + 1) * ChunkBytes(), want);
       const uint64_t need = s < n ? std::min(chunk_end, n) - s : 0;
       RETURN_IF_ERROR(PreadRange(f, offset + s, need, chunk_end - s, dst + s));
     }

@@ -121,7 +121,8 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   if (!options.trace_path.empty()) {
     ASSIGN_OR_RETURN(trace_, TraceWriter::Open(options.trace_path));
   }
-  sched_ = std::make_unique<PrefetchScheduler>(*index_, options.io_mode, 1, trace_.get(), origin_);
+  sched_ = std::make_unique<PrefetchScheduler>(*index_, options.io_mode, options.io_threads,
+                                               trace_.get(), origin_);
   stats_.uring = sched_->uring();
   stats_.direct = index_->n_files() > 0 && index_->file(0).direct();
 

@@ -42,6 +42,9 @@ struct ResidencyOptions {
   std::string plan_path;       // a PlanBundle JSON: its resident set, evict_after and fallbacks
   std::string trace_path;      // JSONL trace (runtime/trace_writer.h), "" for none
   IoMode io_mode = IoMode::kAuto;
+  // Reading threads. One (with 16 requests in flight) matched or beat dd iflag=direct on the
+  // test machine; a second overlaps checksums with reads but measured no faster there.
+  int io_threads = 1;
   bool direct_io = true;
   ExpertCache::Policy expert_policy = ExpertCache::Policy::kLru;
   int expert_slots = 0;  // 0: as many as the budget leaves
