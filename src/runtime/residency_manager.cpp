@@ -312,10 +312,10 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
   if (o < 0) return;
   OpState& s = st_[o];
   cur_op_ = o;
-  cur_start_ = NowUs();
-  cur_stall_ = 0;
-  cur_hit_ = true;
-  cur_tier_ = s.where == Where::kResident ? s.tier : serve_;
+  s.win_start = NowUs();
+  s.win_stall = 0;
+  s.win_hit = true;
+  s.win_tier = s.where == Where::kResident ? s.tier : serve_;
   op_error_[o] = Status::Ok();
   if (s.layer >= 0) cur_layer_ = s.layer;
   if (s.where == Where::kExpert) {
@@ -343,23 +343,24 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
     if (s.slab >= 0) {
       ReadTicket* t = &slabs_[s.slab]->ticket;
       if (!sched_->Ready(t)) {
-        cur_hit_ = false;
+        s.win_hit = false;
         sched_->Expedite(t, INT64_MIN / 2);
         int64_t waited = 0;
         op_error_[o] = sched_->Wait(t, &waited);
-        cur_stall_ += waited;
+        s.win_stall += waited;
       } else {
         op_error_[o] = sched_->Wait(t, nullptr);
       }
-      cur_tier_ = s.tier;
+      s.win_tier = s.tier;
     }
     // else: no slab free (a plan's late evictions); Acquire demand-loads.
-    cur_hit_ ? ++stats_.hits : ++stats_.misses;
+    s.win_hit ? ++stats_.hits : ++stats_.misses;
   }
   ScheduleAhead();
 }
 
 Status ResidencyManager::BeginExpert(int o) {
+  OpState& s = st_[o];
   int slot = experts_->Find(o);
   if (slot >= 0) {
     ExpertCache::Slot& sl = experts_->slot(slot);
@@ -367,12 +368,12 @@ Status ResidencyManager::BeginExpert(int o) {
       ++experts_->hits;
     } else {
       ++experts_->late;
-      cur_hit_ = false;
+      s.win_hit = false;
       sched_->Expedite(&sl.ticket, INT64_MIN / 2);
     }
   } else {
     ++experts_->misses;
-    cur_hit_ = false;
+    s.win_hit = false;
     // Every slot may be busy with hinted reads (a prefill routes to many experts): wait for one.
     while ((slot = experts_->TakeVictim(pos_)) < 0) {
       int busy = -1;
@@ -387,7 +388,7 @@ Status ResidencyManager::BeginExpert(int o) {
       int64_t waited = 0;
       sched_->Expedite(&experts_->slot(busy).ticket, INT64_MIN / 2);
       (void)sched_->Wait(&experts_->slot(busy).ticket, &waited);
-      cur_stall_ += waited;
+      s.win_stall += waited;
     }
     experts_->Assign(slot, o, serve_);
     sched_->Submit({INT64_MIN / 2, o, serve_, experts_->slot(slot).data, &experts_->slot(slot).ticket});
@@ -395,8 +396,8 @@ Status ResidencyManager::BeginExpert(int o) {
   ExpertCache::Slot& sl = experts_->slot(slot);
   int64_t waited = 0;
   Status st = sched_->Wait(&sl.ticket, &waited);
-  cur_stall_ += waited;
-  cur_tier_ = sl.tier;
+  s.win_stall += waited;
+  s.win_tier = sl.tier;
   if (!st.ok()) {
     // Leave no half-read expert behind: the slot is emptied so the next use reads again.
     sched_->Cancel(&sl.ticket);
@@ -443,21 +444,21 @@ void ResidencyManager::EndOp(const std::string& op_id) {
                         : s.where == Where::kStreamed ? "stream" : "expert";
     OpEvent e;
     e.op = &index_->ops()[o].id;
-    e.tier = cur_tier_;
+    e.tier = s.win_tier;
     e.bytes = OpBytes(o);
-    e.start_us = cur_start_;
+    e.start_us = s.win_start;
     e.end_us = end;
-    e.stall_us = cur_stall_;
-    e.hit = cur_hit_;
+    e.stall_us = s.win_stall;
+    e.hit = s.win_hit;
     e.where = where;
     trace_->Op(e);
   }
-  stats_.stall_us += cur_stall_;
+  stats_.stall_us += s.win_stall;
   if (s.where == Where::kExpert) {
     const int slot = experts_->Find(o);
     if (slot >= 0 && experts_->slot(slot).pins > 0) --experts_->slot(slot).pins;
   } else {
-    const double us = static_cast<double>(std::max<int64_t>(0, end - cur_start_ - cur_stall_));
+    const double us = static_cast<double>(std::max<int64_t>(0, end - s.win_start - s.win_stall));
     s.compute_us = s.compute_us == 0 ? us : 0.8 * s.compute_us + 0.2 * us;
   }
   for (int e : evict_lists_[o]) {
@@ -471,7 +472,6 @@ void ResidencyManager::EndOp(const std::string& op_id) {
   // demand go at the first EndOp after them.
   demand_.clear();
   op_error_[o] = Status::Ok();
-  cur_stall_ = 0;
   ScheduleAhead();
 }
 
@@ -489,7 +489,7 @@ Expected<const uint8_t*> ResidencyManager::DemandLoad(int o, int* tier) {
   sched_->Submit({INT64_MIN / 2, o, serve_, d->buf.data(), &d->ticket});
   int64_t waited = 0;
   Status st = sched_->Wait(&d->ticket, &waited);
-  cur_stall_ += waited;
+  if (cur_op_ >= 0) st_[cur_op_].win_stall += waited;
   RETURN_IF_ERROR(st);
   ++stats_.demand_loads;
   *tier = serve_;
@@ -524,7 +524,7 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
       sched_->Expedite(t, INT64_MIN / 2);
       int64_t waited = 0;
       Status st = sched_->Wait(t, &waited);
-      cur_stall_ += waited;
+      if (cur_op_ >= 0) st_[cur_op_].win_stall += waited;
       RETURN_IF_ERROR(st);
     }
     base = slabs_[s.slab]->buf.data();

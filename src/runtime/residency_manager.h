@@ -108,6 +108,10 @@ class ResidencyManager : public WeightSource {
     int evict_at = -1;      // op whose EndOp evicts it (default itself)
     bool lower_tier_fallback = false;
     double compute_us = 0;  // moving average of BeginOp..EndOp minus stalls
+    // The current window (BeginOp..EndOp), per op: a batch of experts is open at once.
+    int64_t win_start = 0, win_stall = 0;
+    bool win_hit = true;
+    int win_tier = 0;
   };
   struct Slab {
     AlignedBuffer buf;
@@ -154,11 +158,8 @@ class ResidencyManager : public WeightSource {
   mutable std::mutex mu_;
   int64_t pos_ = -1;        // absolute position of the current dense op
   int64_t sched_pos_ = 0;   // next absolute position to consider for scheduling
-  int cur_op_ = -1;
+  int cur_op_ = -1;          // the op begun last (stalls of demand loads are charged to it)
   int cur_layer_ = -1;
-  int64_t cur_start_ = 0, cur_stall_ = 0;
-  bool cur_hit_ = true;
-  int cur_tier_ = 0;
   std::vector<Status> op_error_;  // per op: a read error of its current window, for Acquire
   ResidencyStats stats_;
   uint64_t open_bytes_ = 0;
