@@ -55,6 +55,10 @@ class RecordingSource : public WeightSource {
       if (!real_.count(layer) || !real_[layer].count(slice)) ++unhinted;
       if (!open_.count(OpIdMoeExpert(layer, slice))) ++outside_op;
       acquired_[layer].insert(slice);
+    } else if (const std::string& name = Info(id).name; name.find("_shexp") != std::string::npos) {
+      const int layer = std::stoi(name.substr(4, name.find('.', 4) - 4));
+      if (!open_.count(OpIdMoeShared(layer))) ++outside_op;  // shared expert in its own op
+      ++shared_acquires;
     }
     return inner_->Acquire(id, slice, tier);
   }
@@ -77,7 +81,7 @@ class RecordingSource : public WeightSource {
 
   int decode_k = 1 << 30;  // a real hint with more experts is a prefill pass
   int errors = 0, unhinted = 0, outside_op = 0, guesses = 0;
-  int64_t expert_acquires = 0, predicted = 0, actual = 0;
+  int64_t expert_acquires = 0, shared_acquires = 0, predicted = 0, actual = 0;
 
  private:
   WeightSource* inner_;
@@ -133,6 +137,7 @@ TEST(MoeHints, EveryAcquiredExpertIsHintedAndLookaheadIsMeasured) {
 
   for (RecordingSource* r : {&no_look, &look}) {
     EXPECT_GT(r->expert_acquires, 0);
+    EXPECT_GT(r->shared_acquires, 0);
     EXPECT_EQ(r->errors, 0);
     EXPECT_EQ(r->unhinted, 0) << "experts acquired before their layer's hint";
     EXPECT_EQ(r->outside_op, 0) << "expert tensors acquired outside their op";
