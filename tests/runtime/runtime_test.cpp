@@ -170,6 +170,8 @@ TEST(Runtime, GoldenGreedyUnderCapWithPrefetch) {
   }
   EXPECT_GT(ops, 0);
   EXPECT_GT(reads, 0);
+  m->reset();
+  fs::remove(o.trace_path);
 }
 
 // A plan's resident set is what the manager keeps: here the routers, embedding and output head
@@ -394,6 +396,7 @@ TEST(TraceReport, SummarizesAndRejectsMalformedLines) {
     const int rc = std::system((bin + " trace-report " + args + " > " + out + " 2>&1").c_str());
     std::ifstream in(out);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    fs::remove(out);
     return std::make_pair(rc, text);
   };
   auto [rc, text] = run(good + " --json");
