@@ -42,51 +42,21 @@ inline void AxpyDouble(double* acc, double w, const float* x, int n) {
   for (; i < n; ++i) acc[i] += w * x[i];
 }
 
+#include "kernels/attention_x86.inc"
+
 }  // namespace
 
 void AttentionAvx2(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
                    const float* k, int64_t k_stride, const float* v, int64_t v_stride, float* out,
                    ThreadPool& pool) {
-  const int group = s.n_head / s.n_head_kv;
-  const int64_t n_items = n_tokens * s.n_head;
-  pool.ParallelFor(n_items, 1, [&](int64_t begin, int64_t end, int) {
-    // Grown once per thread, reused by every later call.
-    static thread_local std::vector<float> scores;
-    static thread_local std::vector<double> acc;
-    if (scores.size() < static_cast<size_t>(pos0 + n_tokens))
-      scores.resize(static_cast<size_t>(pos0 + n_tokens));
-    if (acc.size() < static_cast<size_t>(s.dv)) acc.resize(static_cast<size_t>(s.dv));
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / s.n_head;
-      const int h = static_cast<int>(item % s.n_head);
-      const int hk = h / group;
-      const float* qh = q + (t * s.n_head + h) * s.dk;
-      const int64_t n_kv = pos0 + t + 1;
-      float max = -INFINITY;
-      for (int64_t p = 0; p < n_kv; ++p) {
-        float d = Dot(qh, k + p * k_stride + static_cast<int64_t>(hk) * s.dk, s.dk) * s.scale;
-        scores[p] = d;
-        max = std::max(max, d);
-      }
-      float* o = out + (t * s.n_head + h) * s.dv;
-      if (max == -INFINITY) {  // every score -inf: the reference's softmax gives zeros
-        std::fill(o, o + s.dv, 0.0f);
-        continue;
-      }
-      // The reference's softmax step by step (kernels/ops.cpp Softmax), then its double mix.
-      double sum = 0;
-      for (int64_t p = 0; p < n_kv; ++p) {
-        scores[p] = std::exp(scores[p] - max);
-        sum += scores[p];
-      }
-      const float inv = static_cast<float>(1.0 / sum);
-      std::fill(acc.begin(), acc.begin() + s.dv, 0.0);
-      for (int64_t p = 0; p < n_kv; ++p)
-        AxpyDouble(acc.data(), static_cast<double>(scores[p] * inv),
-                   v + p * v_stride + static_cast<int64_t>(hk) * s.dv, s.dv);
-      for (int d = 0; d < s.dv; ++d) o[d] = static_cast<float>(acc[d]);
-    }
-  });
+  AttentionHeads(s, q, n_tokens, pos0, k, k_stride, v, out, pool,
+                 [&](const float* w, int64_t n_kv, const float* vh, float* o) {
+                   static thread_local std::vector<double> acc;  // the reference's double mix
+                   acc.assign(static_cast<size_t>(s.dv), 0.0);
+                   for (int64_t p = 0; p < n_kv; ++p)
+                     AxpyDouble(acc.data(), static_cast<double>(w[p]), vh + p * v_stride, s.dv);
+                   for (int d = 0; d < s.dv; ++d) o[d] = static_cast<float>(acc[d]);
+                 });
 }
 
 }  // namespace substrate

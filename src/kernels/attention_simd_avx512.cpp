@@ -52,55 +52,25 @@ inline void MixTile(const float* w, int64_t n_kv, const float* v, int64_t v_stri
   for (int j = 0; j < kVec; ++j) _mm256_storeu_ps(out + d0 + 8 * j, _mm512_cvtpd_ps(acc[j]));
 }
 
+#include "kernels/attention_x86.inc"
+
 }  // namespace
 
 void AttentionAvx512(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
                      const float* k, int64_t k_stride, const float* v, int64_t v_stride,
                      float* out, ThreadPool& pool) {
-  const int group = s.n_head / s.n_head_kv;
-  const int64_t n_items = n_tokens * s.n_head;
-  pool.ParallelFor(n_items, 1, [&](int64_t begin, int64_t end, int) {
-    // Grown once per thread, reused by every later call.
-    static thread_local std::vector<float> scores;
-    if (scores.size() < static_cast<size_t>(pos0 + n_tokens))
-      scores.resize(static_cast<size_t>(pos0 + n_tokens));
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / s.n_head;
-      const int h = static_cast<int>(item % s.n_head);
-      const int hk = h / group;
-      const float* qh = q + (t * s.n_head + h) * s.dk;
-      const int64_t n_kv = pos0 + t + 1;
-      float max = -INFINITY;
-      for (int64_t p = 0; p < n_kv; ++p) {
-        float d = Dot(qh, k + p * k_stride + static_cast<int64_t>(hk) * s.dk, s.dk) * s.scale;
-        scores[p] = d;
-        max = std::max(max, d);
-      }
-      float* o = out + (t * s.n_head + h) * s.dv;
-      if (max == -INFINITY) {  // every score -inf: the reference's softmax gives zeros
-        std::fill(o, o + s.dv, 0.0f);
-        continue;
-      }
-      // The reference's softmax step by step (kernels/ops.cpp Softmax).
-      double sum = 0;
-      for (int64_t p = 0; p < n_kv; ++p) {
-        scores[p] = std::exp(scores[p] - max);
-        sum += scores[p];
-      }
-      const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t p = 0; p < n_kv; ++p) scores[p] *= inv;
-      const float* vh = v + static_cast<int64_t>(hk) * s.dv;
-      int d0 = 0;
-      for (; d0 + 64 <= s.dv; d0 += 64) MixTile<8>(scores.data(), n_kv, vh, v_stride, d0, o);
-      for (; d0 + 8 <= s.dv; d0 += 8) MixTile<1>(scores.data(), n_kv, vh, v_stride, d0, o);
-      for (; d0 < s.dv; ++d0) {
-        double acc = 0;
-        for (int64_t p = 0; p < n_kv; ++p)
-          acc += static_cast<double>(scores[p]) * vh[p * v_stride + d0];
-        o[d0] = static_cast<float>(acc);
-      }
-    }
-  });
+  AttentionHeads(s, q, n_tokens, pos0, k, k_stride, v, out, pool,
+                 [&](const float* w, int64_t n_kv, const float* vh, float* o) {
+                   int d0 = 0;
+                   for (; d0 + 64 <= s.dv; d0 += 64) MixTile<8>(w, n_kv, vh, v_stride, d0, o);
+                   for (; d0 + 8 <= s.dv; d0 += 8) MixTile<1>(w, n_kv, vh, v_stride, d0, o);
+                   for (; d0 < s.dv; ++d0) {
+                     double acc = 0;
+                     for (int64_t p = 0; p < n_kv; ++p)
+                       acc += static_cast<double>(w[p]) * vh[p * v_stride + d0];
+                     o[d0] = static_cast<float>(acc);
+                   }
+                 });
 }
 
 }  // namespace substrate
