@@ -26,6 +26,7 @@
 #include "runtime/expert_cache.h"
 #include "runtime/residency_manager.h"
 #include "store/pack.h"
+#include "store/store_fixture.h"
 
 extern char** environ;
 
@@ -34,50 +35,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using namespace substrate::testing;
 
 std::string Shared() { return SUBSTRATE_SHARED_DIR; }
-
-ThreadPool& Pool() {
-  static ThreadPool pool(2);
-  return pool;
-}
-
-std::string TempDir(const std::string& name) {
-  return (fs::temp_directory_path() /
-          ("substrate_runtime_test_" + std::to_string(getpid()) + "_" + name))
-      .string();
-}
-
-// tiny-coder-moe bf16 packed Q4_K + Q8_0 + F16 (reproduces bf16 at tier 2), once per binary.
-const std::string& PackedStore() {
-  static std::string dir = [] {
-    const std::string model = Shared() + "/gguf/tiny-coder-moe-bf16.gguf";
-    if (!fs::exists(model)) return std::string();
-    const std::string out = TempDir("store");
-    auto file = ModelFile::Open(model);
-    if (!file.ok()) return std::string();
-    auto st = PackStore(**file, out, PackOptions{});
-    if (!st.ok()) {
-      ADD_FAILURE() << st.status().ToString();
-      return std::string();
-    }
-    return out;
-  }();
-  static struct Cleanup {
-    ~Cleanup() {
-      std::error_code ec;
-      if (!dir.empty()) fs::remove_all(dir, ec);
-    }
-  } cleanup;
-  return dir;
-}
-
-std::string CopyStore(const std::string& name) {
-  const std::string dst = TempDir(name);
-  fs::remove_all(dst);
-  fs::copy(PackedStore(), dst, fs::copy_options::recursive);
-  return dst;
-}
 
 uint64_t DataBytes(const std::string& dir) {
   uint64_t n = 0;
@@ -98,55 +58,30 @@ ResidencyOptions SmallRun() {
   return o;
 }
 
-// Greedy continuation through `src`; the first error, if any, in *err.
-std::vector<int32_t> Greedy(WeightSource* src, const Metadata& md, MemoryLedger* ledger,
-                            const std::vector<int32_t>& prompt, size_t n, Status* err) {
-  auto model = Model::Create(md, src, &Pool(), ledger);
-  if (!model.ok()) {
-    *err = model.status();
-    return {};
-  }
-  auto cache = KvCache::Create((*model)->hparams(), 256, ledger);
-  if (!cache.ok()) {
-    *err = cache.status();
-    return {};
-  }
-  const int64_t V = (*model)->hparams().n_vocab;
-  std::vector<float> logits;
-  *err = (*model)->Forward(prompt.data(), static_cast<int64_t>(prompt.size()), *cache, false, &logits);
-  std::vector<int32_t> got;
-  for (size_t i = 0; i < n && err->ok(); ++i) {
-    int32_t tok = Argmax(logits.data(), V);
-    got.push_back(tok);
-    *err = (*model)->Forward(&tok, 1, *cache, false, &logits);
-  }
-  return got;
-}
-
 TEST(Runtime, GoldenGreedyUnderCapWithPrefetch) {
-  if (PackedStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
   const json g = Golden();
   const auto prompt = g["greedy"]["prompt"].get<std::vector<int32_t>>();
   const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
   // The cap leaves 2 MiB less than the dense ops and the reserve need: the largest dense ops stay
   // resident, the others stream through slabs, and the expert cache holds a few experts.
-  const uint64_t weights = DataBytes(PackedStore());
+  const uint64_t weights = DataBytes(PackedTinyMoeStore());
   ResidencyOptions o = SmallRun();
   uint64_t dense = 0;  // every dense op resident, as a generous budget gives
   {
     MemoryLedger roomy(weights * 2);
-    auto m = ResidencyManager::Open(PackedStore(), &roomy, o);
+    auto m = ResidencyManager::Open(PackedTinyMoeStore(), &roomy, o);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     dense = (*m)->stats().resident_bytes;
   }
   const uint64_t cap = dense + o.reserve_bytes - (2ull << 20);
   ASSERT_LT(cap, weights);
   MemoryLedger ledger(cap);
-  o.trace_path = TempDir("trace.jsonl");
-  auto m = ResidencyManager::Open(PackedStore(), &ledger, o);
+  o.trace_path = StoreTestPath("trace.jsonl");
+  auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   Status err;
-  EXPECT_EQ(Greedy(m->get(), (*m)->metadata(), &ledger, prompt, want.size(), &err), want);
+  EXPECT_EQ(GreedyThrough(m->get(), (*m)->metadata(), &ledger, prompt, want.size(), &err), want);
   EXPECT_TRUE(err.ok()) << err.ToString();
   const ResidencyStats s = (*m)->stats();
   EXPECT_GT(s.n_ops_streamed, 0);
@@ -177,8 +112,8 @@ TEST(Runtime, GoldenGreedyUnderCapWithPrefetch) {
 // A plan's resident set is what the manager keeps: here the routers, embedding and output head
 // resident, every other dense op streamed (evicted after itself, prefetched from token start).
 TEST(Runtime, PlanChoosesTheResidentSet) {
-  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
-  auto index = StoreIndex::Open(PackedStore());
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
+  auto index = StoreIndex::Open(PackedTinyMoeStore());
   ASSERT_TRUE(index.ok()) << index.status().ToString();
   auto hp = ModelHParams::FromMetadata((*index)->meta().metadata());
   ASSERT_TRUE(hp.ok());
@@ -216,7 +151,7 @@ TEST(Runtime, PlanChoosesTheResidentSet) {
   }
   auto made = compiler::PlanBundle::Create(plan);
   ASSERT_TRUE(made.ok()) << made.status().ToString();
-  const std::string path = TempDir("plan.json");
+  const std::string path = StoreTestPath("plan.json");
   ASSERT_TRUE(compiler::SavePlan(*made, path).ok());
 
   const json g = Golden();
@@ -224,13 +159,13 @@ TEST(Runtime, PlanChoosesTheResidentSet) {
   const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
   ResidencyOptions o = SmallRun();
   o.plan_path = path;
-  MemoryLedger ledger(DataBytes(PackedStore()));
-  auto m = ResidencyManager::Open(PackedStore(), &ledger, o);
+  MemoryLedger ledger(DataBytes(PackedTinyMoeStore()));
+  auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ((*m)->stats().n_ops_streamed, n_streamed);
   EXPECT_GE((*m)->stats().n_ops_resident, n_resident);
   Status err;
-  EXPECT_EQ(Greedy(m->get(), (*m)->metadata(), &ledger, prompt, 6, &err),
+  EXPECT_EQ(GreedyThrough(m->get(), (*m)->metadata(), &ledger, prompt, 6, &err),
             std::vector<int32_t>(want.begin(), want.begin() + 6));
   EXPECT_TRUE(err.ok()) << err.ToString();
   EXPECT_LE(ledger.peak(), ledger.cap());
@@ -238,7 +173,7 @@ TEST(Runtime, PlanChoosesTheResidentSet) {
 }
 
 TEST(Runtime, PreadAndLruAndFrequencyPoliciesAgree) {
-  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
   const json g = Golden();
   const auto prompt = g["greedy"]["prompt"].get<std::vector<int32_t>>();
   const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
@@ -248,11 +183,11 @@ TEST(Runtime, PreadAndLruAndFrequencyPoliciesAgree) {
   o.expert_slots = 6;  // few slots: many misses and evictions
   o.expert_policy = ExpertCache::Policy::kFrequency;
   o.prefetch_depth = 1;
-  MemoryLedger ledger(DataBytes(PackedStore()) * 3 / 5);
-  auto m = ResidencyManager::Open(PackedStore(), &ledger, o);
+  MemoryLedger ledger(DataBytes(PackedTinyMoeStore()) * 3 / 5);
+  auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   Status err;
-  EXPECT_EQ(Greedy(m->get(), (*m)->metadata(), &ledger, prompt, 8, &err),
+  EXPECT_EQ(GreedyThrough(m->get(), (*m)->metadata(), &ledger, prompt, 8, &err),
             std::vector<int32_t>(want.begin(), want.begin() + 8));
   EXPECT_TRUE(err.ok()) << err.ToString();
   EXPECT_GT((*m)->stats().expert_misses + (*m)->stats().expert_late, 0u);
@@ -260,9 +195,9 @@ TEST(Runtime, PreadAndLruAndFrequencyPoliciesAgree) {
 }
 
 TEST(Runtime, BudgetTooSmallIsOutOfMemoryNamingIt) {
-  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
   MemoryLedger ledger(1 << 20);
-  auto m = ResidencyManager::Open(PackedStore(), &ledger, SmallRun());
+  auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, SmallRun());
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), StatusCode::kOutOfMemory);
   EXPECT_NE(m.status().message().find("budget 1.00 MiB"), std::string::npos) << m.status().ToString();
@@ -270,8 +205,8 @@ TEST(Runtime, BudgetTooSmallIsOutOfMemoryNamingIt) {
 }
 
 TEST(Runtime, FlippedByteInStreamedExpertIsCorruptionNamingFile) {
-  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
-  const std::string dir = CopyStore("flip");
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string dir = CopyPackedStore("flip");
   // Every expert of layer 0: whichever the router picks is read at run time and fails.
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
@@ -289,7 +224,7 @@ TEST(Runtime, FlippedByteInStreamedExpertIsCorruptionNamingFile) {
   auto m = ResidencyManager::Open(dir, &ledger, SmallRun());
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   Status err;
-  Greedy(m->get(), (*m)->metadata(), &ledger, {1, 2, 3}, 2, &err);
+  GreedyThrough(m->get(), (*m)->metadata(), &ledger, {1, 2, 3}, 2, &err);
   ASSERT_FALSE(err.ok());
   EXPECT_EQ(err.code(), StatusCode::kCorruption) << err.ToString();
   EXPECT_NE(err.message().find("block_0.moe.expert_"), std::string::npos) << err.ToString();
@@ -300,8 +235,8 @@ TEST(Runtime, FlippedByteInStreamedExpertIsCorruptionNamingFile) {
 }
 
 TEST(Runtime, FlippedByteInResidentOpFailsOpenCleanly) {
-  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
-  const std::string dir = CopyStore("flip_resident");
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string dir = CopyPackedStore("flip_resident");
   {
     std::fstream f(dir + "/output.t0.bin", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(4097);
@@ -317,10 +252,10 @@ TEST(Runtime, FlippedByteInResidentOpFailsOpenCleanly) {
 }
 
 TEST(Runtime, TruncatedFileIsCorruptionAtOpen) {
-  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
-  const std::string dir = CopyStore("trunc");
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string dir = CopyPackedStore("trunc");
   fs::resize_file(dir + "/block_1.attn.t2.bin", 1000);
-  MemoryLedger ledger(DataBytes(PackedStore()));
+  MemoryLedger ledger(DataBytes(PackedTinyMoeStore()));
   auto m = ResidencyManager::Open(dir, &ledger, SmallRun());
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), StatusCode::kCorruption);
@@ -331,11 +266,11 @@ TEST(Runtime, TruncatedFileIsCorruptionAtOpen) {
 }
 
 TEST(Runtime, KilledRunLeavesNoTempFileAndStoreStillOpens) {
-  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
   const std::string bin = SUBSTRATE_BINARY;
   if (!fs::exists(bin)) GTEST_SKIP() << "no substrate binary";
-  const std::string cap = std::to_string(DataBytes(PackedStore()) * 3 / 5 + (8 << 20));
-  std::vector<std::string> args = {bin, "run", "--store", PackedStore(), "--max-ram", cap,
+  const std::string cap = std::to_string(DataBytes(PackedTinyMoeStore()) * 3 / 5 + (8 << 20));
+  std::vector<std::string> args = {bin, "run", "--store", PackedTinyMoeStore(), "--max-ram", cap,
                                    "-c", "256", "-p", "def main():", "-n", "200"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -351,10 +286,10 @@ TEST(Runtime, KilledRunLeavesNoTempFileAndStoreStillOpens) {
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFSIGNALED(status)) << "the run ended before the kill; make it longer";
-  for (const auto& e : fs::directory_iterator(PackedStore()))
+  for (const auto& e : fs::directory_iterator(PackedTinyMoeStore()))
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
-  MemoryLedger ledger(DataBytes(PackedStore()));
-  auto m = ResidencyManager::Open(PackedStore(), &ledger, SmallRun());
+  MemoryLedger ledger(DataBytes(PackedTinyMoeStore()));
+  auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, SmallRun());
   EXPECT_TRUE(m.ok()) << m.status().ToString();
 }
 
@@ -380,7 +315,7 @@ TEST(ExpertCache, LruSkipsPinnedAndInFlightSlots) {
 TEST(TraceReport, SummarizesAndRejectsMalformedLines) {
   const std::string bin = SUBSTRATE_BINARY;
   if (!fs::exists(bin)) GTEST_SKIP() << "no substrate binary";
-  const std::string good = TempDir("good.jsonl"), bad = TempDir("bad.jsonl");
+  const std::string good = StoreTestPath("good.jsonl"), bad = StoreTestPath("bad.jsonl");
   {
     std::ofstream f(good);
     f << R"({"ev":"op","op":"block_0.attn","where":"stream","tier":0,"bytes":4096,"start_us":0,"end_us":10,"hit":false,"stall_us":7})"
@@ -392,7 +327,7 @@ TEST(TraceReport, SummarizesAndRejectsMalformedLines) {
       << "\n{\"ev\":\"op\",\n";
   }
   auto run = [&](const std::string& args) {
-    const std::string out = TempDir("report.txt");
+    const std::string out = StoreTestPath("report.txt");
     const int rc = std::system((bin + " trace-report " + args + " > " + out + " 2>&1").c_str());
     std::ifstream in(out);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <unistd.h>
 
 #include "core/file_io.h"
 #include "core/memory_ledger.h"
@@ -14,6 +13,7 @@
 #include "model/hparams.h"
 #include "model/op_id.h"
 #include "store/pack.h"
+#include "store/store_fixture.h"
 #include "store/store_weight_source.h"
 
 namespace substrate {
@@ -21,15 +21,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using testing::StoreTestPath;
 
 std::string Fixture(const std::string& name) {
   return std::string(SUBSTRATE_SHARED_DIR) + "/gguf/" + name;
-}
-
-std::string TempDir(const std::string& tag) {
-  return (fs::temp_directory_path() /
-          ("substrate_pack_" + tag + "_" + std::to_string(getpid())))
-      .string();
 }
 
 json Manifest(const std::string& dir) {
@@ -52,7 +47,7 @@ TEST(PackKeep, Tier0IsTheSourceBytes) {
   if (!fs::exists(model)) GTEST_SKIP() << "no fixture " << model;
   auto file = ModelFile::Open(model);
   ASSERT_TRUE(file.ok()) << file.status().ToString();
-  const std::string out = TempDir("keep");
+  const std::string out = StoreTestPath("keep");
   PackOptions o;
   o.keep_skeleton = true;
   o.residuals.clear();
@@ -112,7 +107,7 @@ TEST(PackPlan, TypesComeFromThePlan) {
   ASSERT_TRUE(file.ok()) << file.status().ToString();
   auto plan = ParsePackPlan(MakePlan(**file).dump());
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  const std::string out = TempDir("plan");
+  const std::string out = StoreTestPath("plan");
   PackOptions o;
   o.plan = &*plan;
   auto stats = PackStore(**file, out, o);
@@ -146,7 +141,7 @@ TEST(PackPlan, BadPlansFailNamingTheProblem) {
   if (!fs::exists(model)) GTEST_SKIP() << "no fixture " << model;
   auto file = ModelFile::Open(model);
   ASSERT_TRUE(file.ok());
-  const std::string out = TempDir("badplan");
+  const std::string out = StoreTestPath("badplan");
   PackOptions o;
 
   auto missing = ParsePackPlan(MakePlan(**file, "block_3.attn").dump());

@@ -6,7 +6,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <unistd.h>
 
 #include "core/file_io.h"
 #include "core/memory_ledger.h"
@@ -17,6 +16,7 @@
 #include "model/sampler.h"
 #include "store/crc32c.h"
 #include "store/pack.h"
+#include "store/store_fixture.h"
 #include "store/store_weight_source.h"
 
 namespace substrate {
@@ -24,40 +24,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using namespace substrate::testing;
 
 std::string Shared() { return SUBSTRATE_SHARED_DIR; }
-
-ThreadPool& Pool() {
-  static ThreadPool pool(2);
-  return pool;
-}
-
-// Packs the bf16 tiny-coder-moe once per test binary into a temp dir.
-const std::string& PackedStore() {
-  static std::string dir = [] {
-    const std::string model = Shared() + "/gguf/tiny-coder-moe-bf16.gguf";
-    if (!fs::exists(model)) return std::string();
-    const std::string out = (fs::temp_directory_path() /
-                             ("substrate_store_test_" + std::to_string(getpid()))).string();
-    auto file = ModelFile::Open(model);
-    if (!file.ok()) return std::string();
-    auto st = PackStore(**file, out, PackOptions{});
-    if (!st.ok()) {
-      ADD_FAILURE() << st.status().ToString();
-      return std::string();
-    }
-    return out;
-  }();
-  return dir;
-}
-
-// A copy of the packed store that a test may damage.
-std::string CopyStore(const std::string& name) {
-  const std::string dst = PackedStore() + "_" + name;
-  fs::remove_all(dst);
-  fs::copy(PackedStore(), dst, fs::copy_options::recursive);
-  return dst;
-}
 
 json Manifest(const std::string& dir) {
   std::ifstream in(dir + "/manifest.json");
@@ -71,6 +40,7 @@ TEST(Crc32c, KnownAnswers) {
   EXPECT_EQ(Crc32c("6789", 4, Crc32c("12345", 5)), 0xE3069283u);
 }
 
+// Greedy continuation through the store at `tier` (resident, or streaming).
 std::vector<int32_t> Greedy(const std::string& store, int tier, const std::vector<int32_t>& prompt,
                             size_t n, MemoryLedger* ledger, bool streaming = false) {
   StoreOptions o;
@@ -80,35 +50,23 @@ std::vector<int32_t> Greedy(const std::string& store, int tier, const std::vecto
   auto src = StoreWeightSource::Open(store, ledger, o);
   EXPECT_TRUE(src.ok()) << src.status().ToString();
   if (!src.ok()) return {};
-  auto model = Model::Create((*src)->metadata(), src->get(), &Pool(), ledger);
-  EXPECT_TRUE(model.ok()) << model.status().ToString();
-  if (!model.ok()) return {};
-  auto cache = KvCache::Create((*model)->hparams(), 256, ledger);
-  EXPECT_TRUE(cache.ok());
-  const int64_t V = (*model)->hparams().n_vocab;
-  std::vector<float> logits;
-  EXPECT_TRUE((*model)->Forward(prompt.data(), static_cast<int64_t>(prompt.size()), *cache, false,
-                                &logits).ok());
-  std::vector<int32_t> got;
-  for (size_t i = 0; i < n; ++i) {
-    int32_t tok = Argmax(logits.data(), V);
-    got.push_back(tok);
-    if (!(*model)->Forward(&tok, 1, *cache, false, &logits).ok()) break;
-  }
+  Status err;
+  auto got = GreedyThrough(src->get(), (*src)->metadata(), ledger, prompt, n, &err);
+  EXPECT_TRUE(err.ok()) << err.ToString();
   return got;
 }
 
 TEST(Store, TopTierReproducesGoldenGreedy) {
-  if (PackedStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
   std::ifstream in(Shared() + "/models/tiny-coder-moe/golden.json");
   ASSERT_TRUE(in) << "no golden.json";
   json golden = json::parse(in);
   const auto prompt = golden["greedy"]["prompt"].get<std::vector<int32_t>>();
   const auto want = golden["greedy"]["continuation"].get<std::vector<int32_t>>();
   MemoryLedger ledger;
-  EXPECT_EQ(Greedy(PackedStore(), 2, prompt, want.size(), &ledger), want);
+  EXPECT_EQ(Greedy(PackedTinyMoeStore(), 2, prompt, want.size(), &ledger), want);
   // Every data range is 4096-aligned, and the ledger saw the weights.
-  for (const json& e : Manifest(PackedStore())["entries"])
+  for (const json& e : Manifest(PackedTinyMoeStore())["entries"])
     ASSERT_EQ(e["offset"].get<uint64_t>() % kStoreAlignment, 0u);
   EXPECT_GT(ledger.Accounts()["weights"].peak, 0u);
 }
@@ -116,19 +74,19 @@ TEST(Store, TopTierReproducesGoldenGreedy) {
 // Streaming (read on Acquire, free at EndOp) under a ledger cap of a quarter of the weights' size: the
 // same continuation, and the weights never all resident.
 TEST(Store, StreamingUnderCapReproducesGolden) {
-  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
   std::ifstream in(Shared() + "/models/tiny-coder-moe/golden.json");
   ASSERT_TRUE(in) << "no golden.json";
   json golden = json::parse(in);
   const auto prompt = golden["greedy"]["prompt"].get<std::vector<int32_t>>();
   const auto want = golden["greedy"]["continuation"].get<std::vector<int32_t>>();
   MemoryLedger full;
-  auto resident = StoreWeightSource::Open(PackedStore(), &full);
+  auto resident = StoreWeightSource::Open(PackedTinyMoeStore(), &full);
   ASSERT_TRUE(resident.ok());
   const uint64_t weights = (*resident)->loaded_bytes();
   resident->reset();
   MemoryLedger capped(weights / 4);
-  EXPECT_EQ(Greedy(PackedStore(), 2, prompt, want.size(), &capped, true), want);
+  EXPECT_EQ(Greedy(PackedTinyMoeStore(), 2, prompt, want.size(), &capped, true), want);
   EXPECT_LE(capped.peak(), weights / 4);
   std::printf("streaming: weights %llu B, cap %llu B, ledger peak %llu B (stream peak %llu B)\n",
               static_cast<unsigned long long>(weights),
@@ -140,26 +98,26 @@ TEST(Store, StreamingUnderCapReproducesGolden) {
 }
 
 TEST(Store, SkeletonOnlyLoadsLess) {
-  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
   MemoryLedger l0, l2;
   StoreOptions o0;
   o0.max_tier = 0;
   o0.serve_tier = 0;
-  auto s0 = StoreWeightSource::Open(PackedStore(), &l0, o0);
-  auto s2 = StoreWeightSource::Open(PackedStore(), &l2);
+  auto s0 = StoreWeightSource::Open(PackedTinyMoeStore(), &l0, o0);
+  auto s2 = StoreWeightSource::Open(PackedTinyMoeStore(), &l2);
   ASSERT_TRUE(s0.ok() && s2.ok());
   EXPECT_LT((*s0)->loaded_bytes() * 2, (*s2)->loaded_bytes());  // token_embd stays raw
   EXPECT_EQ((*s2)->n_tiers(), 3);
   // A cap below the skeleton's size is refused with OutOfMemory, not a crash.
   MemoryLedger tiny(1 << 20);
-  auto s = StoreWeightSource::Open(PackedStore(), &tiny, o0);
+  auto s = StoreWeightSource::Open(PackedTinyMoeStore(), &tiny, o0);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kOutOfMemory) << s.status().ToString();
 }
 
 TEST(Store, MissingManifest) {
-  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
-  const std::string d = CopyStore("nomanifest");
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string d = CopyPackedStore("nomanifest");
   fs::remove(d + "/manifest.json");
   MemoryLedger l;
   auto s = StoreWeightSource::Open(d, &l);
@@ -170,8 +128,8 @@ TEST(Store, MissingManifest) {
 }
 
 TEST(Store, MalformedManifest) {
-  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
-  const std::string d = CopyStore("badmanifest");
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string d = CopyPackedStore("badmanifest");
   for (const std::string& text : {std::string("{\"format\": \"substrate-store\", "),
                                  std::string("[1,2,3]"),
                                  std::string("{\"format\":\"substrate-store\",\"schema_version\":99}"),
@@ -189,8 +147,8 @@ TEST(Store, MalformedManifest) {
 }
 
 TEST(Store, TruncatedFile) {
-  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
-  const std::string d = CopyStore("truncated");
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string d = CopyPackedStore("truncated");
   const json m = Manifest(d);
   const json& last = m["entries"].back();
   const std::string file = last["file"];
@@ -207,8 +165,8 @@ TEST(Store, TruncatedFile) {
 }
 
 TEST(Store, ChecksumMismatch) {
-  if (PackedStore().empty()) GTEST_SKIP() << "no fixture";
-  const std::string d = CopyStore("badcrc");
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string d = CopyPackedStore("badcrc");
   const json m = Manifest(d);
   const json& e = m["entries"][m["entries"].size() / 2];
   const std::string file = e["file"];
@@ -231,14 +189,6 @@ TEST(Store, ChecksumMismatch) {
   EXPECT_NE(msg.find(e["tensor"].get<std::string>()), std::string::npos) << msg;
   fs::remove_all(d);
 }
-
-// Cleans the packed store up when the binary exits.
-struct Cleanup : ::testing::Environment {
-  void TearDown() override {
-    if (!PackedStore().empty()) fs::remove_all(PackedStore());
-  }
-};
-const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new Cleanup);
 
 }  // namespace
 }  // namespace substrate

@@ -1,0 +1,97 @@
+// Shared by the store and runtime tests: tiny-coder-moe's bf16 weights packed once per test
+// process into a temp store (the default ladder Q4_K + Q8_0 + F16, which reproduces bf16 at the
+// top tier), damaged copies of it, and a greedy continuation through any WeightSource.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "core/memory_ledger.h"
+#include "core/thread_pool.h"
+#include "format/model_file.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "store/pack.h"
+
+namespace substrate::testing {
+
+// A path in the temp folder, unique to this process.
+inline std::string StoreTestPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("substrate_test_" + std::to_string(getpid()) + "_" + name))
+      .string();
+}
+
+// The packed store, removed when the process exits; "" when the fixture is absent.
+inline const std::string& PackedTinyMoeStore() {
+  static const std::string dir = [] {
+    const std::string model = std::string(SUBSTRATE_SHARED_DIR) + "/gguf/tiny-coder-moe-bf16.gguf";
+    if (!std::filesystem::exists(model)) return std::string();
+    const std::string out = StoreTestPath("packed");
+    auto file = ModelFile::Open(model);
+    if (!file.ok()) return std::string();
+    auto st = PackStore(**file, out, PackOptions{});
+    if (!st.ok()) {
+      ADD_FAILURE() << st.status().ToString();
+      return std::string();
+    }
+    return out;
+  }();
+  static const struct Cleanup {
+    ~Cleanup() {
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup;
+  return dir;
+}
+
+// A fresh copy of the packed store that a test may damage (and should remove).
+inline std::string CopyPackedStore(const std::string& name) {
+  const std::string dst = StoreTestPath(name);
+  std::filesystem::remove_all(dst);
+  std::filesystem::copy(PackedTinyMoeStore(), dst, std::filesystem::copy_options::recursive);
+  return dst;
+}
+
+inline ThreadPool& StoreTestPool() {
+  static ThreadPool pool(2);
+  return pool;
+}
+
+// Greedy continuation of `prompt` through `src` (256 positions of KV cache); the first error, if
+// any, in *err.
+inline std::vector<int32_t> GreedyThrough(WeightSource* src, const Metadata& md,
+                                          MemoryLedger* ledger,
+                                          const std::vector<int32_t>& prompt, size_t n,
+                                          Status* err) {
+  auto model = Model::Create(md, src, &StoreTestPool(), ledger);
+  if (!model.ok()) {
+    *err = model.status();
+    return {};
+  }
+  auto cache = KvCache::Create((*model)->hparams(), 256, ledger);
+  if (!cache.ok()) {
+    *err = cache.status();
+    return {};
+  }
+  const int64_t V = (*model)->hparams().n_vocab;
+  std::vector<float> logits;
+  *err = (*model)->Forward(prompt.data(), static_cast<int64_t>(prompt.size()), *cache, false,
+                           &logits);
+  std::vector<int32_t> got;
+  for (size_t i = 0; i < n && err->ok(); ++i) {
+    int32_t tok = Argmax(logits.data(), V);
+    got.push_back(tok);
+    *err = (*model)->Forward(&tok, 1, *cache, false, &logits);
+  }
+  return got;
+}
+
+}  // namespace substrate::testing
