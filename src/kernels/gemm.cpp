@@ -4,8 +4,8 @@
 #include <cstring>
 #include <vector>
 
-#include "core/memory_ledger.h"
 #include "kernels/gemm_amx.h"
+#include "kernels/scratch_buffer.h"
 #include "kernels/vec_dot.h"
 #include "quant/blocks.h"
 #include "quant/quant.h"
@@ -36,22 +36,6 @@ const Format* FindFormat(DType type) {
     default: return nullptr;
   }
 }
-
-// A 64-byte-aligned buffer that grows to the largest size asked of it, charged to the ledger's
-// "scratch" account (one per thread and role: the prefill GEMM runs every layer's matrices).
-struct Scratch {
-  std::vector<uint8_t> bytes;
-  LedgerCharge charge;
-  uint8_t* Reserve(size_t n) {
-    if (bytes.size() < n + 64) {
-      bytes.assign(n + 64, 0);
-      auto c = MemoryLedger::Global().Charge("scratch", bytes.size());
-      charge = c.ok() ? std::move(c).value() : LedgerCharge();
-    }
-    auto p = reinterpret_cast<uintptr_t>(bytes.data());
-    return bytes.data() + ((64 - p % 64) % 64);
-  }
-};
 
 constexpr int kTile = 16;
 // Weight panel budget: the unpacked rows of one panel stay in L2 while all tokens pass.
@@ -129,7 +113,7 @@ void GemmQuantized(DType type, const uint8_t* w, size_t row_bytes, int64_t rows,
   const Format& f = *FindFormat(type);
   const ActTileLayout lay(f, cols);
   const int64_t n_tt = (n_tokens + kTile - 1) / kTile;
-  static thread_local Scratch act_scratch;
+  static thread_local ScratchBuffer act_scratch;
   uint8_t* packed = act_scratch.Reserve(lay.bytes * static_cast<size_t>(n_tt));
   pool.ParallelFor(n_tt, 1, [&](int64_t a, int64_t b, int) {
     for (int64_t tt = a; tt < b; ++tt)
@@ -150,7 +134,7 @@ void GemmQuantized(DType type, const uint8_t* w, size_t row_bytes, int64_t rows,
   const size_t n_scales = static_cast<size_t>(cols / 16) * kTile;
   const size_t tile_bytes = RoundUp64(tile_q + 4 * n_scales * 2);
   pool.ParallelFor(n_panels, 1, [&](int64_t p0, int64_t p1, int) {
-    static thread_local Scratch panel_scratch;
+    static thread_local ScratchBuffer panel_scratch;
     uint8_t* panel = panel_scratch.Reserve(tile_bytes * static_cast<size_t>(panel_tiles));
     alignas(64) float out[kTile * kTile];
     amx::ConfigureTiles(f.sub);

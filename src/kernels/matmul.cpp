@@ -4,9 +4,9 @@
 #include <chrono>
 #include <vector>
 
-#include "core/memory_ledger.h"
 #include "kernels/gemm.h"
 #include "kernels/profile.h"
+#include "kernels/scratch_buffer.h"
 #include "kernels/vec_dot.h"
 #include "quant/quant.h"
 
@@ -45,19 +45,6 @@ void MatMulRows(const WeightView& w, const float* x, int64_t n_tokens, float* y,
 
 // Quantized activations, kept per calling thread and grown only when a larger product comes
 // along, so the token loop does not allocate. Charged to the ledger's "scratch" account.
-struct ActScratch {
-  std::vector<uint8_t> bytes;
-  LedgerCharge charge;
-  uint8_t* Reserve(size_t n) {
-    if (bytes.size() < n) {
-      bytes.resize(n);
-      auto c = MemoryLedger::Global().Charge("scratch", n);
-      charge = c.ok() ? std::move(c).value() : LedgerCharge();
-    }
-    return bytes.data();
-  }
-};
-
 struct Part {  // one tier of the weight: the skeleton or a residual
   const DotKernel* kernel;
   const uint8_t* data;
@@ -87,7 +74,7 @@ bool PrepareParts(const WeightView& w, Isa isa, Part* parts, int* n_parts) {
 
 void QuantizeActivations(const float* x, int64_t n_tokens, int64_t cols, Isa isa, Part* parts,
                          int n_parts, ThreadPool& pool) {
-  static thread_local ActScratch scratch[kMaxParts];
+  static thread_local ScratchBuffer scratch[kMaxParts];
   for (int p = 0; p < n_parts; ++p) {
     DType at = parts[p].kernel->act_type;
     int same = -1;  // a residual with the skeleton's activation format reuses its rows
