@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/gemm_amx.h"
+#include "kernels/interleaved_q8_0.h"
 #include "kernels/scratch_buffer.h"
 #include "kernels/vec_dot.h"
 #include "quant/blocks.h"
@@ -38,6 +39,7 @@ const Format* FindFormat(DType type) {
 }
 
 constexpr int kTile = 16;
+static_assert(kTile == kInterleavedRows, "an interleaved group is one row tile");
 // Weight panel budget: the unpacked rows of one panel stay in L2 while all tokens pass.
 constexpr size_t kPanelBytes = 512 * 1024;
 constexpr int kMaxPanelTiles = 4;
@@ -107,7 +109,7 @@ bool GemmSupports(DType type, int64_t cols, int64_t n_tokens, Isa isa) {
          n_tokens >= f->min_tokens;
 }
 
-void GemmQuantized(DType type, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t cols,
+void GemmQuantized(DType type, WeightLayout layout, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t cols,
                    const uint8_t* act, size_t act_stride, int64_t n_tokens, float* y,
                    ThreadPool& pool) {
   const Format& f = *FindFormat(type);
@@ -134,8 +136,10 @@ void GemmQuantized(DType type, const uint8_t* w, size_t row_bytes, int64_t rows,
   const size_t n_scales = static_cast<size_t>(cols / 16) * kTile;
   const size_t tile_bytes = RoundUp64(tile_q + 4 * n_scales * 2);
   pool.ParallelFor(n_panels, 1, [&](int64_t p0, int64_t p1, int) {
-    static thread_local ScratchBuffer panel_scratch;
+    static thread_local ScratchBuffer panel_scratch, plain_scratch;
     uint8_t* panel = panel_scratch.Reserve(tile_bytes * static_cast<size_t>(panel_tiles));
+    const bool interleaved = layout == WeightLayout::kQ8_0Interleaved;
+    uint8_t* plain = interleaved ? plain_scratch.Reserve(kTile * row_bytes) : nullptr;
     alignas(64) float out[kTile * kTile];
     amx::ConfigureTiles(f.sub);
     for (int64_t p = p0; p < p1; ++p) {
@@ -146,7 +150,12 @@ void GemmQuantized(DType type, const uint8_t* w, size_t row_bytes, int64_t rows,
         auto* s = reinterpret_cast<float*>(base + tile_q);
         const int64_t r0 = (tile0 + i) * kTile;
         auto* q = reinterpret_cast<int8_t*>(base);
-        amx::UnpackTile(f.weight, w + static_cast<size_t>(r0) * row_bytes, row_bytes,
+        const uint8_t* rows_at = w + static_cast<size_t>(r0) * row_bytes;
+        if (interleaved) {  // whole groups: rows is a multiple of 16 (CanInterleaveQ8_0)
+          DeinterleaveQ8_0Group(w, cols, r0 / kTile, plain);
+          rows_at = plain;
+        }
+        amx::UnpackTile(f.weight, rows_at, row_bytes,
                         static_cast<int>(std::min<int64_t>(kTile, rows - r0)), cols, q,
                         f.folded ? q + plane : nullptr, s, f.offsets ? s + n_scales : nullptr);
       }

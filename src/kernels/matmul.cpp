@@ -5,9 +5,11 @@
 #include <vector>
 
 #include "kernels/gemm.h"
+#include "kernels/interleaved_q8_0.h"
 #include "kernels/profile.h"
 #include "kernels/scratch_buffer.h"
 #include "kernels/vec_dot.h"
+#include "quant/blocks.h"
 #include "quant/quant.h"
 
 namespace substrate {
@@ -18,7 +20,14 @@ namespace {
 // Dequantizes row r of the view (skeleton plus residuals) into out[0..cols).
 void DequantizeViewRow(const WeightView& w, int64_t r, float* out, std::vector<float>& tmp) {
   uint64_t row_bytes = *RowBytes(w.type, static_cast<uint64_t>(w.cols));
-  DequantizeRow(w.type, w.data + r * row_bytes, out, w.cols);
+  if (w.layout == WeightLayout::kQ8_0Interleaved) {
+    static thread_local std::vector<uint8_t> plain;
+    plain.resize(row_bytes);
+    DeinterleaveQ8_0Row(w.data, w.cols, r, plain.data());
+    DequantizeRow(w.type, plain.data(), out, w.cols);
+  } else {
+    DequantizeRow(w.type, w.data + r * row_bytes, out, w.cols);
+  }
   for (int k = 0; k < w.n_residuals; ++k) {
     uint64_t rb = *RowBytes(w.residual_type[k], static_cast<uint64_t>(w.cols));
     tmp.resize(static_cast<size_t>(w.cols));
@@ -101,8 +110,10 @@ void QuantizeActivations(const float* x, int64_t n_tokens, int64_t cols, Isa isa
   }
 }
 
-void FastRows(const WeightView& w, const Part* parts, int n_parts, int64_t n_tokens, float* y,
-              int64_t r0, int64_t r1) {
+// Rows [r0, r1) of parts (each part's row r at data + r * row_bytes) for every token:
+// y[t * y_stride + r].
+void FastRows(int64_t cols, int64_t y_stride, const Part* parts, int n_parts, int64_t n_tokens,
+              float* y, int64_t r0, int64_t r1) {
   float tmp[kTokenBlock], res[kTokenBlock];
   size_t row_bytes = parts[0].row_bytes;
   for (int p = 1; p < n_parts; ++p) row_bytes += parts[p].row_bytes;
@@ -119,19 +130,65 @@ void FastRows(const WeightView& w, const Part* parts, int n_parts, int64_t n_tok
       for (int64_t r = rb; r < re; ++r) {
         for (int p = 0; p < n_parts; ++p) {
           const Part& part = parts[p];
-          part.kernel->dot(w.cols, part.data + r * part.row_bytes,
+          part.kernel->dot(cols, part.data + r * part.row_bytes,
                            part.act + t0 * part.act_stride, part.act_stride, nt,
                            p == 0 ? tmp : res);
           if (p > 0)
             for (int t = 0; t < nt; ++t) tmp[t] += res[t];
         }
-        for (int t = 0; t < nt; ++t) y[(t0 + t) * w.rows + r] = tmp[t];
+        for (int t = 0; t < nt; ++t) y[(t0 + t) * y_stride + r] = tmp[t];
       }
     }
   }
 }
 
+// Interleaved Q8_0 (interleaved_q8_0.h) on AVX-512: 16 rows per kernel step, tokens in
+// tiles of 4 while a group (16 rows) stays in L2.
+void InterleavedProduct(const WeightView& w, const Part& part, int64_t n_tokens, float* y,
+                        ThreadPool& pool) {
+  const int64_t nb = w.cols / kQK8_0;
+  static thread_local ScratchBuffer sums_scratch;
+  auto* sums = reinterpret_cast<int32_t*>(sums_scratch.Reserve(
+      static_cast<size_t>(n_tokens * nb) * sizeof(int32_t)));
+  for (int64_t t = 0; t < n_tokens; ++t)
+    ActBlockSums(part.act + t * part.act_stride, w.cols, sums + t * nb);
+  const int64_t groups = w.rows / kInterleavedRows;
+  pool.ParallelFor(groups, 1, [&](int64_t g0, int64_t g1, int) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t t0 = 0; t0 < n_tokens; t0 += 4)
+        avx512::GemvQ8_0Interleaved(w.data, w.cols, g, g + 1, part.act + t0 * part.act_stride,
+                                    part.act_stride, sums + t0 * nb,
+                                    static_cast<int>(std::min<int64_t>(4, n_tokens - t0)),
+                                    y + t0 * w.rows, w.rows);
+  });
+}
+
+// Interleaved Q8_0 where the tier has no interleaved kernel (or with residual tiers): each
+// group of 16 rows is put back into plain rows in scratch, then the row kernels run on it.
+void DeinterleavedRows(const WeightView& w, const Part* parts, int n_parts, int64_t n_tokens,
+                       float* y, ThreadPool& pool) {
+  const int64_t groups = w.rows / kInterleavedRows;
+  pool.ParallelFor(groups, 1, [&](int64_t g0, int64_t g1, int) {
+    static thread_local ScratchBuffer plain_scratch;
+    uint8_t* plain = plain_scratch.Reserve(kInterleavedRows * parts[0].row_bytes);
+    Part local[kMaxParts];
+    for (int p = 0; p < n_parts; ++p) local[p] = parts[p];
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t r0 = g * kInterleavedRows;
+      DeinterleaveQ8_0Group(w.data, w.cols, g, plain);
+      local[0].data = plain;
+      for (int p = 1; p < n_parts; ++p) local[p].data = parts[p].data + r0 * parts[p].row_bytes;
+      FastRows(w.cols, w.rows, local, n_parts, n_tokens, y + r0, 0, kInterleavedRows);
+    }
+  });
+}
+
 }  // namespace
+
+void DequantizeWeightRow(const WeightView& w, int64_t r, float* out) {
+  static thread_local std::vector<float> tmp;
+  DequantizeViewRow(w, r, out, tmp);
+}
 
 void MatMulReference(const WeightView& w, const float* x, int64_t n_tokens, float* y) {
   MatMulRows(w, x, n_tokens, y, 0, w.rows);
@@ -153,16 +210,21 @@ void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
   auto t0 = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   QuantizeActivations(x, n_tokens, w.cols, isa, parts, n_parts, pool);
   auto t1 = profile ? std::chrono::steady_clock::now() : t0;
+  const bool interleaved = w.layout == WeightLayout::kQ8_0Interleaved;
   if (n_parts == 1 && GemmSupports(w.type, w.cols, n_tokens, isa) &&
       parts[0].kernel->act_type == GemmActType(w.type)) {
     // Prefill: AMX tiles over panels of unpacked rows (gemm.h).
-    GemmQuantized(w.type, w.data, parts[0].row_bytes, w.rows, w.cols, parts[0].act,
+    GemmQuantized(w.type, w.layout, w.data, parts[0].row_bytes, w.rows, w.cols, parts[0].act,
                   parts[0].act_stride, n_tokens, y, pool);
+  } else if (interleaved && n_parts == 1 && isa >= Isa::kAvx512) {
+    InterleavedProduct(w, parts[0], n_tokens, y, pool);
+  } else if (interleaved) {
+    DeinterleavedRows(w, parts, n_parts, n_tokens, y, pool);
   } else {
     // Chunks of whole row groups; small products run on the caller alone.
     int64_t grain = std::max<int64_t>(4, 16384 / std::max<int64_t>(1, w.cols * n_tokens));
     pool.ParallelFor(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
-      FastRows(w, parts, n_parts, n_tokens, y, r0, r1);
+      FastRows(w.cols, w.rows, parts, n_parts, n_tokens, y, r0, r1);
     });
   }
   if (profile) {

@@ -13,6 +13,10 @@ namespace substrate {
 // W is w's skeleton plus its residuals (when w.n_residuals > 0). x and y must not overlap.
 void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool);
 
+// Row r of w (skeleton plus residuals, any layout) as floats, out[0..w.cols): for lookups such as
+// token embeddings.
+void DequantizeWeightRow(const WeightView& w, int64_t r, float* out);
+
 // The scalar reference: dequantize each row, float dot products. Tests compare MatMul with it.
 void MatMulReference(const WeightView& w, const float* x, int64_t n_tokens, float* y);
 

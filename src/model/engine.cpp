@@ -47,7 +47,10 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path, const En
     if (!weights.ok()) return weights.status().WithContext(path);
     e->weights_ = std::move(weights).value();
   } else {
-    auto weights = ResidentWeightSource::Load(*e->file_, e->ledger_);
+    ResidentWeightSource::Options ro;
+    ro.decode_layout = true;
+    ro.pool = e->pool_;
+    auto weights = ResidentWeightSource::Load(*e->file_, e->ledger_, ro);
     if (!weights.ok()) return weights.status().WithContext(path);
     e->weights_ = std::move(weights).value();
   }

@@ -80,6 +80,7 @@ struct Product {
 };
 
 bool PrepareProduct(const WeightView& w, Isa isa, ActSet& acts, Product* p) {
+  if (w.layout != WeightLayout::kRows) return false;  // MatMul's interleaved kernels instead
   p->w = &w;
   p->acts = &acts;
   p->n_parts = 1 + std::clamp(w.n_residuals, 0, 2);

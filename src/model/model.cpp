@@ -147,9 +147,7 @@ Status Model::Embed(ForwardContext& c, const int32_t* tokens) {
     return h.status();
   }
   const WeightView& v = h->view();
-  const uint64_t row_bytes = *RowBytes(v.type, static_cast<uint64_t>(d));
-  for (int64_t t = 0; t < c.n; ++t)
-    DequantizeRow(v.type, v.data + row_bytes * static_cast<uint64_t>(tokens[t]), c.x + t * d, d);
+  for (int64_t t = 0; t < c.n; ++t) DequantizeWeightRow(v, tokens[t], c.x + t * d);
   h->Release();
   source_->EndOp(OpIdTokenEmbd());
   return Status::Ok();

@@ -1,5 +1,8 @@
 #include "model/resident_weight_source.h"
 
+#include "kernels/cpu_features.h"
+#include "kernels/interleaved_q8_0.h"
+
 namespace substrate {
 
 Expected<WeightView> MakeWeightView(const TensorInfo& info, const uint8_t* data, int slice) {
@@ -27,15 +30,29 @@ Expected<WeightView> MakeWeightView(const TensorInfo& info, const uint8_t* data,
 
 Expected<std::unique_ptr<ResidentWeightSource>> ResidentWeightSource::Load(const ModelFile& file,
                                                                            MemoryLedger* ledger) {
+  return Load(file, ledger, Options());
+}
+
+Expected<std::unique_ptr<ResidentWeightSource>> ResidentWeightSource::Load(
+    const ModelFile& file, MemoryLedger* ledger, const Options& options) {
   auto src = std::make_unique<ResidentWeightSource>();
   const auto& tensors = file.tensors();
   src->infos_ = tensors;
   src->data_.reserve(tensors.size());
+  src->layouts_.assign(tensors.size(), WeightLayout::kRows);
+  const bool decode_layout = options.decode_layout && ActiveIsa() >= Isa::kAvx512;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorInfo& t = tensors[i];
     auto buf = AlignedBuffer::Allocate(t.bytes ? t.bytes : 1, ledger, "weights", 64);
     if (!buf.ok()) return buf.status().WithContext("loading tensor '" + t.name + "'");
     RETURN_IF_ERROR(file.ReadTensor(t, buf->data()));
+    if (decode_layout && t.ne.size() == 2) {
+      const auto rows = static_cast<int64_t>(t.ne[1]), cols = static_cast<int64_t>(t.ne[0]);
+      if (CanInterleaveQ8_0(t.type, rows, cols)) {
+        InterleaveQ8_0(buf->data(), rows, cols, options.pool);
+        src->layouts_[i] = WeightLayout::kQ8_0Interleaved;
+      }
+    }
     src->total_bytes_ += t.bytes;
     src->ids_[t.name] = static_cast<TensorId>(i);
     src->data_.push_back(std::move(buf).value());
@@ -51,7 +68,11 @@ TensorId ResidentWeightSource::Resolve(const std::string& name) const {
 Expected<WeightHandle> ResidentWeightSource::Acquire(TensorId id, int slice, int tier) {
   if (id < 0 || static_cast<size_t>(id) >= infos_.size())
     return InvalidArgument("weight source: no tensor with id " + std::to_string(id));
+  if (slice >= 0 && layouts_[id] != WeightLayout::kRows)
+    return InvalidArgument("tensor '" + infos_[id].name +
+                           "': rows of an interleaved matrix cannot be sliced");
   ASSIGN_OR_RETURN(WeightView v, MakeWeightView(infos_[id], data_[id].data(), slice));
+  v.layout = layouts_[id];
   return WeightHandle(this, v, 0);
 }
 

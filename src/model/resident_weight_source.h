@@ -9,6 +9,7 @@
 
 #include "core/aligned_buffer.h"
 #include "core/memory_ledger.h"
+#include "core/thread_pool.h"
 #include "format/model_file.h"
 #include "model/weight_source.h"
 
@@ -16,10 +17,21 @@ namespace substrate {
 
 class ResidentWeightSource : public WeightSource {
  public:
+  struct Options {
+    // Lay 2-D Q8_0 matrices out for the interleaved decode kernel (kernels/interleaved_q8_0.h)
+    // when the CPU has it: same bytes, rearranged in place, so views carry that layout. For
+    // engines; tools that read raw tensor bytes through the source leave it off.
+    bool decode_layout = false;
+    ThreadPool* pool = nullptr;  // rearranges tensors in parallel when given
+  };
+
   // Reads all tensors of `file` (kept open only during the call). Fails with OutOfMemory when
   // the ledger's cap is exceeded, naming the tensor.
   static Expected<std::unique_ptr<ResidentWeightSource>> Load(const ModelFile& file,
                                                               MemoryLedger* ledger);
+  static Expected<std::unique_ptr<ResidentWeightSource>> Load(const ModelFile& file,
+                                                              MemoryLedger* ledger,
+                                                              const Options& options);
 
   TensorId Resolve(const std::string& name) const override;
   const TensorInfo& Info(TensorId id) const override { return infos_[id]; }
@@ -30,6 +42,7 @@ class ResidentWeightSource : public WeightSource {
  private:
   std::vector<TensorInfo> infos_;
   std::vector<AlignedBuffer> data_;
+  std::vector<WeightLayout> layouts_;
   std::unordered_map<std::string, TensorId> ids_;
   uint64_t total_bytes_ = 0;
 };

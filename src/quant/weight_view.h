@@ -8,9 +8,16 @@
 
 namespace substrate {
 
+// How a view's rows are laid out in memory.
+enum class WeightLayout : uint8_t {
+  kRows,             // row after row, each in its type's block format (the file's layout)
+  kQ8_0Interleaved,  // Q8_0 in groups of 16 rows, blocks interleaved (kernels/interleaved_q8_0.h)
+};
+
 // Bytes of one tensor (or one slice of its outermost dimension) at a tier.
 struct WeightView {
   DType type = DType::kF32;
+  WeightLayout layout = WeightLayout::kRows;  // of the skeleton; residuals are always kRows
   const uint8_t* data = nullptr;  // tier-0 bytes (the skeleton)
   uint64_t bytes = 0;
   int64_t rows = 0;               // product of ne[1..] of the viewed part

@@ -14,6 +14,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/gemm.h"
 #include "kernels/matmul.h"
+#include "kernels/random_matrix.h"
 #include "kernels/vec_dot.h"
 #include "quant/blocks.h"
 #include "quant/quant.h"
@@ -21,37 +22,10 @@
 namespace substrate {
 namespace {
 
+using kernel_test::RandomFloats;
+using kernel_test::RandomMatrix;
+
 const DType kGemmTypes[] = {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K};
-
-// Byte offsets of the fp16 fields of one block, which must hold sane scales.
-std::vector<int> HalfFields(DType t) {
-  switch (t) {
-    case DType::kQ4_K: return {0, 2};
-    case DType::kQ6_K: return {208};
-    default: return {0};
-  }
-}
-
-// Every bit pattern of quants and packed scales (random bytes), sane fp16 scales.
-std::vector<uint8_t> RandomMatrix(DType t, int64_t rows, int64_t cols, std::mt19937& rng) {
-  std::uniform_real_distribution<float> ud(0.002f, 0.02f);
-  const size_t block = GetDTypeTraits(t).block_bytes;
-  std::vector<uint8_t> m(*RowBytes(t, static_cast<uint64_t>(cols)) * rows);
-  for (auto& b : m) b = static_cast<uint8_t>(rng());
-  for (size_t blk = 0; blk < m.size() / block; ++blk)
-    for (int off : HalfFields(t)) {
-      uint16_t h = Fp32ToFp16(ud(rng));
-      std::memcpy(m.data() + blk * block + off, &h, 2);
-    }
-  return m;
-}
-
-std::vector<float> RandomFloats(int64_t n, std::mt19937& rng) {
-  std::normal_distribution<float> g(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (auto& f : v) f = g(rng);
-  return v;
-}
 
 // sum_k |w_rk| * (|x_tk| + amax_t / 100): bounds the magnitude of every term either side adds
 // (the quantized activation is within amax/254 of x).
@@ -112,7 +86,7 @@ TEST(Gemm, EqualsScalarDotKernelsOnAwkwardShapes) {
           auto mag = Magnitudes(t, w, rows, cols, x, n_tokens);
           for (ThreadPool* pool : {&pool1, &pool2}) {
             std::vector<float> got(want.size(), NAN);
-            GemmQuantized(t, w.data(), rb, rows, cols, act.data(), stride, n_tokens, got.data(),
+            GemmQuantized(t, WeightLayout::kRows, w.data(), rb, rows, cols, act.data(), stride, n_tokens, got.data(),
                           *pool);
             int bad = 0;
             for (size_t i = 0; i < got.size() && bad < 3; ++i) {

@@ -1,0 +1,103 @@
+#include "kernels/interleaved_q8_0.h"
+
+#include <cstring>
+#include <vector>
+
+#include "quant/blocks.h"
+
+namespace substrate {
+namespace {
+
+constexpr int kPairBytes = 2 * kInterleavedRows * static_cast<int>(sizeof(BlockQ8_0));  // 1088
+constexpr int kQuantBytes = kInterleavedRows * kQK8_0;                                // 512 per block
+constexpr uint32_t kFlip = 0x80808080u;  // q ^ 0x80 = q + 128 as an unsigned byte, both ways
+
+size_t GroupBytes(int64_t cols) {
+  return static_cast<size_t>(kInterleavedRows) * static_cast<size_t>(cols / kQK8_0) *
+         sizeof(BlockQ8_0);
+}
+
+// Byte offsets, within a group, of block b's quant byte j of row r and of its scale.
+size_t QuantOffset(int64_t b, int r, int j) {
+  return static_cast<size_t>(b / 2) * kPairBytes + static_cast<size_t>(b % 2) * kQuantBytes +
+         static_cast<size_t>(j / 4) * 64 + static_cast<size_t>(r) * 4 + static_cast<size_t>(j % 4);
+}
+size_t ScaleOffset(int64_t b, int r) {
+  return static_cast<size_t>(b / 2) * kPairBytes + 2 * kQuantBytes +
+         static_cast<size_t>(b % 2) * 2 * kInterleavedRows + static_cast<size_t>(r) * 2;
+}
+
+// Row r of a group (plain blocks) from the interleaved group bytes.
+void GatherRow(const uint8_t* group, int64_t nb, int r, BlockQ8_0* out) {
+  for (int64_t b = 0; b < nb; ++b) {
+    std::memcpy(&out[b].d, group + ScaleOffset(b, r), 2);
+    for (int j = 0; j < kQK8_0; j += 4) {
+      uint32_t v;
+      std::memcpy(&v, group + QuantOffset(b, r, j), 4);
+      v ^= kFlip;
+      std::memcpy(out[b].qs + j, &v, 4);
+    }
+  }
+}
+
+}  // namespace
+
+bool CanInterleaveQ8_0(DType type, int64_t rows, int64_t cols) {
+  return type == DType::kQ8_0 && rows > 0 && rows % kInterleavedRows == 0 && cols > 0 &&
+         cols % (2 * kQK8_0) == 0;
+}
+
+void InterleaveQ8_0(uint8_t* data, int64_t rows, int64_t cols, ThreadPool* pool) {
+  if (pool) {
+    const size_t group_bytes = GroupBytes(cols);
+    pool->ParallelFor(rows / kInterleavedRows, 64, [&](int64_t g0, int64_t g1, int) {
+      InterleaveQ8_0(data + static_cast<size_t>(g0) * group_bytes, (g1 - g0) * kInterleavedRows,
+                     cols, nullptr);
+    });
+    return;
+  }
+  const int64_t nb = cols / kQK8_0;
+  const size_t group_bytes = GroupBytes(cols);
+  std::vector<BlockQ8_0> plain(static_cast<size_t>(kInterleavedRows * nb));
+  for (int64_t g = 0; g < rows / kInterleavedRows; ++g) {
+    uint8_t* group = data + static_cast<size_t>(g) * group_bytes;
+    std::memcpy(plain.data(), group, group_bytes);
+    for (int64_t b = 0; b < nb; ++b) {
+      // Word k of block b: 16 rows x 4 bytes, one 64-byte run.
+      uint8_t* dst = group + QuantOffset(b, 0, 0);
+      for (int k = 0; k < kQK8_0 / 4; ++k)
+        for (int r = 0; r < kInterleavedRows; ++r) {
+          uint32_t v;
+          std::memcpy(&v, plain[r * nb + b].qs + 4 * k, 4);
+          v ^= kFlip;
+          std::memcpy(dst + 64 * k + 4 * r, &v, 4);
+        }
+      uint8_t* d = group + ScaleOffset(b, 0);
+      for (int r = 0; r < kInterleavedRows; ++r) std::memcpy(d + 2 * r, &plain[r * nb + b].d, 2);
+    }
+  }
+}
+
+void DeinterleaveQ8_0Group(const uint8_t* data, int64_t cols, int64_t g, uint8_t* out) {
+  const int64_t nb = cols / kQK8_0;
+  const uint8_t* group = data + static_cast<size_t>(g) * GroupBytes(cols);
+  for (int r = 0; r < kInterleavedRows; ++r)
+    GatherRow(group, nb, r, reinterpret_cast<BlockQ8_0*>(out) + r * nb);
+}
+
+void DeinterleaveQ8_0Row(const uint8_t* data, int64_t cols, int64_t r, uint8_t* out) {
+  const uint8_t* group = data + static_cast<size_t>(r / kInterleavedRows) * GroupBytes(cols);
+  GatherRow(group, cols / kQK8_0, static_cast<int>(r % kInterleavedRows),
+            reinterpret_cast<BlockQ8_0*>(out));
+}
+
+void ActBlockSums(const uint8_t* act, int64_t cols, int32_t* sums) {
+  const auto* y = reinterpret_cast<const BlockQ8_0*>(act);
+  for (int64_t b = 0; b < cols / kQK8_0; ++b) {
+    int32_t s = 0;
+    for (int j = 0; j < kQK8_0; ++j) s += y[b].qs[j];
+    sums[b] = -128 * s;
+  }
+}
+
+}  // namespace substrate
