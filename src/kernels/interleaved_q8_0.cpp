@@ -81,8 +81,21 @@ void InterleaveQ8_0(uint8_t* data, int64_t rows, int64_t cols, ThreadPool* pool)
 void DeinterleaveQ8_0Group(const uint8_t* data, int64_t cols, int64_t g, uint8_t* out) {
   const int64_t nb = cols / kQK8_0;
   const uint8_t* group = data + static_cast<size_t>(g) * GroupBytes(cols);
-  for (int r = 0; r < kInterleavedRows; ++r)
-    GatherRow(group, nb, r, reinterpret_cast<BlockQ8_0*>(out) + r * nb);
+  auto* rows = reinterpret_cast<BlockQ8_0*>(out);
+  // Block by block, each 64-byte word run of 16 rows in turn: reads in address order (this
+  // runs once per 16-row tile in prefill, so it must cost little against the tile's products).
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* src = group + QuantOffset(b, 0, 0);
+    for (int k = 0; k < kQK8_0 / 4; ++k)
+      for (int r = 0; r < kInterleavedRows; ++r) {
+        uint32_t v;
+        std::memcpy(&v, src + 64 * k + 4 * r, 4);
+        v ^= kFlip;
+        std::memcpy(rows[r * nb + b].qs + 4 * k, &v, 4);
+      }
+    const uint8_t* d = group + ScaleOffset(b, 0);
+    for (int r = 0; r < kInterleavedRows; ++r) std::memcpy(&rows[r * nb + b].d, d + 2 * r, 2);
+  }
 }
 
 void DeinterleaveQ8_0Row(const uint8_t* data, int64_t cols, int64_t r, uint8_t* out) {
