@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "kernels/attention_simd.h"
+#include "kernels/scratch_buffer.h"
 
 namespace substrate {
 namespace {
@@ -51,10 +51,12 @@ void AttentionAvx2(const AttentionShape& s, const float* q, int64_t n_tokens, in
                    ThreadPool& pool) {
   AttentionHeads(s, q, n_tokens, pos0, k, k_stride, v, out, pool,
                  [&](const float* w, int64_t n_kv, const float* vh, float* o) {
-                   static thread_local std::vector<double> acc;  // the reference's double mix
-                   acc.assign(static_cast<size_t>(s.dv), 0.0);
+                   static thread_local ScratchBuffer acc_buf;  // the reference's double mix
+                   auto* acc = reinterpret_cast<double*>(
+                       acc_buf.Reserve(static_cast<size_t>(s.dv) * sizeof(double)));
+                   std::fill(acc, acc + s.dv, 0.0);
                    for (int64_t p = 0; p < n_kv; ++p)
-                     AxpyDouble(acc.data(), static_cast<double>(w[p]), vh + p * v_stride, s.dv);
+                     AxpyDouble(acc, static_cast<double>(w[p]), vh + p * v_stride, s.dv);
                    for (int d = 0; d < s.dv; ++d) o[d] = static_cast<float>(acc[d]);
                  });
 }

@@ -11,9 +11,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "kernels/attention_simd.h"
+#include "kernels/scratch_buffer.h"
 
 namespace substrate {
 namespace {
