@@ -26,6 +26,22 @@ struct SamplingParams {
   int top_k = 0;             // 0 = off
   uint64_t seed = 0;
   bool has_seed = false;     // false: the backend picks a seed (non-deterministic)
+  // OpenAI logprobs: -1 = off; otherwise each generated token's log-probability and this many
+  // most likely alternatives (0..20), from the model's distribution (log-softmax of the logits,
+  // before temperature and the sampling filters).
+  int logprobs = -1;
+};
+
+struct TokenLogprob {
+  int32_t token = -1;
+  std::string bytes;  // the token's text as bytes (may be part of a UTF-8 character)
+  float logprob = 0.0f;
+};
+
+// One generated token's log-probability and the most likely alternatives, most likely first.
+struct StepLogprobs {
+  TokenLogprob chosen;
+  std::vector<TokenLogprob> top;
 };
 
 // Why generation ended, as seen by the backend. A callback returning false ends it with
@@ -42,10 +58,12 @@ struct GenerateResult {
 };
 
 // Called once per generated token (never for the end-of-text token) with the complete UTF-8
-// text that token finishes (possibly empty while a multi-byte character is incomplete).
+// text that token finishes (possibly empty while a multi-byte character is incomplete), and
+// its log-probabilities when SamplingParams::logprobs >= 0 (else nullptr).
 // Returning false stops generation at once. At the end, text still held back by the decoder
-// (an incomplete character, as U+FFFD) comes with token -1.
-using TokenCallback = std::function<bool(int32_t token, std::string_view text)>;
+// (an incomplete character, as U+FFFD) comes with token -1 and no log-probabilities.
+using TokenCallback =
+    std::function<bool(int32_t token, std::string_view text, const StepLogprobs* logprobs)>;
 
 // One slot's generation state: the KV cache it keeps between calls, so that a prompt extending
 // the previous one only evaluates the new tokens.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <random>
 
 #include "model/engine.h"
@@ -23,6 +24,36 @@ std::string FileStem(const std::string& path) {
   size_t dot = name.rfind('.');
   if (dot != std::string::npos && dot > 0) name.resize(dot);
   return name.empty() ? "model" : name;
+}
+
+// The log-softmax of `logits` at `chosen` and the `n_top` most likely tokens, their bytes
+// decoded one token at a time.
+void StepLogprobsOf(const Tokenizer& tok, const float* logits, int64_t n_vocab, int32_t chosen,
+                    int n_top, std::vector<int32_t>& order, StepLogprobs* out) {
+  const float max = *std::max_element(logits, logits + n_vocab);
+  double sum = 0;
+  for (int64_t i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max);
+  const double log_z = max + std::log(sum);
+  auto entry = [&](int32_t id) {
+    TokenLogprob e;
+    e.token = id;
+    const TokenId ids[1] = {id};
+    auto bytes = tok.Decode(ids, {.strip_leading_space = false});
+    if (bytes.ok()) e.bytes = std::move(*bytes);
+    e.logprob = static_cast<float>(logits[id] - log_z);
+    return e;
+  };
+  out->chosen = entry(chosen);
+  out->top.clear();
+  const int k = static_cast<int>(std::min<int64_t>(n_top, n_vocab));
+  if (k <= 0) return;
+  order.resize(static_cast<size_t>(n_vocab));
+  for (int64_t i = 0; i < n_vocab; ++i) order[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  auto more_likely = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), more_likely);
+  for (int i = 0; i < k; ++i) out->top.push_back(entry(order[static_cast<size_t>(i)]));
 }
 
 }  // namespace
@@ -76,6 +107,8 @@ class ModelSession : public Session {
     Sampler sampler(sp);
     std::vector<int32_t> history = prompt;
     TokenDecoder decoder(tok);
+    StepLogprobs lp;
+    std::vector<int32_t> order;
 
     t0 = std::chrono::steady_clock::now();
     r.finish = BackendFinish::kLength;
@@ -87,8 +120,10 @@ class ModelSession : public Session {
       }
       history.push_back(next);
       ++r.generated_tokens;
+      if (p.logprobs >= 0)
+        StepLogprobsOf(tok, s_->logits.data(), n_vocab, next, p.logprobs, order, &lp);
       auto piece = decoder.Push(next);
-      if (!on_token(next, piece.ok() ? *piece : std::string())) {
+      if (!on_token(next, piece.ok() ? *piece : std::string(), p.logprobs >= 0 ? &lp : nullptr)) {
         r.finish = BackendFinish::kCallerStopped;
         break;
       }
@@ -98,7 +133,7 @@ class ModelSession : public Session {
     }
     if (r.finish != BackendFinish::kCallerStopped) {
       std::string rest = decoder.Flush();
-      if (!rest.empty()) on_token(-1, rest);
+      if (!rest.empty()) on_token(-1, rest, nullptr);
     }
     r.decode_seconds = SecondsSince(t0);
     return r;

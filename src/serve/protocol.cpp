@@ -303,6 +303,19 @@ bool ParseRequest(Api api, std::string_view body, GenerationRequest* out, ApiErr
   out->sampling.seed = static_cast<uint64_t>(seed);
 
   if (!ParseStops(r, anthropic ? "stop_sequences" : "stop", &out->stop)) return done(false);
+  if (api == Api::kOpenAIChat) {
+    bool logprobs = false, top_given = false;
+    int64_t top = 0;
+    if (!r.Bool("logprobs", &logprobs) || !r.Int("top_logprobs", 0, 20, &top, &top_given))
+      return done(false);
+    if (top_given && !logprobs)
+      return done(r.Fail("'top_logprobs' needs 'logprobs': true", "top_logprobs"));
+    out->sampling.logprobs = logprobs ? static_cast<int>(top) : -1;
+  } else if (api == Api::kOpenAICompletion) {
+    int64_t top = -1;
+    if (!r.Int("logprobs", 0, 5, &top)) return done(false);
+    out->sampling.logprobs = static_cast<int>(top);
+  }
   if (!anthropic) {
     int64_t n = 1;
     if (!r.Int("n", 1, 1, &n)) return done(false);
@@ -389,6 +402,43 @@ json OpenAIChunkBase(const CompletionInfo& i, const char* object) {
           {"system_fingerprint", "substrate"}};
 }
 
+// OpenAI's logprobs object for the tokens of one response or chunk: chat's "content" list, or
+// completions' parallel lists (text_offset counts bytes of the completion from `offset`).
+json LogprobsJson(Api api, const std::vector<StepLogprobs>* lps, size_t offset) {
+  if (!lps) return nullptr;
+  auto bytes = [](const std::string& b) {
+    json a = json::array();
+    for (unsigned char c : b) a.push_back(static_cast<int>(c));
+    return a;
+  };
+  if (api == Api::kOpenAIChat) {
+    json content = json::array();
+    for (const StepLogprobs& s : *lps) {
+      json top = json::array();
+      for (const TokenLogprob& t : s.top)
+        top.push_back({{"token", SanitizeUtf8(t.bytes)}, {"logprob", t.logprob}, {"bytes", bytes(t.bytes)}});
+      content.push_back({{"token", SanitizeUtf8(s.chosen.bytes)},
+                         {"logprob", s.chosen.logprob},
+                         {"bytes", bytes(s.chosen.bytes)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(),
+       offsets = json::array();
+  for (const StepLogprobs& s : *lps) {
+    tokens.push_back(SanitizeUtf8(s.chosen.bytes));
+    token_lps.push_back(s.chosen.logprob);
+    json top = json::object();
+    for (const TokenLogprob& t : s.top) top[SanitizeUtf8(t.bytes)] = t.logprob;
+    tops.push_back(top);
+    offsets.push_back(offset);
+    offset += s.chosen.bytes.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops},
+          {"text_offset", offsets}};
+}
+
 std::string Data(const json& j) { return "data: " + j.dump() + "\n\n"; }
 std::string Event(const char* name, const json& j) {
   return std::string("event: ") + name + "\ndata: " + j.dump() + "\n\n";
@@ -396,14 +446,15 @@ std::string Event(const char* name, const json& j) {
 
 }  // namespace
 
-std::string ResponseBody(Api api, const CompletionInfo& i, const std::string& raw_text) {
+std::string ResponseBody(Api api, const CompletionInfo& i, const std::string& raw_text,
+                         const std::vector<StepLogprobs>* logprobs) {
   std::string text = SanitizeUtf8(raw_text);
   switch (api) {
     case Api::kOpenAIChat: {
       json j = OpenAIChunkBase(i, "chat.completion");
       j["choices"] = json::array({{{"index", 0},
                                    {"message", {{"role", "assistant"}, {"content", text}}},
-                                   {"logprobs", nullptr},
+                                   {"logprobs", LogprobsJson(api, logprobs, 0)},
                                    {"finish_reason", OpenAIFinish(i.finish)}}});
       j["usage"] = OpenAIUsage(i);
       return j.dump();
@@ -412,7 +463,7 @@ std::string ResponseBody(Api api, const CompletionInfo& i, const std::string& ra
       json j = OpenAIChunkBase(i, "text_completion");
       j["choices"] = json::array({{{"index", 0},
                                    {"text", text},
-                                   {"logprobs", nullptr},
+                                   {"logprobs", LogprobsJson(api, logprobs, 0)},
                                    {"finish_reason", OpenAIFinish(i.finish)}}});
       j["usage"] = OpenAIUsage(i);
       return j.dump();
@@ -463,21 +514,24 @@ std::string StreamStart(Api api, const CompletionInfo& i) {
   return "";
 }
 
-std::string StreamDelta(Api api, const CompletionInfo& i, std::string_view raw_text) {
+std::string StreamDelta(Api api, const CompletionInfo& i, std::string_view raw_text,
+                        const std::vector<StepLogprobs>* logprobs, size_t text_offset) {
   std::string text = SanitizeUtf8(raw_text);
   switch (api) {
     case Api::kOpenAIChat: {
       json j = OpenAIChunkBase(i, "chat.completion.chunk");
       j["choices"] = json::array({{{"index", 0},
                                    {"delta", {{"content", text}}},
-                                   {"logprobs", nullptr},
+                                   {"logprobs", LogprobsJson(api, logprobs, 0)},
                                    {"finish_reason", nullptr}}});
       return Data(j);
     }
     case Api::kOpenAICompletion: {
       json j = OpenAIChunkBase(i, "text_completion");
-      j["choices"] = json::array(
-          {{{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+      j["choices"] = json::array({{{"index", 0},
+                                   {"text", text},
+                                   {"logprobs", LogprobsJson(api, logprobs, text_offset)},
+                                   {"finish_reason", nullptr}}});
       return Data(j);
     }
     case Api::kAnthropicMessages:

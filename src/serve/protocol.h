@@ -64,12 +64,18 @@ struct CompletionInfo {
 
 std::string NewId(Api api);
 
-// Non-streaming response body.
-std::string ResponseBody(Api api, const CompletionInfo& info, const std::string& text);
+// Non-streaming response body. `logprobs` (OpenAI APIs; nullptr when not asked for): one entry
+// per generated token.
+std::string ResponseBody(Api api, const CompletionInfo& info, const std::string& text,
+                         const std::vector<StepLogprobs>* logprobs = nullptr);
 
 // Server-sent events. Each returns complete events ("data: ...\n\n"), ready to write.
 std::string StreamStart(Api api, const CompletionInfo& info);
-std::string StreamDelta(Api api, const CompletionInfo& info, std::string_view text);
+// `logprobs`: the entries of the tokens since the last delta (nullptr when not asked for);
+// text_offset: bytes of completion text sent before this delta (completions' text_offset).
+std::string StreamDelta(Api api, const CompletionInfo& info, std::string_view text,
+                        const std::vector<StepLogprobs>* logprobs = nullptr,
+                        size_t text_offset = 0);
 std::string StreamEnd(Api api, const CompletionInfo& info, bool include_usage);
 std::string StreamError(Api api, const ApiError& error);
 // Keeps the connection busy while queued; a failed write is how a gone client is noticed.

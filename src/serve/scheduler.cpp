@@ -1,6 +1,7 @@
 #include "serve/scheduler.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "core/log.h"
 
@@ -9,19 +10,28 @@ namespace substrate::serve {
 Job::Job(std::vector<int32_t> prompt, SamplingParams params, std::vector<std::string> stops)
     : prompt_(std::move(prompt)), params_(params), matcher_(std::move(stops)) {}
 
-bool Job::Take(std::chrono::milliseconds timeout, std::string* text) {
+bool Job::Take(std::chrono::milliseconds timeout, std::string* text,
+               std::vector<StepLogprobs>* logprobs) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [&] { return !pending_.empty() || end_ != JobEnd::kRunning; });
+  cv_.wait_for(lock, timeout, [&] {
+    return !pending_.empty() || !pending_logprobs_.empty() || end_ != JobEnd::kRunning;
+  });
   text->append(pending_);
   pending_.clear();
+  if (logprobs)
+    logprobs->insert(logprobs->end(), std::make_move_iterator(pending_logprobs_.begin()),
+                     std::make_move_iterator(pending_logprobs_.end()));
+  pending_logprobs_.clear();
   return end_ != JobEnd::kRunning;
 }
 
-std::string Job::WaitAll() {
+std::string Job::WaitAll(std::vector<StepLogprobs>* logprobs) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return end_ != JobEnd::kRunning; });
   std::string out;
   out.swap(pending_);
+  if (logprobs) logprobs->swap(pending_logprobs_);
+  pending_logprobs_.clear();
   return out;
 }
 
@@ -37,12 +47,13 @@ double Job::time_to_first_token() const {
 }
 
 // Runs on the slot's thread for each generated token.
-bool Job::OnToken(std::string_view text) {
+bool Job::OnToken(std::string_view text, const StepLogprobs* logprobs) {
   std::string out = matcher_.Push(text);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (first_text_ == Clock::time_point{}) first_text_ = Clock::now();
-    if (!out.empty()) {
+    if (logprobs && !matcher_.stopped()) pending_logprobs_.push_back(*logprobs);
+    if (!out.empty() || (logprobs && !matcher_.stopped())) {
       pending_ += out;
       cv_.notify_all();
     }
@@ -210,9 +221,10 @@ void Scheduler::WorkerLoop(int index) {
     Expected<GenerateResult> r = Cancelled("serve: request cancelled before it started");
     if (!job->cancelled()) {
       r = slot.session->Generate(job->prompt(), job->params(),
-                                 [&](int32_t token, std::string_view text) {
+                                 [&](int32_t token, std::string_view text,
+                                     const StepLogprobs* logprobs) {
                                    if (token >= 0) CountToken();
-                                   return job->OnToken(text);
+                                   return job->OnToken(text, logprobs);
                                  });
     }
     std::vector<int32_t> cached = slot.session->CachedTokens();

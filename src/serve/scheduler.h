@@ -33,11 +33,13 @@ class Job {
   const std::vector<int32_t>& prompt() const { return prompt_; }
   const SamplingParams& params() const { return params_; }
 
-  // Waits up to `timeout` for new text or the end; moves the new text into *text.
+  // Waits up to `timeout` for new text or the end; moves the new text into *text, and the new
+  // tokens' log-probabilities (when the request asked for them) into *logprobs.
   // Returns true once the job has ended and all its text was taken.
-  bool Take(std::chrono::milliseconds timeout, std::string* text);
-  // Blocks until the job ends; returns all text not yet taken.
-  std::string WaitAll();
+  bool Take(std::chrono::milliseconds timeout, std::string* text,
+            std::vector<StepLogprobs>* logprobs = nullptr);
+  // Blocks until the job ends; returns all text not yet taken (and log-probabilities).
+  std::string WaitAll(std::vector<StepLogprobs>* logprobs = nullptr);
 
   void Cancel() { cancelled_.store(true); }
   bool cancelled() const { return cancelled_.load(); }
@@ -53,7 +55,7 @@ class Job {
  private:
   friend class Scheduler;
   // Slot side.
-  bool OnToken(std::string_view text);
+  bool OnToken(std::string_view text, const StepLogprobs* logprobs);
   void Finish(Expected<GenerateResult> r);
 
   std::vector<int32_t> prompt_;
@@ -64,6 +66,9 @@ class Job {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string pending_;
+  // Log-probabilities of the tokens generated so far and not yet taken; a token that completes
+  // a stop sequence is left out, like its text.
+  std::vector<StepLogprobs> pending_logprobs_;
   JobEnd end_ = JobEnd::kRunning;
   Status status_;
   GenerateResult result_;

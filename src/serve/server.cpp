@@ -310,8 +310,10 @@ void HttpServer::InstallRoutes() {
         i->completion_tokens = r.generated_tokens;
       };
 
+      const bool logprobs = gr.sampling.logprobs >= 0;
       if (!gr.stream) {
-        std::string text = job->WaitAll();
+        std::vector<StepLogprobs> lps;
+        std::string text = job->WaitAll(&lps);
         if (job->end() == JobEnd::kFailed || job->end() == JobEnd::kCancelled) {
           const Status& st = job->status();
           if (st.code() == StatusCode::kInvalidArgument)
@@ -319,7 +321,8 @@ void HttpServer::InstallRoutes() {
           return SendError(res, api, MakeError(500, "api_error", st.ToString()));
         }
         fill(&info);
-        res.set_content(ResponseBody(api, info, text), "application/json");
+        res.set_content(ResponseBody(api, info, text, logprobs ? &lps : nullptr),
+                        "application/json");
         return;
       }
 
@@ -329,7 +332,8 @@ void HttpServer::InstallRoutes() {
       Scheduler* sched = scheduler_.get();
       res.set_chunked_content_provider(
           "text/event-stream",
-          [job, api, info, include_usage, sched, fill](size_t, httplib::DataSink& sink) mutable {
+          [job, api, info, include_usage, logprobs, sched, fill](size_t,
+                                                                 httplib::DataSink& sink) mutable {
             auto write = [&](const std::string& s) {
               if (s.empty() || sink.write(s.data(), s.size())) return true;
               sched->Cancel(job);  // the client is gone: free its slot now
@@ -337,11 +341,15 @@ void HttpServer::InstallRoutes() {
             };
             if (!write(StreamStart(api, info))) return false;
             auto last_write = Clock::now();
+            size_t token_bytes = 0;  // completion bytes of the tokens sent (text_offset)
             for (;;) {
               std::string text;
-              bool ended = job->Take(std::chrono::milliseconds(100), &text);
-              if (!text.empty()) {
-                if (!write(StreamDelta(api, info, text))) return false;
+              std::vector<StepLogprobs> lps;
+              bool ended = job->Take(std::chrono::milliseconds(100), &text, &lps);
+              if (!text.empty() || !lps.empty()) {
+                if (!write(StreamDelta(api, info, text, logprobs ? &lps : nullptr, token_bytes)))
+                  return false;
+                for (const StepLogprobs& lp : lps) token_bytes += lp.chosen.bytes.size();
                 last_write = Clock::now();
               } else if (!ended && Clock::now() - last_write > std::chrono::milliseconds(300)) {
                 // While queued or in a long prefill: a ping, so a gone client is noticed.

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <random>
 #include <string>
 #include <thread>
@@ -100,7 +101,11 @@ class FakeBackend : public InferenceBackend {
         ++r.generated_tokens;
         ++b_->tokens_generated;
         char c = static_cast<char>(tok);
-        if (!on_token(tok, utf8.Push(std::string_view(&c, 1)))) {
+        StepLogprobs lp;  // a fixed distribution: the chosen byte at log(1/2), then 'z', 'y', ...
+        lp.chosen = {tok, std::string(1, c), std::log(0.5f)};
+        for (int k = 0; k < params.logprobs; ++k)
+          lp.top.push_back({'z' - k, std::string(1, static_cast<char>('z' - k)), std::log(0.25f) - k});
+        if (!on_token(tok, utf8.Push(std::string_view(&c, 1)), params.logprobs >= 0 ? &lp : nullptr)) {
           r.finish = BackendFinish::kCallerStopped;
           break;
         }

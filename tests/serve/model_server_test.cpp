@@ -2,9 +2,12 @@
 // streaming and not, gives the greedy text `substrate run` gives for the same prompt.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
+#include "model/engine.h"
 #include "serve/model_backend.h"
 #include "serve/server.h"
 #include "core/file_io.h"
@@ -163,6 +166,44 @@ TEST_F(ModelServerTest, PromptCacheAndStops) {
                                       {"temperature", 0}, {"stop", "\"\"\""}});
   EXPECT_EQ(cut["choices"][0]["text"], text.substr(0, at));
   EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(ModelServerTest, LogprobsAreTheModelsLogSoftmax) {
+  const std::string prompt = "def fibonacci(n):";
+  json r = Post("/v1/completions", {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0},
+                                    {"logprobs", 5}});
+  ASSERT_EQ(r["_status"], 200) << r.dump();
+  const json& lp = r["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 6u);
+  std::string joined;
+  for (size_t i = 0; i < 6; ++i) {
+    joined += lp["tokens"][i].get<std::string>();
+    // Greedy: the chosen token is the most likely one, so it heads the alternatives.
+    const json& top = lp["top_logprobs"][i];
+    ASSERT_EQ(top.size(), 5u) << top.dump();
+    double best = -1e30;
+    for (auto& [tok, v] : top.items()) best = std::max(best, v.get<double>());
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), best, 1e-6);
+    EXPECT_LE(best, 0.0);
+  }
+  EXPECT_EQ(joined, r["choices"][0]["text"]);
+
+  // The first token's log-probability, computed from the engine's own logits.
+  EngineOptions eo;
+  eo.require_tokenizer = true;
+  auto engine = Engine::Load(path_, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  auto ids = backend_->EncodeText(prompt);
+  ASSERT_TRUE(ids.ok());
+  auto session = (*engine)->NewSession(512);
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE((*engine)->Prefill(**session, *ids).ok());
+  const std::vector<float>& logits = (*session)->logits;
+  const float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(double{l} - max);
+  const double want = 0.0 - std::log(sum);  // the argmax's log-softmax
+  EXPECT_NEAR(lp["token_logprobs"][0].get<double>(), want, 1e-4);
 }
 
 TEST_F(ModelServerTest, ContextOverflowIs400) {

@@ -3,6 +3,8 @@
 // the queue and the prompt cache.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <atomic>
 #include <chrono>
 #include <optional>
@@ -174,6 +176,68 @@ TEST_F(ServerTest, CompletionsStreamAndNot) {
   auto ids = Post("/v1/completions", {{"prompt", {100, 101, 102}}, {"max_tokens", 5}, {"temperature", 0}});
   ASSERT_TRUE(ids);
   EXPECT_EQ(json::parse(ids->body)["choices"][0]["text"], FakeGreedy(3, 5, false));
+}
+
+TEST_F(ServerTest, LogprobsInOpenAIShapes) {
+  StartServer();
+  // The fake reports each chosen byte at log(1/2) and the alternatives 'z', 'y', ... below it.
+  json chat = {{"messages", {{{"role", "user"}, {"content", "hello"}}}},
+               {"max_tokens", 12}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}};
+  json j = json::parse(Post("/v1/chat/completions", chat)->body);
+  const json& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 12u) << j.dump();
+  std::string joined;
+  for (const json& e : content) {
+    joined += e["token"].get<std::string>();
+    EXPECT_NEAR(e["logprob"].get<double>(), std::log(0.5), 1e-6);
+    EXPECT_EQ(e["bytes"].size(), 1u);
+    ASSERT_EQ(e["top_logprobs"].size(), 2u);
+    EXPECT_EQ(e["top_logprobs"][0]["token"], "z");
+    EXPECT_EQ(e["top_logprobs"][1]["token"], "y");
+  }
+  EXPECT_EQ(joined, j["choices"][0]["message"]["content"]);
+
+  // Streamed: the chunks' entries together are the same list.
+  chat["stream"] = true;
+  auto s = PostStream(server_->port(), "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(s.status, 200);
+  json streamed = json::array();
+  for (const auto& e : ParseSse(s.body)) {
+    if (e.data == "[DONE]") continue;
+    json d = json::parse(e.data);
+    if (d["choices"].empty() || d["choices"][0]["logprobs"].is_null()) continue;
+    for (const json& x : d["choices"][0]["logprobs"]["content"]) streamed.push_back(x);
+  }
+  EXPECT_EQ(streamed, content);
+
+  // Not asked for: null.
+  chat.erase("logprobs");
+  chat.erase("top_logprobs");
+  chat["stream"] = false;
+  EXPECT_TRUE(json::parse(Post("/v1/chat/completions", chat)->body)["choices"][0]["logprobs"].is_null());
+
+  // Completions: parallel lists, text offsets in bytes.
+  json c = json::parse(Post("/v1/completions", {{"prompt", "def f():"}, {"max_tokens", 5},
+                                                 {"temperature", 0}, {"logprobs", 3}})->body);
+  const json& lp = c["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 5u) << c.dump();
+  std::string text;
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(lp["text_offset"][i], text.size());
+    text += lp["tokens"][i].get<std::string>();
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 3u);
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), std::log(0.5), 1e-6);
+  }
+  EXPECT_EQ(text, c["choices"][0]["text"]);
+
+  // Out of range, or top_logprobs without logprobs: 400 naming the field.
+  auto bad = Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                           {"top_logprobs", 2}});
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["error"]["param"], "top_logprobs");
+  bad = Post("/v1/completions", {{"prompt", "x"}, {"logprobs", 6}});
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["error"]["param"], "logprobs");
 }
 
 TEST_F(ServerTest, AnthropicMessagesStreamAndNot) {
