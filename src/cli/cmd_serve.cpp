@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "cli/command.h"
+#include "cli/generation_flags.h"
 #include "core/log.h"
 #include "serve/model_backend.h"
 #include "serve/server.h"
@@ -15,18 +16,20 @@ namespace {
 const char* kUsage =
     "usage: substrate serve -m MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
     "                       [-c CTX] [--parallel N] [-t THREADS] [--max-queue N]\n"
-    "                       [--max-body BYTES] [--alias NAME]\n"
+    "                       [--max-body BYTES] [--alias NAME] [--kv-type f32|f16]\n"
     "  endpoints: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,\n"
     "             POST /v1/completions (OpenAI), POST /v1/messages (Anthropic)\n"
     "  --api-key     required as 'Authorization: Bearer KEY' or 'x-api-key: KEY' on /v1/*\n"
     "                (default: $SUBSTRATE_API_KEY, else none)\n"
     "  -c CTX        tokens per request, prompt and answer (default: min(model's, 4096))\n"
     "  --parallel N  requests generated at once, each with its own KV cache (default 1)\n"
-    "  --max-queue N requests waiting for a slot before 503/529 (default 64)\n";
+    "  --max-queue N requests waiting for a slot before 503/529 (default 64)\n"
+    "  --kv-type T   KV cache rows: f32 (default, exact) or f16 (half the memory per slot)\n";
 
 int RunServe(const std::vector<std::string>& args) {
   Flags f(args, {"-m", "--model", "--host", "--port", "--api-key", "-c", "--ctx-size",
-                 "--parallel", "-np", "-t", "--threads", "--max-queue", "--max-body", "--alias"});
+                 "--parallel", "-np", "-t", "--threads", "--max-queue", "--max-body", "--alias",
+                 "--kv-type", "--cache-type"});
   if (!f.status().ok()) return PrintError("serve", f.status());
   if (f.Has("-h") || f.Has("--help")) {
     std::fputs(kUsage, stdout);
@@ -52,6 +55,8 @@ int RunServe(const std::vector<std::string>& args) {
     return PrintError("serve", InvalidArgument("--max-queue must be 0..4096"));
   if (*ctx < 0 || *ctx > (1 << 22))
     return PrintError("serve", InvalidArgument("-c out of range"));
+  auto kv_type = ParseKvType(f);
+  if (!kv_type.ok()) return PrintError("serve", kv_type.status());
   uint64_t max_body = 4ull << 20;
   if (f.Has("--max-body")) {
     auto b = ParseBytes(f.Get({"--max-body"}));
@@ -72,6 +77,7 @@ int RunServe(const std::vector<std::string>& args) {
   mo.context = static_cast<int>(*ctx);
   mo.threads = static_cast<int>(*threads);
   mo.model_id = f.Get({"--alias"});
+  mo.kv_type = *kv_type;
   std::fprintf(stderr, "substrate serve: loading %s\n", model.c_str());
   auto backend = serve::ModelBackend::Load(mo);
   if (!backend.ok()) return PrintError("serve", backend.status());

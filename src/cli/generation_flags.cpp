@@ -7,14 +7,23 @@ namespace substrate::cli {
 std::vector<std::string> GenerationFlagsWithValue(std::vector<std::string> extra) {
   for (const char* f : {"-m", "--model", "-n", "--n-predict", "--temp", "--temperature", "--seed",
                         "-s", "-c", "--ctx-size", "-t", "--threads", "--top-k", "--top-p",
-                        "--min-p", "--repeat-penalty", "--repeat-last-n", "--stop"}) {
+                        "--min-p", "--repeat-penalty", "--repeat-last-n", "--stop", "--kv-type",
+                        "--cache-type"}) {
     extra.push_back(f);
   }
   return extra;
 }
 
+Expected<DType> ParseKvType(const Flags& f) {
+  const std::string t = f.Get({"--kv-type", "--cache-type"}, "f32");
+  if (t == "f32") return DType::kF32;
+  if (t == "f16") return DType::kF16;
+  return InvalidArgument("--kv-type " + t + ": the KV cache holds f32 or f16 rows");
+}
+
 Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
   GenerationFlags g;
+  ASSIGN_OR_RETURN(g.kv_type, ParseKvType(f));
   g.model = f.Get({"-m", "--model"});
   if (g.model.empty() && !f.Has("--store")) return InvalidArgument("no model given (-m MODEL: a .gguf file or a HF folder)");
   ASSIGN_OR_RETURN(long long n_ctx, f.GetInt({"-c", "--ctx-size"}, 0));
@@ -49,6 +58,7 @@ Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
 Expected<std::pair<std::unique_ptr<Engine>, std::unique_ptr<Session>>> LoadForGeneration(
     const GenerationFlags& g, EngineOptions opt) {
   opt.n_threads = g.threads;
+  opt.kv_type = g.kv_type;
   ASSIGN_OR_RETURN(auto engine, Engine::Load(g.model, opt));
   int64_t n_ctx = g.n_ctx;
   if (n_ctx == 0) n_ctx = std::min<int64_t>(engine->model().hparams().n_ctx_train, 4096);

@@ -18,12 +18,15 @@ struct GenerationFlags {
   std::string model;
   int64_t n_ctx = 0;  // 0: min(model's training context, 4096)
   int threads = 0;
+  DType kv_type = DType::kF32;  // --kv-type f32|f16
   GenerateOptions generate;
 };
 
 // The flags that take a value, plus `extra`.
 std::vector<std::string> GenerationFlagsWithValue(std::vector<std::string> extra);
 Expected<GenerationFlags> ParseGenerationFlags(const Flags& f);
+// `--kv-type` (alias --cache-type): the KV cache's row type, f32 (default, exact) or f16.
+Expected<DType> ParseKvType(const Flags& f);
 
 // Loads the model (weights resident) and opens a session of the requested context.
 // `opt` carries what other flags set (a weight-source factory from --store, a ledger).

@@ -8,12 +8,19 @@
 #include "kernels/attention_simd.h"
 #include "kernels/ops.h"
 #include "kernels/profile.h"
+#include "quant/quant.h"
 
 namespace substrate {
 
-void AttentionReference(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
-                        const float* k, int64_t k_stride, const float* v, int64_t v_stride,
-                        float* out, ThreadPool& pool) {
+namespace {
+
+inline float ToFloat(float x) { return x; }
+inline float ToFloat(uint16_t h) { return Fp16ToFp32(h); }
+
+template <typename T>
+void ReferenceHeads(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
+                    const T* k, int64_t k_stride, const T* v, int64_t v_stride, float* out,
+                    ThreadPool& pool) {
   const int group = s.n_head / s.n_head_kv;
   const int64_t n_items = n_tokens * s.n_head;
   pool.ParallelFor(n_items, 1, [&](int64_t begin, int64_t end, int) {
@@ -26,17 +33,17 @@ void AttentionReference(const AttentionShape& s, const float* q, int64_t n_token
       const float* qh = q + (t * s.n_head + h) * s.dk;
       const int64_t n_kv = pos0 + t + 1;
       for (int64_t p = 0; p < n_kv; ++p) {
-        const float* kp = k + p * k_stride + static_cast<int64_t>(hk) * s.dk;
+        const T* kp = k + p * k_stride + static_cast<int64_t>(hk) * s.dk;
         float dot = 0;
-        for (int d = 0; d < s.dk; ++d) dot += qh[d] * kp[d];
+        for (int d = 0; d < s.dk; ++d) dot += qh[d] * ToFloat(kp[d]);
         scores[p] = dot * s.scale;
       }
       Softmax(scores.data(), n_kv);
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t p = 0; p < n_kv; ++p) {
-        const float* vp = v + p * v_stride + static_cast<int64_t>(hk) * s.dv;
+        const T* vp = v + p * v_stride + static_cast<int64_t>(hk) * s.dv;
         const double w = scores[p];
-        for (int d = 0; d < s.dv; ++d) acc[d] += w * vp[d];
+        for (int d = 0; d < s.dv; ++d) acc[d] += w * ToFloat(vp[d]);
       }
       float* o = out + (t * s.n_head + h) * s.dv;
       for (int d = 0; d < s.dv; ++d) o[d] = static_cast<float>(acc[d]);
@@ -44,17 +51,30 @@ void AttentionReference(const AttentionShape& s, const float* q, int64_t n_token
   });
 }
 
+}  // namespace
+
+void AttentionReference(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
+                        const KvRows& kv, float* out, ThreadPool& pool) {
+  if (kv.type == DType::kF16) {
+    ReferenceHeads(s, q, n_tokens, pos0, static_cast<const uint16_t*>(kv.k), kv.k_stride,
+                   static_cast<const uint16_t*>(kv.v), kv.v_stride, out, pool);
+  } else {
+    ReferenceHeads(s, q, n_tokens, pos0, static_cast<const float*>(kv.k), kv.k_stride,
+                   static_cast<const float*>(kv.v), kv.v_stride, out, pool);
+  }
+}
+
 void Attention(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
-               const float* k, int64_t k_stride, const float* v, int64_t v_stride, float* out,
-               ThreadPool& pool) {
+               const KvRows& kv, float* out, ThreadPool& pool) {
   const bool profile = KernelProfilingEnabled();
   auto t0 = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-  if (!AttentionSimd(s, q, n_tokens, pos0, k, k_stride, v, v_stride, out, pool))
-    AttentionReference(s, q, n_tokens, pos0, k, k_stride, v, v_stride, out, pool);
+  if (!AttentionSimd(s, q, n_tokens, pos0, kv, out, pool))
+    AttentionReference(s, q, n_tokens, pos0, kv, out, pool);
   if (profile) {
     // K/V bytes touched: every (token, query head) reads its causal history of K and V rows.
     const uint64_t rows = static_cast<uint64_t>(n_tokens * pos0 + n_tokens * (n_tokens + 1) / 2);
-    const uint64_t bytes = rows * static_cast<uint64_t>(s.n_head) * (s.dk + s.dv) * sizeof(float);
+    const uint64_t bytes = rows * static_cast<uint64_t>(s.n_head) * (s.dk + s.dv) *
+                           (kv.type == DType::kF16 ? 2 : 4);
     AddKernelProfile(kProfileAttention,
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
                      bytes);

@@ -1,4 +1,5 @@
-// Causal multi-head attention over a float K/V history (the KV cache), with grouped-query heads.
+// Causal multi-head attention over a K/V history (the KV cache, float32 or float16 rows), with
+// grouped-query heads.
 // Attention picks the SIMD version (attention_simd.h) where the CPU has it, else the scalar
 // reference; both parallel over (token, head) pairs.
 #pragma once
@@ -6,6 +7,7 @@
 #include <cstdint>
 
 #include "core/thread_pool.h"
+#include "format/dtype.h"
 
 namespace substrate {
 
@@ -17,18 +19,26 @@ struct AttentionShape {
   float scale = 1.0f; // multiplies q.k before the softmax (usually 1/sqrt(dk))
 };
 
+// The cached keys and values: position p's key row at k + p * k_stride elements, its value row
+// at v + p * v_stride; elements of `type`, F32 or F16 (read as float, so F16 rows only round the
+// cached values).
+struct KvRows {
+  DType type = DType::kF32;
+  const void* k = nullptr;
+  int64_t k_stride = 0;
+  const void* v = nullptr;
+  int64_t v_stride = 0;
+};
+
 // q:   [n_tokens, n_head, dk], token t sits at position pos0 + t.
-// k:   row p (position p) at k + p * k_stride holds [n_head_kv, dk]; rows 0..pos0+n_tokens-1.
-// v:   row p at v + p * v_stride holds [n_head_kv, dv].
+// kv:  key row p holds [n_head_kv, dk], value row p [n_head_kv, dv]; rows 0..pos0+n_tokens-1.
 // out: [n_tokens, n_head, dv]. Token t attends to positions 0..pos0+t (causal).
 void Attention(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
-               const float* k, int64_t k_stride, const float* v, int64_t v_stride, float* out,
-               ThreadPool& pool);
+               const KvRows& kv, float* out, ThreadPool& pool);
 
 // The scalar reference the SIMD version is tested against: float q.k, softmax with a double
 // sum, value mix accumulated in double.
 void AttentionReference(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
-                        const float* k, int64_t k_stride, const float* v, int64_t v_stride,
-                        float* out, ThreadPool& pool);
+                        const KvRows& kv, float* out, ThreadPool& pool);
 
 }  // namespace substrate

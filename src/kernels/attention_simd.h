@@ -16,16 +16,13 @@
 namespace substrate {
 
 bool AttentionSimd(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
-                   const float* k, int64_t k_stride, const float* v, int64_t v_stride, float* out,
-                   ThreadPool& pool);
+                   const KvRows& kv, float* out, ThreadPool& pool);
 
 // The bodies: AVX2 (attention_simd_avx2.cpp; needs AVX2 and FMA) and AVX-512
 // (attention_simd_avx512.cpp; needs the kAvx512 tier). AttentionSimd picks the best.
 void AttentionAvx2(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
-                   const float* k, int64_t k_stride, const float* v, int64_t v_stride, float* out,
-                   ThreadPool& pool);
+                   const KvRows& kv, float* out, ThreadPool& pool);
 void AttentionAvx512(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
-                     const float* k, int64_t k_stride, const float* v, int64_t v_stride,
-                     float* out, ThreadPool& pool);
+                     const KvRows& kv, float* out, ThreadPool& pool);
 
 }  // namespace substrate

@@ -18,36 +18,53 @@
 namespace substrate {
 namespace {
 
-inline float Dot(const float* a, const float* b, int n) {
+// 16 key elements as floats (fp16 ones converted), all or the first `m` of them.
+inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 Load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 Load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 Load16(const uint16_t* p, __mmask16 m) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+// 8 value elements as floats.
+inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 Load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline float ToFloat(float x) { return x; }
+inline float ToFloat(uint16_t h) { return _cvtsh_ss(h); }
+
+template <typename T>
+inline float Dot(const float* a, const T* b, int n) {
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
   int i = 0;
   for (; i + 32 <= n; i += 32) {
-    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), Load16(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), Load16(b + i + 16), s1);
   }
   if (i < n) {  // the rest, up to 31 elements, under masks
     __mmask16 m0 = static_cast<__mmask16>(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
-    s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, a + i), _mm512_maskz_loadu_ps(m0, b + i), s0);
+    s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, a + i), Load16(b + i, m0), s0);
     if (n - i > 16) {
       __mmask16 m1 = static_cast<__mmask16>((1u << (n - i - 16)) - 1);
-      s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, a + i + 16),
-                           _mm512_maskz_loadu_ps(m1, b + i + 16), s1);
+      s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, a + i + 16), Load16(b + i + 16, m1), s1);
     }
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
 }
 
 // out[d0..d0+8*kVec) = sum_p w[p] * v_p[d0..], accumulated in double, kVec zmm of 8 doubles.
-template <int kVec>
-inline void MixTile(const float* w, int64_t n_kv, const float* v, int64_t v_stride, int d0,
+template <int kVec, typename T>
+inline void MixTile(const float* w, int64_t n_kv, const T* v, int64_t v_stride, int d0,
                     float* out) {
   __m512d acc[kVec];
   for (int j = 0; j < kVec; ++j) acc[j] = _mm512_setzero_pd();
   for (int64_t p = 0; p < n_kv; ++p) {
     const __m512d wp = _mm512_set1_pd(static_cast<double>(w[p]));
-    const float* vp = v + p * v_stride + d0;
+    const T* vp = v + p * v_stride + d0;
     for (int j = 0; j < kVec; ++j)
-      acc[j] = _mm512_fmadd_pd(wp, _mm512_cvtps_pd(_mm256_loadu_ps(vp + 8 * j)), acc[j]);
+      acc[j] = _mm512_fmadd_pd(wp, _mm512_cvtps_pd(Load8(vp + 8 * j)), acc[j]);
   }
   for (int j = 0; j < kVec; ++j) _mm256_storeu_ps(out + d0 + 8 * j, _mm512_cvtpd_ps(acc[j]));
 }
@@ -57,20 +74,20 @@ inline void MixTile(const float* w, int64_t n_kv, const float* v, int64_t v_stri
 }  // namespace
 
 void AttentionAvx512(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
-                     const float* k, int64_t k_stride, const float* v, int64_t v_stride,
-                     float* out, ThreadPool& pool) {
-  AttentionHeads(s, q, n_tokens, pos0, k, k_stride, v, out, pool,
-                 [&](const float* w, int64_t n_kv, const float* vh, float* o) {
-                   int d0 = 0;
-                   for (; d0 + 64 <= s.dv; d0 += 64) MixTile<8>(w, n_kv, vh, v_stride, d0, o);
-                   for (; d0 + 8 <= s.dv; d0 += 8) MixTile<1>(w, n_kv, vh, v_stride, d0, o);
-                   for (; d0 < s.dv; ++d0) {
-                     double acc = 0;
-                     for (int64_t p = 0; p < n_kv; ++p)
-                       acc += static_cast<double>(w[p]) * vh[p * v_stride + d0];
-                     o[d0] = static_cast<float>(acc);
-                   }
-                 });
+                     const KvRows& kv, float* out, ThreadPool& pool) {
+  const int64_t v_stride = kv.v_stride;
+  AttentionKv(s, q, n_tokens, pos0, kv, out, pool,
+              [&](const float* w, int64_t n_kv, const auto* vh, float* o) {
+                int d0 = 0;
+                for (; d0 + 64 <= s.dv; d0 += 64) MixTile<8>(w, n_kv, vh, v_stride, d0, o);
+                for (; d0 + 8 <= s.dv; d0 += 8) MixTile<1>(w, n_kv, vh, v_stride, d0, o);
+                for (; d0 < s.dv; ++d0) {
+                  double acc = 0;
+                  for (int64_t p = 0; p < n_kv; ++p)
+                    acc += static_cast<double>(w[p]) * ToFloat(vh[p * v_stride + d0]);
+                  o[d0] = static_cast<float>(acc);
+                }
+              });
 }
 
 }  // namespace substrate

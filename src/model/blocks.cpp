@@ -95,10 +95,12 @@ Status AttentionBlock(ForwardContext& c, int il, const LayerWeights& w) {
   ASSIGN_OR_RETURN(float* xn, c.scratch->Get(Scratch::kXNorm, n * d));
   RETURN_IF_ERROR(NormRows(c, w.attn_norm, c.x, d, n, xn));
 
-  // q [n, n_head*dk]; k, v written straight into the cache rows of positions pos0..pos0+n-1.
+  // q [n, n_head*dk]; k, v written into the cache rows of positions pos0..pos0+n-1 (float
+  // rows: the cache's own for an F32 cache, staged and converted for F16).
   ASSIGN_OR_RETURN(float* q, c.scratch->Get(Scratch::kQ, n * hp.n_head * dk));
-  float* kc = c.cache->k(il) + c.pos0 * c.cache->k_stride();
-  float* vc = c.cache->v(il) + c.pos0 * c.cache->v_stride();
+  ASSIGN_OR_RETURN(KvCache::WriteRows rows, c.cache->BeginWrite(il, c.pos0, n));
+  float* kc = rows.k;
+  float* vc = rows.v;
   RETURN_IF_ERROR(Linear(c, w.wq, xn, n, q, d, int64_t{hp.n_head} * dk));
   RETURN_IF_ERROR(AddBiasFrom(c, w.bq, q, int64_t{hp.n_head} * dk, n));
   RETURN_IF_ERROR(Linear(c, w.wk, xn, n, kc, d, int64_t{hp.n_head_kv} * dk));
@@ -111,12 +113,12 @@ Status AttentionBlock(ForwardContext& c, int il, const LayerWeights& w) {
     RETURN_IF_ERROR(NormRows(c, w.k_norm, kc, dk, n * hp.n_head_kv, kc));
   Rope(q, n, hp.n_head, dk, c.pos, hp.rope);
   Rope(kc, n, hp.n_head_kv, dk, c.pos, hp.rope);
+  c.cache->CommitWrite(il, c.pos0, n);
 
   // attn [n, n_head*dv]
   ASSIGN_OR_RETURN(float* attn, c.scratch->Get(Scratch::kAttnOut, n * hp.n_head * dv));
   AttentionShape shape{hp.n_head, hp.n_head_kv, dk, dv, hp.attn_scale};
-  Attention(shape, q, n, c.pos0, c.cache->k(il), c.cache->k_stride(), c.cache->v(il),
-            c.cache->v_stride(), attn, *c.pool);
+  Attention(shape, q, n, c.pos0, c.cache->rows(il), attn, *c.pool);
   return OutputProjection(c, w, attn, int64_t{hp.n_head} * dv);
 }
 
@@ -157,9 +159,10 @@ Status MlaBlock(ForwardContext& c, int il, const LayerWeights& w) {
   Rope(kva + lora, n, 1, static_cast<int>(lora + rot), c.pos, hp.rope);
 
   // Cache rows: k = [k_nope_h, k_rope] per head, v = v_h per head.
+  ASSIGN_OR_RETURN(KvCache::WriteRows rows, c.cache->BeginWrite(il, c.pos0, n));
   for (int64_t t = 0; t < n; ++t) {
-    float* kr = c.cache->k(il) + (c.pos0 + t) * c.cache->k_stride();
-    float* vr = c.cache->v(il) + (c.pos0 + t) * c.cache->v_stride();
+    float* kr = rows.k + t * c.cache->k_stride();
+    float* vr = rows.v + t * c.cache->v_stride();
     const float* src = kvb + t * kvb_w;
     const float* kpe = kva + t * (lora + rot) + lora;
     for (int h = 0; h < hp.n_head; ++h) {
@@ -169,10 +172,11 @@ Status MlaBlock(ForwardContext& c, int il, const LayerWeights& w) {
     }
   }
 
+  c.cache->CommitWrite(il, c.pos0, n);
+
   ASSIGN_OR_RETURN(float* attn, c.scratch->Get(Scratch::kAttnOut, n * hp.n_head * dv));
   AttentionShape shape{hp.n_head, hp.n_head, dk, dv, hp.attn_scale};
-  Attention(shape, q, n, c.pos0, c.cache->k(il), c.cache->k_stride(), c.cache->v(il),
-            c.cache->v_stride(), attn, *c.pool);
+  Attention(shape, q, n, c.pos0, c.cache->rows(il), attn, *c.pool);
   return OutputProjection(c, w, attn, int64_t{hp.n_head} * dv);
 }
 

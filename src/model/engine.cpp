@@ -28,6 +28,7 @@ size_t StopPrefixHold(const std::string& text, const std::vector<std::string>& s
 Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path, const EngineOptions& opt) {
   std::unique_ptr<Engine> e(new Engine());
   e->ledger_ = opt.ledger ? opt.ledger : &MemoryLedger::Global();
+  e->kv_type_ = opt.kv_type;
   if (opt.n_threads > 0) {
     e->own_pool_ = std::make_unique<ThreadPool>(opt.n_threads);
     e->pool_ = e->own_pool_.get();
@@ -68,7 +69,7 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path, const En
 
 Expected<std::unique_ptr<Session>> Engine::NewSession(int64_t n_ctx) {
   if (n_ctx <= 0) n_ctx = model_->hparams().n_ctx_train;
-  ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(model_->hparams(), n_ctx, ledger_));
+  ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(model_->hparams(), n_ctx, ledger_, kv_type_));
   auto s = std::make_unique<Session>(Session{std::move(cache), {}});
   return s;
 }

@@ -31,6 +31,7 @@ struct EngineOptions {
   int n_threads = 0;               // 0: ThreadPool::Default()
   MemoryLedger* ledger = nullptr;  // nullptr: MemoryLedger::Global()
   bool require_tokenizer = true;   // false: token-level use of models without a vocabulary
+  DType kv_type = DType::kF32;     // sessions' KV cache rows: kF32 (exact) or kF16 (half size)
   // Builds the weight source for the opened model file, charging the ledger (runtime/'s
   // ResidencyManager streams a store under a budget). nullptr: every tensor resident.
   std::function<Expected<std::unique_ptr<WeightSource>>(const ModelFile&, MemoryLedger*)> weights;
@@ -94,6 +95,7 @@ class Engine {
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool* pool_ = nullptr;
   MemoryLedger* ledger_ = nullptr;
+  DType kv_type_ = DType::kF32;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
 };

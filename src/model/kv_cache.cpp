@@ -1,28 +1,89 @@
 #include "model/kv_cache.h"
 
 #include "model/hparams.h"
+#include "quant/quant.h"
 
 namespace substrate {
+namespace {
 
-Expected<KvCache> KvCache::Create(const ModelHParams& hp, int64_t n_ctx, MemoryLedger* ledger) {
-  if (n_ctx <= 0 || n_ctx > (1 << 24))
-    return InvalidArgument("context size " + std::to_string(n_ctx) + " out of range");
-  KvCache c;
-  c.n_ctx_ = n_ctx;
+// Elements per position row of K and V: MLA (deepseek) caches decompressed per-head rows.
+void RowElements(const ModelHParams& hp, int64_t* k, int64_t* v) {
   const bool mla = hp.family == ArchFamily::kDeepseek;
   const int64_t kv_heads = mla ? hp.n_head : hp.n_head_kv;
-  c.k_stride_ = kv_heads * hp.head_dim_k;
-  c.v_stride_ = kv_heads * hp.head_dim_v;
-  const uint64_t k_bytes = static_cast<uint64_t>(hp.n_layer) * n_ctx * c.k_stride_ * 4;
-  const uint64_t v_bytes = static_cast<uint64_t>(hp.n_layer) * n_ctx * c.v_stride_ * 4;
-  auto k = AlignedBuffer::Allocate(k_bytes, ledger, "kv_cache");
+  *k = kv_heads * hp.head_dim_k;
+  *v = kv_heads * hp.head_dim_v;
+}
+
+}  // namespace
+
+uint64_t KvCache::Bytes(const ModelHParams& hp, int64_t n_ctx, DType type) {
+  int64_t k, v;
+  RowElements(hp, &k, &v);
+  return static_cast<uint64_t>(hp.n_layer) * static_cast<uint64_t>(n_ctx) *
+         static_cast<uint64_t>(k + v) * (type == DType::kF16 ? 2 : 4);
+}
+
+Expected<KvCache> KvCache::Create(const ModelHParams& hp, int64_t n_ctx, MemoryLedger* ledger,
+                                  DType type) {
+  if (n_ctx <= 0 || n_ctx > (1 << 24))
+    return InvalidArgument("context size " + std::to_string(n_ctx) + " out of range");
+  if (type != DType::kF32 && type != DType::kF16)
+    return InvalidArgument(std::string("KV cache type ") + DTypeName(type) +
+                           " is not supported (f32 or f16)");
+  KvCache c;
+  c.type_ = type;
+  c.n_ctx_ = n_ctx;
+  c.ledger_ = ledger;
+  RowElements(hp, &c.k_stride_, &c.v_stride_);
+  const uint64_t per_layer = static_cast<uint64_t>(hp.n_layer) * static_cast<uint64_t>(n_ctx) *
+                             c.ElementBytes();
+  auto k = AlignedBuffer::Allocate(per_layer * c.k_stride_, ledger, "kv_cache");
   if (!k.ok()) return k.status().WithContext("KV cache for " + std::to_string(n_ctx) + " tokens");
-  auto v = AlignedBuffer::Allocate(v_bytes, ledger, "kv_cache");
+  auto v = AlignedBuffer::Allocate(per_layer * c.v_stride_, ledger, "kv_cache");
   if (!v.ok()) return v.status().WithContext("KV cache for " + std::to_string(n_ctx) + " tokens");
   c.k_ = std::move(k).value();
   c.v_ = std::move(v).value();
   c.tokens_.reserve(static_cast<size_t>(n_ctx));
   return c;
+}
+
+uint8_t* KvCache::KRow(int layer, int64_t pos) const {
+  return const_cast<uint8_t*>(k_.as<uint8_t>()) +
+         (static_cast<size_t>(layer) * n_ctx_ + pos) * k_stride_ * ElementBytes();
+}
+
+uint8_t* KvCache::VRow(int layer, int64_t pos) const {
+  return const_cast<uint8_t*>(v_.as<uint8_t>()) +
+         (static_cast<size_t>(layer) * n_ctx_ + pos) * v_stride_ * ElementBytes();
+}
+
+KvRows KvCache::rows(int layer) const {
+  return {type_, KRow(layer, 0), k_stride_, VRow(layer, 0), v_stride_};
+}
+
+Expected<KvCache::WriteRows> KvCache::BeginWrite(int layer, int64_t pos, int64_t n) {
+  if (type_ == DType::kF32)
+    return WriteRows{reinterpret_cast<float*>(KRow(layer, pos)),
+                     reinterpret_cast<float*>(VRow(layer, pos))};
+  const uint64_t bytes = static_cast<uint64_t>(n) * (k_stride_ + v_stride_) * sizeof(float);
+  if (stage_.size() < bytes) {
+    stage_ = AlignedBuffer();  // release before charging the larger one
+    auto b = AlignedBuffer::Allocate(bytes, ledger_, "scratch");
+    if (!b.ok()) return b.status().WithContext("KV cache staging rows");
+    stage_ = std::move(b).value();
+  }
+  float* k = stage_.as<float>();
+  return WriteRows{k, k + n * k_stride_};
+}
+
+void KvCache::CommitWrite(int layer, int64_t pos, int64_t n) {
+  if (type_ == DType::kF32) return;
+  const float* k = stage_.as<float>();
+  const float* v = k + n * k_stride_;
+  auto* kd = reinterpret_cast<uint16_t*>(KRow(layer, pos));
+  auto* vd = reinterpret_cast<uint16_t*>(VRow(layer, pos));
+  for (int64_t i = 0; i < n * k_stride_; ++i) kd[i] = Fp32ToFp16(k[i]);
+  for (int64_t i = 0; i < n * v_stride_; ++i) vd[i] = Fp32ToFp16(v[i]);
 }
 
 }  // namespace substrate

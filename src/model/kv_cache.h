@@ -1,6 +1,7 @@
-// KvCache: per layer, the keys and values of every position seen so far, as float32 rows,
-// charged to the ledger account "kv_cache". Positions [0, n_past) are valid; a forward pass of
-// n tokens writes rows [n_past, n_past + n) and then advances n_past.
+// KvCache: per layer, the keys and values of every position seen so far, as float32 or float16
+// rows (F16 halves the cache; attention reads it back as float), charged to the ledger account
+// "kv_cache". Positions [0, n_past) are valid; a forward pass of n tokens writes rows
+// [n_past, n_past + n) and then advances n_past.
 //
 // MLA (deepseek) stores the decompressed per-head keys and values, like ordinary attention
 // with n_head_kv == n_head (simple and exact; the compressed latent cache is a later
@@ -12,6 +13,8 @@
 
 #include "core/aligned_buffer.h"
 #include "core/status.h"
+#include "format/dtype.h"
+#include "kernels/attention.h"
 
 namespace substrate {
 
@@ -19,17 +22,33 @@ struct ModelHParams;
 
 class KvCache {
  public:
-  static Expected<KvCache> Create(const ModelHParams& hp, int64_t n_ctx, MemoryLedger* ledger);
+  // type: DType::kF32 (exact) or DType::kF16.
+  static Expected<KvCache> Create(const ModelHParams& hp, int64_t n_ctx, MemoryLedger* ledger,
+                                  DType type = DType::kF32);
+  // Bytes the cache of `n_ctx` positions takes (what Create charges), for budgets.
+  static uint64_t Bytes(const ModelHParams& hp, int64_t n_ctx, DType type);
 
   int64_t n_ctx() const { return n_ctx_; }
   int64_t n_past() const { return static_cast<int64_t>(tokens_.size()); }
   // Tokens whose keys/values are stored, in position order (for prompt reuse).
   const std::vector<int32_t>& tokens() const { return tokens_; }
 
-  int64_t k_stride() const { return k_stride_; }  // floats per position row
+  DType type() const { return type_; }
+  int64_t k_stride() const { return k_stride_; }  // elements per position row
   int64_t v_stride() const { return v_stride_; }
-  float* k(int layer) { return k_.as<float>() + layer * n_ctx_ * k_stride_; }
-  float* v(int layer) { return v_.as<float>() + layer * n_ctx_ * v_stride_; }
+  // Layer `layer`'s rows, as attention reads them.
+  KvRows rows(int layer) const;
+
+  // Float rows for positions [pos, pos + n) of one layer, to be filled with keys and values
+  // and then committed: the cache rows themselves for F32, a staging area (ledger-charged,
+  // grown once) for F16. Valid until the next call.
+  struct WriteRows {
+    float* k;
+    float* v;
+  };
+  Expected<WriteRows> BeginWrite(int layer, int64_t pos, int64_t n);
+  // Stores the rows BeginWrite handed out (converts them to F16 when the cache is F16).
+  void CommitWrite(int layer, int64_t pos, int64_t n);
 
   // Forgets positions >= n (n <= n_past): the next pass overwrites them.
   void Truncate(int64_t n) { tokens_.resize(static_cast<size_t>(n)); }
@@ -38,9 +57,16 @@ class KvCache {
   void Append(const int32_t* tokens, int64_t n) { tokens_.insert(tokens_.end(), tokens, tokens + n); }
 
  private:
+  size_t ElementBytes() const { return type_ == DType::kF16 ? 2 : 4; }
+  uint8_t* KRow(int layer, int64_t pos) const;
+  uint8_t* VRow(int layer, int64_t pos) const;
+
+  DType type_ = DType::kF32;
   int64_t n_ctx_ = 0;
   int64_t k_stride_ = 0, v_stride_ = 0;
   AlignedBuffer k_, v_;
+  MemoryLedger* ledger_ = nullptr;
+  AlignedBuffer stage_;  // F16 only: float rows between BeginWrite and CommitWrite
   std::vector<int32_t> tokens_;
 };
 

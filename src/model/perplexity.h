@@ -19,6 +19,7 @@ namespace substrate {
 
 struct PerplexityOptions {
   int64_t n_ctx = 512;
+  DType kv_type = DType::kF32;  // KV cache rows (KvCache)
   int64_t max_chunks = -1;   // < 0: every full chunk
   int32_t bos = -1;          // >= 0: the first token of each chunk becomes this
   std::string save_base;     // write log-probs here (--kl-divergence-base)

@@ -152,6 +152,7 @@ Expected<std::unique_ptr<ModelBackend>> ModelBackend::Load(const ModelBackendOpt
   eo.n_threads = options.threads;
   eo.ledger = options.ledger;
   eo.require_tokenizer = true;
+  eo.kv_type = options.kv_type;
   ASSIGN_OR_RETURN(b->engine_, Engine::Load(options.path, eo));
   const int64_t train = b->engine_->model().hparams().n_ctx_train;
   int64_t ctx = options.context > 0 ? options.context : std::min<int64_t>(train > 0 ? train : 4096, 4096);

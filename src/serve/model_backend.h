@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/memory_ledger.h"
+#include "format/dtype.h"
 #include "serve/backend.h"
 
 namespace substrate {
@@ -28,6 +29,7 @@ struct ModelBackendOptions {
   int threads = 0;                // 0: the default pool
   std::string model_id;           // empty: the file name without extension
   MemoryLedger* ledger = nullptr; // null: MemoryLedger::Global()
+  DType kv_type = DType::kF32;    // each slot's KV cache rows (EngineOptions::kv_type)
 };
 
 // A mutex that hands the lock over in arrival order, so that slots take forward passes in

@@ -3,6 +3,7 @@
 // history, and masked (-inf) keys.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "kernels/attention.h"
 #include "kernels/attention_simd.h"
 #include "kernels/cpu_features.h"
+#include "quant/quant.h"
 
 namespace substrate {
 namespace {
@@ -52,23 +54,42 @@ TEST(AttentionSimd, MatchesScalarReference) {
     std::vector<float> q(c.n_tokens * c.n_head * c.dk), k(n_pos * ks), v(n_pos * vs);
     for (auto* buf : {&q, &k, &v})
       for (auto& x : *buf) x = 2 * g(rng);
-    std::vector<float> want(c.n_tokens * c.n_head * c.dv);
-    AttentionReference(s, q.data(), c.n_tokens, c.pos0, k.data(), ks, v.data(), vs, want.data(),
-                       pool);
-    for (bool dispatch : {false, true}) {
-      std::vector<float> got(want.size(), NAN);
-      if (dispatch) {
-        Attention(s, q.data(), c.n_tokens, c.pos0, k.data(), ks, v.data(), vs, got.data(), pool);
-      } else {
-        ASSERT_TRUE(AttentionSimd(s, q.data(), c.n_tokens, c.pos0, k.data(), ks, v.data(), vs,
-                                  got.data(), pool));
+    // The same history as F16 rows: both sides read the rounded values.
+    std::vector<uint16_t> k16(k.size()), v16(v.size());
+    for (size_t i = 0; i < k.size(); ++i) k16[i] = Fp32ToFp16(k[i]);
+    for (size_t i = 0; i < v.size(); ++i) v16[i] = Fp32ToFp16(v[i]);
+    std::vector<float> want32;
+    for (DType type : {DType::kF32, DType::kF16}) {
+      SCOPED_TRACE(DTypeName(type));
+      const KvRows kv = type == DType::kF32 ? KvRows{type, k.data(), ks, v.data(), vs}
+                                            : KvRows{type, k16.data(), ks, v16.data(), vs};
+      std::vector<float> want(c.n_tokens * c.n_head * c.dv);
+      AttentionReference(s, q.data(), c.n_tokens, c.pos0, kv, want.data(), pool);
+      for (bool dispatch : {false, true}) {
+        std::vector<float> got(want.size(), NAN);
+        if (dispatch) {
+          Attention(s, q.data(), c.n_tokens, c.pos0, kv, got.data(), pool);
+        } else {
+          ASSERT_TRUE(AttentionSimd(s, q.data(), c.n_tokens, c.pos0, kv, got.data(), pool));
+        }
+        // Only the q.k summation order differs from the reference (measured up to ~5e-6
+        // relative on these scores of magnitude ~10), so a bound 5x tighter than float mixing
+        // of the values would need.
+        for (size_t i = 0; i < want.size(); ++i)
+          ASSERT_NEAR(got[i], want[i], 2e-5f * (1 + std::fabs(want[i])))
+              << "element " << i << (dispatch ? " (Attention)" : " (AttentionSimd)");
       }
-      // Only the q.k summation order differs from the reference (measured up to ~5e-6
-      // relative on these scores of magnitude ~10), so a bound 5x tighter than float mixing
-      // of the values would need.
-      for (size_t i = 0; i < want.size(); ++i)
-        ASSERT_NEAR(got[i], want[i], 2e-5f * (1 + std::fabs(want[i])))
-            << "element " << i << (dispatch ? " (Attention)" : " (AttentionSimd)");
+      if (type == DType::kF32) {
+        want32 = want;
+      } else {
+        // F16 rows round keys and values to 11 bits: outputs stay within a few 1e-3 of F32's
+        // (scores of magnitude ~10 move by ~10 * 2^-11 before the softmax).
+        double worst = 0;
+        for (size_t i = 0; i < want.size(); ++i)
+          worst = std::max(worst, std::fabs(double{want[i]} - want32[i]) / (1 + std::fabs(want32[i])));
+        EXPECT_LT(worst, 0.05);
+        EXPECT_GT(worst, 0.0);  // the F16 path really read rounded rows
+      }
     }
   }
   }
@@ -86,8 +107,9 @@ TEST(AttentionSimd, MaskedKeysGiveZeroWeight) {
   k[0] = -INFINITY;
   for (int i = 0; i < 16; ++i) v[i] = static_cast<float>(i);
   std::vector<float> want(8), got(8, NAN);
-  AttentionReference(s, q.data(), 1, 1, k.data(), 8, v.data(), 8, want.data(), pool);
-  ASSERT_TRUE(AttentionSimd(s, q.data(), 1, 1, k.data(), 8, v.data(), 8, got.data(), pool));
+  const KvRows kv{DType::kF32, k.data(), 8, v.data(), 8};
+  AttentionReference(s, q.data(), 1, 1, kv, want.data(), pool);
+  ASSERT_TRUE(AttentionSimd(s, q.data(), 1, 1, kv, got.data(), pool));
   for (int i = 0; i < 8; ++i) {
     EXPECT_EQ(want[i], v[8 + i]);
     EXPECT_EQ(got[i], want[i]);
