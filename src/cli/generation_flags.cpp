@@ -8,7 +8,7 @@ std::vector<std::string> GenerationFlagsWithValue(std::vector<std::string> extra
   for (const char* f : {"-m", "--model", "-n", "--n-predict", "--temp", "--temperature", "--seed",
                         "-s", "-c", "--ctx-size", "-t", "--threads", "--top-k", "--top-p",
                         "--min-p", "--repeat-penalty", "--repeat-last-n", "--stop", "--kv-type",
-                        "--cache-type"}) {
+                        "--cache-type", "--draft-max"}) {
     extra.push_back(f);
   }
   return extra;
@@ -36,6 +36,8 @@ Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
   ASSIGN_OR_RETURN(double min_p, f.GetDouble({"--min-p"}, 0.05));
   ASSIGN_OR_RETURN(double rp, f.GetDouble({"--repeat-penalty"}, 1.0));
   ASSIGN_OR_RETURN(long long rln, f.GetInt({"--repeat-last-n"}, 64));
+  ASSIGN_OR_RETURN(long long draft, f.GetInt({"--draft-max"}, 0));
+  if (draft < 0 || draft > 64) return InvalidArgument("--draft-max " + std::to_string(draft) + " out of range (0..64)");
   if (n_ctx < 0 || n_ctx > (1 << 22)) return InvalidArgument("-c " + std::to_string(n_ctx) + " out of range");
   if (threads < 0 || threads > 1024) return InvalidArgument("-t " + std::to_string(threads) + " out of range");
   if (n < 0 || n > (1 << 24)) return InvalidArgument("-n " + std::to_string(n) + " out of range");
@@ -52,6 +54,7 @@ Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
   s.repeat_penalty = static_cast<float>(rp);
   s.repeat_last_n = static_cast<int>(rln);
   g.generate.stop = f.GetAll({"--stop"});
+  g.generate.draft_max = static_cast<int>(draft);
   return g;
 }
 
@@ -97,8 +100,11 @@ nlohmann::json StatsJson(Engine& e, const GenerateStats& st) {
   j["decode_seconds"] = st.decode_seconds;
   const int64_t evaluated = st.n_prompt - st.n_reused;
   j["prompt_tokens_per_s"] = st.prompt_seconds > 0 ? evaluated / st.prompt_seconds : 0.0;
-  // Decode steps: every generated token but the first came from a one-token forward pass.
   j["tokens_per_s"] = st.decode_seconds > 0 ? st.n_generated / st.decode_seconds : 0.0;
+  // Decode forward passes: one per generated token but the first, fewer with accepted drafts.
+  j["decode_forwards"] = st.n_forwards;
+  j["drafted"] = st.n_drafted;
+  j["draft_accepted"] = st.n_accepted;
   j["stop_reason"] = st.stop_reason;
   j["peak_bytes"] = e.ledger().peak();
   try {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "model/prompt_lookup.h"
+
 namespace substrate {
 namespace {
 
@@ -111,11 +113,12 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
   std::string pending;  // decoded text not yet shown (could start a stop string)
   const int64_t V = model_->hparams().n_vocab;
   st.stop_reason = "length";
-  for (int i = 0; i < opt.max_tokens; ++i) {
-    const int32_t tok = sampler.Sample(s.logits.data(), V, history);
+  // Shows one chosen token; false when generation ends with it (or, at end-of-generation,
+  // before it).
+  auto emit = [&](int32_t tok) {
     if (opt.stop_at_eog && tokenizer_ && tokenizer_->IsEog(tok)) {
       st.stop_reason = "eog";
-      break;
+      return false;
     }
     history.push_back(tok);
     ++st.n_generated;
@@ -131,7 +134,7 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
       if (cut != std::string::npos) {
         on_token(tok, pending.substr(0, cut));
         st.stop_reason = "stop";
-        break;
+        return false;
       }
       const size_t hold = StopPrefixHold(pending, opt.stop);
       text = pending.substr(0, pending.size() - hold);
@@ -139,14 +142,51 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
     }
     if (!on_token(tok, text)) {
       st.stop_reason = "callback";
-      break;
+      return false;
     }
-    if (i + 1 == opt.max_tokens) break;
-    if (s.cache.n_past() >= s.cache.n_ctx()) {
-      st.stop_reason = "context";
-      break;
+    return st.n_generated < opt.max_tokens;
+  };
+
+  // Each step evaluates the last shown token (not yet in the cache) plus, with drafting, the
+  // drafted tokens after it, in one forward pass; row j's logits then verify draft j. The first
+  // rejected draft is replaced by the verifier's own choice and the rows after it are dropped,
+  // so the tokens shown are exactly those plain decoding would show (Sampler::Verify).
+  std::vector<float> rows;
+  if (opt.max_tokens > 0 && emit(sampler.Sample(s.logits.data(), V, history))) {
+    for (;;) {
+      const int64_t n_past = s.cache.n_past();
+      if (n_past >= s.cache.n_ctx()) {
+        st.stop_reason = "context";
+        break;
+      }
+      std::vector<int32_t> batch{history.back()};
+      const int64_t room = std::min<int64_t>(opt.max_tokens - st.n_generated - 1,
+                                             s.cache.n_ctx() - n_past - 1);
+      if (opt.draft_max > 0 && room > 0) {
+        std::vector<int32_t> draft =
+            PromptLookupDraft(history, static_cast<int>(std::min<int64_t>(opt.draft_max, room)));
+        batch.insert(batch.end(), draft.begin(), draft.end());
+      }
+      const int64_t n_draft = static_cast<int64_t>(batch.size()) - 1;
+      std::vector<float>* out = n_draft > 0 ? &rows : &s.logits;
+      RETURN_IF_ERROR(model_->Forward(batch.data(), n_draft + 1, s.cache, n_draft > 0, out));
+      ++st.n_forwards;
+      st.n_drafted += n_draft;
+      bool more = true;
+      int64_t j = 0;
+      for (; j <= n_draft; ++j) {
+        const float* logits = out->data() + j * V;
+        const int32_t tok = j < n_draft ? sampler.Verify(logits, V, history, batch[j + 1])
+                                        : sampler.Sample(logits, V, history);
+        const bool accepted = j < n_draft && tok == batch[j + 1];
+        st.n_accepted += accepted;
+        more = emit(tok);
+        if (!accepted || !more) break;
+      }
+      // The cache holds batch[0..n_draft]; only batch[0..j] match what was shown.
+      if (j < n_draft) s.cache.Truncate(n_past + 1 + j);
+      if (!more) break;
     }
-    RETURN_IF_ERROR(model_->Forward(&tok, 1, s.cache, false, &s.logits));
   }
   if (decoder && st.stop_reason != "stop") {
     pending += decoder->Flush();

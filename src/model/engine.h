@@ -48,6 +48,9 @@ struct GenerateOptions {
   int max_tokens = 128;
   std::vector<std::string> stop;  // stop strings: generation ends before any of them is shown
   bool stop_at_eog = true;        // end on the model's end-of-generation tokens
+  // > 0: speculative decoding with prompt-lookup drafts (model/prompt_lookup.h) of up to this
+  // many tokens, verified in one forward pass each step; the output is unchanged.
+  int draft_max = 0;
 };
 
 struct GenerateStats {
@@ -56,6 +59,9 @@ struct GenerateStats {
   int64_t n_generated = 0;
   double prompt_seconds = 0;
   double decode_seconds = 0;
+  int64_t n_forwards = 0;    // decode forward passes
+  int64_t n_drafted = 0;     // drafted tokens evaluated
+  int64_t n_accepted = 0;    // of which shown
   std::string stop_reason;   // "eog", "stop", "length", "callback", "context"
 };
 

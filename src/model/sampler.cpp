@@ -13,26 +13,24 @@ int32_t Argmax(const float* logits, int64_t n) {
   return static_cast<int32_t>(best);
 }
 
-int32_t Sampler::Sample(const float* logits, int64_t n_vocab,
-                        const std::vector<int32_t>& history) {
-  const float* l = logits;
-  if (p_.repeat_penalty != 1.0f && p_.repeat_last_n != 0 && !history.empty()) {
-    // CTRL-style penalty: positive logits divided, negative multiplied.
-    adjusted_.assign(logits, logits + n_vocab);
-    const size_t n = p_.repeat_last_n < 0 ? history.size()
-                                          : std::min(history.size(),
-                                                     static_cast<size_t>(p_.repeat_last_n));
-    std::unordered_set<int32_t> seen(history.end() - static_cast<std::ptrdiff_t>(n),
-                                     history.end());
-    for (int32_t t : seen) {
-      if (t < 0 || t >= n_vocab) continue;
-      float& v = adjusted_[t];
-      v = v > 0 ? v / p_.repeat_penalty : v * p_.repeat_penalty;
-    }
-    l = adjusted_.data();
+const float* Sampler::Penalized(const float* logits, int64_t n_vocab,
+                                const std::vector<int32_t>& history) {
+  if (p_.repeat_penalty == 1.0f || p_.repeat_last_n == 0 || history.empty()) return logits;
+  // CTRL-style penalty: positive logits divided, negative multiplied.
+  adjusted_.assign(logits, logits + n_vocab);
+  const size_t n = p_.repeat_last_n < 0 ? history.size()
+                                        : std::min(history.size(),
+                                                   static_cast<size_t>(p_.repeat_last_n));
+  std::unordered_set<int32_t> seen(history.end() - static_cast<std::ptrdiff_t>(n), history.end());
+  for (int32_t t : seen) {
+    if (t < 0 || t >= n_vocab) continue;
+    float& v = adjusted_[t];
+    v = v > 0 ? v / p_.repeat_penalty : v * p_.repeat_penalty;
   }
-  if (p_.temperature <= 0.0f) return Argmax(l, n_vocab);
+  return adjusted_.data();
+}
 
+size_t Sampler::Candidates(const float* l, int64_t n_vocab) {
   cand_.resize(static_cast<size_t>(n_vocab));
   for (int64_t i = 0; i < n_vocab; ++i) cand_[i] = {l[i], static_cast<int32_t>(i)};
   auto by_logit = [](const auto& a, const auto& b) {
@@ -48,37 +46,72 @@ int32_t Sampler::Sample(const float* logits, int64_t n_vocab,
   cand_.resize(keep);
   // Probabilities at temperature 1 for the p filters (as llama.cpp's default chain does).
   const float mx = cand_[0].first;
-  std::vector<double> prob(keep);
+  prob_.resize(keep);
   double sum = 0;
-  for (size_t i = 0; i < keep; ++i) sum += prob[i] = std::exp(cand_[i].first - mx);
-  for (double& p : prob) p /= sum;
+  for (size_t i = 0; i < keep; ++i) sum += prob_[i] = std::exp(cand_[i].first - mx);
+  for (size_t i = 0; i < keep; ++i) prob_[i] /= sum;
   if (p_.top_p < 1.0f) {
     double cum = 0;
     size_t k = 0;
     while (k < keep) {
-      cum += prob[k++];
+      cum += prob_[k++];
       if (cum >= p_.top_p) break;
     }
     keep = std::max<size_t>(1, k);
   }
   if (p_.min_p > 0.0f) {
-    const double floor = prob[0] * p_.min_p;
+    const double floor = prob_[0] * p_.min_p;
     size_t k = 1;
-    while (k < keep && prob[k] >= floor) ++k;
+    while (k < keep && prob_[k] >= floor) ++k;
     keep = k;
   }
-  // Temperature, then a draw from what is left.
-  std::vector<double> w(keep);
-  double wsum = 0;
-  for (size_t i = 0; i < keep; ++i)
-    wsum += w[i] = std::exp((cand_[i].first - mx) / p_.temperature);
-  std::uniform_real_distribution<double> uni(0.0, wsum);
+  // Temperature on what is left.
+  weight_.resize(keep);
+  for (size_t i = 0; i < keep; ++i) weight_[i] = std::exp((cand_[i].first - mx) / p_.temperature);
+  return keep;
+}
+
+int32_t Sampler::Draw(size_t n, double total, int64_t skip) {
+  std::uniform_real_distribution<double> uni(0.0, total);
   double r = uni(rng_);
-  for (size_t i = 0; i < keep; ++i) {
-    r -= w[i];
+  int64_t last = -1;
+  for (size_t i = 0; i < n; ++i) {
+    if (static_cast<int64_t>(i) == skip) continue;
+    last = static_cast<int64_t>(i);
+    r -= weight_[i];
     if (r <= 0) return cand_[i].second;
   }
-  return cand_[keep - 1].second;
+  return cand_[static_cast<size_t>(last)].second;
+}
+
+int32_t Sampler::Sample(const float* logits, int64_t n_vocab,
+                        const std::vector<int32_t>& history) {
+  const float* l = Penalized(logits, n_vocab, history);
+  if (p_.temperature <= 0.0f) return Argmax(l, n_vocab);
+  const size_t n = Candidates(l, n_vocab);
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += weight_[i];
+  return Draw(n, total, -1);
+}
+
+int32_t Sampler::Verify(const float* logits, int64_t n_vocab, const std::vector<int32_t>& history,
+                        int32_t draft) {
+  const float* l = Penalized(logits, n_vocab, history);
+  if (p_.temperature <= 0.0f) return Argmax(l, n_vocab);
+  const size_t n = Candidates(l, n_vocab);
+  double total = 0;
+  int64_t at = -1;
+  for (size_t i = 0; i < n; ++i) {
+    total += weight_[i];
+    if (cand_[i].second == draft) at = static_cast<int64_t>(i);
+  }
+  if (at < 0) return Draw(n, total, -1);  // filtered out: probability 0
+  // Accept with probability p(draft); otherwise draw from p without the draft, renormalized:
+  // p(draft) * [x = draft] + (1 - p(draft)) * p(x) / (1 - p(draft)) = p(x).
+  std::uniform_real_distribution<double> uni(0.0, total);
+  const double w = weight_[static_cast<size_t>(at)];
+  if (uni(rng_) < w || n == 1) return draft;
+  return Draw(n, total - w, at);
 }
 
 }  // namespace substrate

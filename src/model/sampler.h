@@ -24,13 +24,27 @@ class Sampler {
   explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
   // `history` is every token so far (prompt and generated), for the repetition penalty.
   int32_t Sample(const float* logits, int64_t n_vocab, const std::vector<int32_t>& history);
+  // Speculative verification of a drafted token (a deterministic draft): returns `draft` with
+  // the probability Sample would pick it, else a token drawn from the rest of Sample's
+  // distribution, so the result is distributed exactly as Sample's. Greedy: the argmax.
+  int32_t Verify(const float* logits, int64_t n_vocab, const std::vector<int32_t>& history,
+                 int32_t draft);
   const SamplingParams& params() const { return p_; }
 
  private:
+  // The repetition-penalized logits (logits itself when the penalty is off).
+  const float* Penalized(const float* logits, int64_t n_vocab, const std::vector<int32_t>& history);
+  // Sample's candidates after top-k/top-p/min-p, in cand_[0..n), with their weights after
+  // temperature in weight_[0..n); returns n.
+  size_t Candidates(const float* l, int64_t n_vocab);
+  // A draw from cand_[0..n) by weight_, skipping index `skip` (-1: none).
+  int32_t Draw(size_t n, double total, int64_t skip);
+
   SamplingParams p_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> cand_;  // reused: no allocation per token
   std::vector<float> adjusted_;
+  std::vector<double> prob_, weight_;
 };
 
 // Index of the largest logit (the lowest index wins a tie).
