@@ -16,6 +16,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: substrate perplexity -m MODEL -f FILE [-c 512] [--chunks N] [-t THREADS]\n"
     "                            [--kl-divergence-base OUT | --kl-divergence BASE]\n"
+    "                            [--store STORE/ --max-ram SIZE [--plan P] [--tier N] ...]\n"
     "  each chunk of c tokens is evaluated from scratch and scores its second half\n"
     "  --kl-divergence-base OUT   save this run's log-probabilities to OUT\n"
     "  --kl-divergence BASE       compare with a saved run: mean KLD, same top token %\n";

@@ -17,12 +17,14 @@ constexpr const char* kUsage =
     "usage: substrate run -m MODEL -p PROMPT [-n N] [--temp T] [--seed S] [-c CTX] [-t THREADS]\n"
     "                     [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
     "                     [--stop TEXT]... [--chat] [--system TEXT] [--json]\n"
-    "                     [--store STORE/ --max-ram SIZE [--plan P] [--trace T] [--prefetch-depth N]]\n"
+    "                     [--store STORE/ --max-ram SIZE [--plan P] [--trace T] [--prefetch-depth N]\n"
+    "                      [--tier N]]\n"
     "  -n N      tokens to generate (default 128)\n"
     "  --temp T  sampling temperature; 0 (the default) is greedy decoding\n"
     "  -c CTX    context size in tokens (default: min(model's, 4096))\n"
     "  --chat    wrap the prompt as a user message in the model's chat template\n"
-    "  --json    print one JSON object: text, token counts, tokens/s, memory ledger peak\n";
+    "  --json    print one JSON object: text, token counts, tokens/s, memory ledger peak\n"
+    "  --tier N  with --store: serve tier N of the store's ladder (0 = skeleton only; default top)\n";
 
 int RunRun(const std::vector<std::string>& args) {
   Flags f(args, StoreFlagsWithValue(GenerationFlagsWithValue({"-p", "--prompt", "-f", "--file", "--system"})));

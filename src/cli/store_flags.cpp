@@ -8,7 +8,7 @@ namespace substrate::cli {
 
 std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra) {
   for (const char* f : {"--store", "--max-ram", "--plan", "--trace", "--prefetch-depth", "--io",
-                        "--io-threads"})
+                        "--io-threads", "--tier"})
     extra.push_back(f);
   return extra;
 }
@@ -24,7 +24,7 @@ Expected<StoreRun> ApplyStoreFlags(const Flags& f, int64_t n_ctx, std::string* m
     ledger->set_cap(run.max_ram);
   }
   if (run.store.empty()) {
-    for (const char* flag : {"--plan", "--trace", "--prefetch-depth", "--io", "--io-threads"})
+    for (const char* flag : {"--plan", "--trace", "--prefetch-depth", "--io", "--io-threads", "--tier"})
       if (f.Has(flag)) return InvalidArgument(std::string(flag) + " needs --store STORE/");
     return run;
   }
@@ -43,6 +43,11 @@ Expected<StoreRun> ApplyStoreFlags(const Flags& f, int64_t n_ctx, std::string* m
   ASSIGN_OR_RETURN(long long io_threads, f.GetInt({"--io-threads"}, 1));
   if (io_threads < 1 || io_threads > 16) return InvalidArgument("--io-threads must be 1 to 16");
   ro.io_threads = static_cast<int>(io_threads);
+  // Past the store's ladder is the manager's error at load (it names the ladder it found).
+  ASSIGN_OR_RETURN(long long tier, f.GetInt({"--tier"}, -1));
+  if (f.Has("--tier") && (tier < 0 || tier > 1000000))
+    return InvalidArgument("--tier " + std::to_string(tier) + ": not a tier (0 = skeleton only)");
+  ro.serve_tier = static_cast<int>(tier);
   const std::string dir = run.store;
   auto slot = run.manager;
   opt->weights = [dir, ro, n_ctx, slot, extra_reserve](const ModelFile& file, MemoryLedger* ledger)

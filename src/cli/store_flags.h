@@ -1,5 +1,6 @@
 // Flags that run a command out of core: `--store STORE/ --max-ram SIZE [--plan P] [--trace T]
-// [--prefetch-depth N] [--io auto|uring|pread] [--io-threads N]`. With --store the model path
+// [--prefetch-depth N] [--io auto|uring|pread] [--io-threads N] [--tier N]` (--tier: serve tier N
+// of the store's ladder, 0 = skeleton only; default its top tier). With --store the model path
 // becomes STORE/model.gguf and the engine's weights come from a runtime ResidencyManager under
 // the budget; --max-ram alone caps the ledger (a resident model that does not fit then fails).
 #pragma once

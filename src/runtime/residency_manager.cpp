@@ -42,8 +42,10 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   if (budget == 0)
     return InvalidArgument("a byte budget is needed (--max-ram, or a ledger cap)");
   ASSIGN_OR_RETURN(hp_, ModelHParams::FromMetadata(index_->meta().metadata()));
-  serve_ = std::min(options.serve_tier < 0 ? index_->n_tiers() - 1 : options.serve_tier,
-                    index_->n_tiers() - 1);
+  if (options.serve_tier < -1 || options.serve_tier >= index_->n_tiers())
+    return InvalidArgument("tier " + std::to_string(options.serve_tier) +
+                           " asked for, but the store's ladder has " + index_->LadderText());
+  serve_ = options.serve_tier < 0 ? index_->n_tiers() - 1 : options.serve_tier;
   stats_.serve_tier = serve_;
 
   const auto& ops = index_->ops();

@@ -38,7 +38,7 @@ struct ResidencyOptions {
   uint64_t budget_bytes = 0;   // 0: the ledger's cap (one of the two must be set)
   uint64_t reserve_bytes = 0;  // left for KV cache and scratch (EstimateRunReserve)
   int prefetch_depth = 2;      // streamed ops read ahead of the current one
-  int serve_tier = -1;         // -1: the store's top tier
+  int serve_tier = -1;         // -1: the store's top tier; past the ladder: InvalidArgument
   std::string plan_path;       // a PlanBundle JSON: its resident set, evict_after and fallbacks
   std::string trace_path;      // JSONL trace (runtime/trace_writer.h), "" for none
   IoMode io_mode = IoMode::kAuto;

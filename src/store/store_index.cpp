@@ -60,6 +60,7 @@ Status StoreIndex::Parse(const std::string& text) {
                       std::to_string(kStoreSchemaVersion));
   n_tiers_ = static_cast<int>(m.at("tiers").size());
   if (n_tiers_ < 1 || n_tiers_ > 3) return Corruption(mpath + ": 1 to 3 tiers expected");
+  for (const json& t : m.at("tiers")) tier_names_.push_back(t.is_string() ? t.get<std::string>() : "?");
 
   ASSIGN_OR_RETURN(meta_, ModelFile::Open(dir_ + "/" + m.at("model").get<std::string>()));
 
@@ -173,6 +174,13 @@ Status StoreIndex::Parse(const std::string& text) {
           return Corruption(mpath + ": " + u.tier[k].what + ": op '" + o.id + "' is inconsistent");
     }
   return Status::Ok();
+}
+
+std::string StoreIndex::LadderText() const {
+  std::string s = n_tiers_ == 1 ? "tier 0 only (" : "tiers 0.." + std::to_string(n_tiers_ - 1) + " (";
+  for (int k = 0; k < n_tiers_; ++k)
+    s += (k ? ", + " : "") + (k < static_cast<int>(tier_names_.size()) ? tier_names_[k] : "?");
+  return s + ")";
 }
 
 TensorId StoreIndex::Resolve(const std::string& name) const {

@@ -72,6 +72,8 @@ class StoreIndex {
   const ModelFile& meta() const { return *meta_; }
   const std::string& dir() const { return dir_; }
   int n_tiers() const { return n_tiers_; }
+  // The ladder as the manifest names it, for messages: "tiers 0..2 (Q4_K, + Q8_0, + F16)".
+  std::string LadderText() const;
   int max_tier() const { return options_.max_tier; }
 
   TensorId Resolve(const std::string& name) const;
@@ -106,6 +108,7 @@ class StoreIndex {
   std::vector<StoreOp> ops_;
   std::unordered_map<std::string, int> op_ids_;
   int n_tiers_ = 1;
+  std::vector<std::string> tier_names_;  // manifest "tiers": a type per tier, or "plan"/"keep"
 };
 
 }  // namespace substrate

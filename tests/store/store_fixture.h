@@ -94,4 +94,23 @@ inline std::vector<int32_t> GreedyThrough(WeightSource* src, const Metadata& md,
   return got;
 }
 
+// Logits of the last prompt position through `src` (an empty vector and *err on failure).
+inline std::vector<float> LogitsThrough(WeightSource* src, const Metadata& md, MemoryLedger* ledger,
+                                        const std::vector<int32_t>& prompt, Status* err) {
+  auto model = Model::Create(md, src, &StoreTestPool(), ledger);
+  if (!model.ok()) {
+    *err = model.status();
+    return {};
+  }
+  auto cache = KvCache::Create((*model)->hparams(), 256, ledger);
+  if (!cache.ok()) {
+    *err = cache.status();
+    return {};
+  }
+  std::vector<float> logits;
+  *err = (*model)->Forward(prompt.data(), static_cast<int64_t>(prompt.size()), *cache, false,
+                           &logits);
+  return err->ok() ? logits : std::vector<float>();
+}
+
 }  // namespace substrate::testing
