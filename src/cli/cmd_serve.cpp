@@ -17,6 +17,7 @@ const char* kUsage =
     "usage: substrate serve -m MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
     "                       [-c CTX] [--parallel N] [-t THREADS] [--max-queue N]\n"
     "                       [--max-body BYTES] [--alias NAME] [--kv-type f32|f16]\n"
+    "                       [--draft-max K]\n"
     "  endpoints: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,\n"
     "             POST /v1/completions (OpenAI), POST /v1/messages (Anthropic)\n"
     "  --api-key     required as 'Authorization: Bearer KEY' or 'x-api-key: KEY' on /v1/*\n"
@@ -24,12 +25,14 @@ const char* kUsage =
     "  -c CTX        tokens per request, prompt and answer (default: min(model's, 4096))\n"
     "  --parallel N  requests generated at once, each with its own KV cache (default 1)\n"
     "  --max-queue N requests waiting for a slot before 503/529 (default 64)\n"
-    "  --kv-type T   KV cache rows: f32 (default, exact) or f16 (half the memory per slot)\n";
+    "  --kv-type T   KV cache rows: f32 (default, exact) or f16 (half the memory per slot)\n"
+    "  --draft-max K speculative decoding: up to K tokens drafted from the context (prompt\n"
+    "                lookup) and verified per model pass; same output (default 0: off)\n";
 
 int RunServe(const std::vector<std::string>& args) {
   Flags f(args, {"-m", "--model", "--host", "--port", "--api-key", "-c", "--ctx-size",
                  "--parallel", "-np", "-t", "--threads", "--max-queue", "--max-body", "--alias",
-                 "--kv-type", "--cache-type"});
+                 "--kv-type", "--cache-type", "--draft-max"});
   if (!f.status().ok()) return PrintError("serve", f.status());
   if (f.Has("-h") || f.Has("--help")) {
     std::fputs(kUsage, stdout);
@@ -45,7 +48,8 @@ int RunServe(const std::vector<std::string>& args) {
   auto parallel = f.GetInt({"--parallel", "-np"}, 1);
   auto threads = f.GetInt({"-t", "--threads"}, 0);
   auto max_queue = f.GetInt({"--max-queue"}, 64);
-  for (const auto* v : {&port, &ctx, &parallel, &threads, &max_queue})
+  auto draft_max = f.GetInt({"--draft-max"}, 0);
+  for (const auto* v : {&port, &ctx, &parallel, &threads, &max_queue, &draft_max})
     if (!v->ok()) return PrintError("serve", v->status());
   if (*port < 0 || *port > 65535)
     return PrintError("serve", InvalidArgument("--port must be 0..65535"));
@@ -78,6 +82,7 @@ int RunServe(const std::vector<std::string>& args) {
   mo.threads = static_cast<int>(*threads);
   mo.model_id = f.Get({"--alias"});
   mo.kv_type = *kv_type;
+  mo.draft_max = static_cast<int>(*draft_max);
   std::fprintf(stderr, "substrate serve: loading %s\n", model.c_str());
   auto backend = serve::ModelBackend::Load(mo);
   if (!backend.ok()) return PrintError("serve", backend.status());

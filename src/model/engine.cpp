@@ -102,7 +102,13 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
   GenerateStats st;
   st.n_prompt = static_cast<int64_t>(prompt.size());
   auto t0 = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(st.n_reused, Prefill(s, prompt));
+  auto run_pass = [&](const std::function<Status()>& pass) {
+    return opt.run_pass ? opt.run_pass(pass) : pass();
+  };
+  RETURN_IF_ERROR(run_pass([&]() -> Status {
+    ASSIGN_OR_RETURN(st.n_reused, Prefill(s, prompt));
+    return Status::Ok();
+  }));
   st.prompt_seconds = Seconds(t0);
 
   t0 = std::chrono::steady_clock::now();
@@ -115,11 +121,12 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
   st.stop_reason = "length";
   // Shows one chosen token; false when generation ends with it (or, at end-of-generation,
   // before it).
-  auto emit = [&](int32_t tok) {
+  auto emit = [&](int32_t tok, const float* logits) {
     if (opt.stop_at_eog && tokenizer_ && tokenizer_->IsEog(tok)) {
       st.stop_reason = "eog";
       return false;
     }
+    if (opt.on_choice) opt.on_choice(logits, tok);
     history.push_back(tok);
     ++st.n_generated;
     std::string text;
@@ -152,7 +159,7 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
   // rejected draft is replaced by the verifier's own choice and the rows after it are dropped,
   // so the tokens shown are exactly those plain decoding would show (Sampler::Verify).
   std::vector<float> rows;
-  if (opt.max_tokens > 0 && emit(sampler.Sample(s.logits.data(), V, history))) {
+  if (opt.max_tokens > 0 && emit(sampler.Sample(s.logits.data(), V, history), s.logits.data())) {
     for (;;) {
       const int64_t n_past = s.cache.n_past();
       if (n_past >= s.cache.n_ctx()) {
@@ -169,7 +176,8 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
       }
       const int64_t n_draft = static_cast<int64_t>(batch.size()) - 1;
       std::vector<float>* out = n_draft > 0 ? &rows : &s.logits;
-      RETURN_IF_ERROR(model_->Forward(batch.data(), n_draft + 1, s.cache, n_draft > 0, out));
+      RETURN_IF_ERROR(run_pass(
+          [&] { return model_->Forward(batch.data(), n_draft + 1, s.cache, n_draft > 0, out); }));
       ++st.n_forwards;
       st.n_drafted += n_draft;
       bool more = true;
@@ -180,7 +188,7 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
                                         : sampler.Sample(logits, V, history);
         const bool accepted = j < n_draft && tok == batch[j + 1];
         st.n_accepted += accepted;
-        more = emit(tok);
+        more = emit(tok, logits);
         if (!accepted || !more) break;
       }
       // The cache holds batch[0..n_draft]; only batch[0..j] match what was shown.
@@ -188,7 +196,7 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
       if (!more) break;
     }
   }
-  if (decoder && st.stop_reason != "stop") {
+  if (decoder && st.stop_reason != "stop" && st.stop_reason != "callback") {
     pending += decoder->Flush();
     if (!pending.empty()) on_token(-1, pending);
   }

@@ -49,8 +49,16 @@ struct GenerateOptions {
   std::vector<std::string> stop;  // stop strings: generation ends before any of them is shown
   bool stop_at_eog = true;        // end on the model's end-of-generation tokens
   // > 0: speculative decoding with prompt-lookup drafts (model/prompt_lookup.h) of up to this
-  // many tokens, verified in one forward pass each step; the output is unchanged.
+  // many tokens, verified in one forward pass each step. The tokens are those plain decoding
+  // picks (sampled ones distributed alike), up to the float rounding by which a multi-token
+  // pass's logits may differ from a one-token pass's.
   int draft_max = 0;
+  // Optional: runs each model evaluation (the prompt's, then each decode pass) given as `pass`;
+  // a server serializes its slots' passes with it.
+  std::function<Status(const std::function<Status()>& pass)> run_pass;
+  // Optional: called with the logits a token was chosen from, before the token is shown (and
+  // not for end-of-generation tokens).
+  std::function<void(const float* logits, int32_t token)> on_choice;
 };
 
 struct GenerateStats {
@@ -66,7 +74,8 @@ struct GenerateStats {
 };
 
 // Called per generated token with the text that became complete (may be empty); return false to
-// stop generating.
+// stop generating (text held back then is dropped). At the end, text still held back by the
+// decoder (an incomplete character, as U+FFFD) comes with token -1.
 using TokenCallback = std::function<bool(int32_t token, const std::string& text)>;
 
 class Engine {

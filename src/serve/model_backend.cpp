@@ -1,7 +1,6 @@
 #include "serve/model_backend.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <random>
 
@@ -11,10 +10,6 @@
 namespace substrate::serve {
 
 namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 std::string FileStem(const std::string& path) {
   std::string p = path;
@@ -85,57 +80,44 @@ class ModelSession : public Session {
       if (id < 0 || id >= n_vocab)
         return InvalidArgument("token id " + std::to_string(id) + " is outside the vocabulary (" +
                                std::to_string(n_vocab) + " tokens)");
-    GenerateResult r;
-    r.prompt_tokens = static_cast<int>(prompt.size());
-    auto t0 = std::chrono::steady_clock::now();
-    {
-      std::lock_guard<FifoMutex> lock(b_->forward_mu_);
-      ASSIGN_OR_RETURN(int64_t reused, engine.Prefill(*s_, prompt));
-      r.cached_tokens = static_cast<int>(reused);
-    }
-    r.prefill_seconds = SecondsSince(t0);
-
+    GenerateOptions go;
+    go.max_tokens = p.max_tokens;
     // OpenAI/Anthropic semantics: only the filters the request names (no min-p, no top-k
     // unless asked, no repetition penalty).
-    substrate::SamplingParams sp;
-    sp.temperature = p.temperature;
-    sp.top_k = p.top_k;
-    sp.top_p = p.top_p;
-    sp.min_p = 0.0f;
-    sp.repeat_penalty = 1.0f;
-    sp.seed = p.has_seed ? p.seed : std::random_device{}();
-    Sampler sampler(sp);
-    std::vector<int32_t> history = prompt;
-    TokenDecoder decoder(tok);
+    go.sampling.temperature = p.temperature;
+    go.sampling.top_k = p.top_k;
+    go.sampling.top_p = p.top_p;
+    go.sampling.min_p = 0.0f;
+    go.sampling.repeat_penalty = 1.0f;
+    go.sampling.seed = p.has_seed ? p.seed : std::random_device{}();
+    go.draft_max = b_->draft_max_;
+    // Slots take model passes in turn.
+    go.run_pass = [this](const std::function<Status()>& pass) {
+      std::lock_guard<FifoMutex> lock(b_->forward_mu_);
+      return pass();
+    };
     StepLogprobs lp;
     std::vector<int32_t> order;
-
-    t0 = std::chrono::steady_clock::now();
-    r.finish = BackendFinish::kLength;
-    for (int i = 0; i < p.max_tokens; ++i) {
-      const int32_t next = sampler.Sample(s_->logits.data(), n_vocab, history);
-      if (tok.IsEog(next)) {
-        r.finish = BackendFinish::kEndOfText;
-        break;
-      }
-      history.push_back(next);
-      ++r.generated_tokens;
-      if (p.logprobs >= 0)
-        StepLogprobsOf(tok, s_->logits.data(), n_vocab, next, p.logprobs, order, &lp);
-      auto piece = decoder.Push(next);
-      if (!on_token(next, piece.ok() ? *piece : std::string(), p.logprobs >= 0 ? &lp : nullptr)) {
-        r.finish = BackendFinish::kCallerStopped;
-        break;
-      }
-      if (i + 1 == p.max_tokens || s_->cache.n_past() >= s_->cache.n_ctx()) break;
-      std::lock_guard<FifoMutex> lock(b_->forward_mu_);
-      RETURN_IF_ERROR(engine.model().Forward(&next, 1, s_->cache, false, &s_->logits));
-    }
-    if (r.finish != BackendFinish::kCallerStopped) {
-      std::string rest = decoder.Flush();
-      if (!rest.empty()) on_token(-1, rest, nullptr);
-    }
-    r.decode_seconds = SecondsSince(t0);
+    if (p.logprobs >= 0)
+      go.on_choice = [&](const float* logits, int32_t t) {
+        StepLogprobsOf(tok, logits, n_vocab, t, p.logprobs, order, &lp);
+      };
+    bool caller_stopped = false;
+    auto st = engine.Generate(*s_, prompt, go, [&](int32_t t, const std::string& text) {
+      if (on_token(t, text, t >= 0 && p.logprobs >= 0 ? &lp : nullptr)) return true;
+      caller_stopped = true;
+      return false;
+    });
+    if (!st.ok()) return st.status();
+    GenerateResult r;
+    r.prompt_tokens = static_cast<int>(prompt.size());
+    r.cached_tokens = static_cast<int>(st->n_reused);
+    r.generated_tokens = static_cast<int>(st->n_generated);
+    r.finish = caller_stopped                ? BackendFinish::kCallerStopped
+               : st->stop_reason == "eog"   ? BackendFinish::kEndOfText
+                                             : BackendFinish::kLength;
+    r.prefill_seconds = st->prompt_seconds;
+    r.decode_seconds = st->decode_seconds;
     return r;
   }
 
@@ -153,6 +135,9 @@ Expected<std::unique_ptr<ModelBackend>> ModelBackend::Load(const ModelBackendOpt
   eo.ledger = options.ledger;
   eo.require_tokenizer = true;
   eo.kv_type = options.kv_type;
+  if (options.draft_max < 0 || options.draft_max > 64)
+    return InvalidArgument("serve: --draft-max must be 0..64");
+  b->draft_max_ = options.draft_max;
   ASSIGN_OR_RETURN(b->engine_, Engine::Load(options.path, eo));
   const int64_t train = b->engine_->model().hparams().n_ctx_train;
   int64_t ctx = options.context > 0 ? options.context : std::min<int64_t>(train > 0 ? train : 4096, 4096);

@@ -30,6 +30,7 @@ struct ModelBackendOptions {
   std::string model_id;           // empty: the file name without extension
   MemoryLedger* ledger = nullptr; // null: MemoryLedger::Global()
   DType kv_type = DType::kF32;    // each slot's KV cache rows (EngineOptions::kv_type)
+  int draft_max = 0;              // prompt-lookup speculative decoding (GenerateOptions)
 };
 
 // A mutex that hands the lock over in arrival order, so that slots take forward passes in
@@ -69,6 +70,7 @@ class ModelBackend : public InferenceBackend {
   Status template_status_;                       // why chat is unavailable, if it is
   int context_ = 0;
   FifoMutex forward_mu_;  // one forward pass at a time (the Engine's scratch is shared)
+  int draft_max_ = 0;
 };
 
 }  // namespace substrate::serve

@@ -206,6 +206,45 @@ TEST_F(ModelServerTest, LogprobsAreTheModelsLogSoftmax) {
   EXPECT_NEAR(lp["token_logprobs"][0].get<double>(), want, 1e-4);
 }
 
+TEST_F(ModelServerTest, SpeculativeSlotsGiveTheSameText) {
+  ModelBackendOptions mo;
+  mo.path = path_;
+  mo.context = 512;
+  mo.draft_max = 4;
+  auto spec = ModelBackend::Load(mo);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const std::string prompt =
+      "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):";
+  auto generate = [&](ModelBackend& b, std::vector<StepLogprobs>* lps) {
+    auto ids = b.EncodeText(prompt);
+    EXPECT_TRUE(ids.ok());
+    auto session = b.NewSession();
+    EXPECT_TRUE(session.ok());
+    SamplingParams p;
+    p.max_tokens = 48;
+    p.temperature = 0;
+    p.logprobs = 2;
+    std::string text;
+    auto r = (*session)->Generate(*ids, p, [&](int32_t, std::string_view t, const StepLogprobs* lp) {
+      text += t;
+      if (lp) lps->push_back(*lp);
+      return true;
+    });
+    EXPECT_TRUE(r.ok());
+    EXPECT_EQ(r->generated_tokens, 48);
+    return text;
+  };
+  std::vector<StepLogprobs> want_lp, got_lp;
+  const std::string want = generate(*backend_, &want_lp);
+  EXPECT_EQ(generate(**spec, &got_lp), want);
+  ASSERT_EQ(got_lp.size(), want_lp.size());
+  for (size_t i = 0; i < want_lp.size(); ++i) {
+    EXPECT_EQ(got_lp[i].chosen.token, want_lp[i].chosen.token);
+    // The verifying pass evaluates several tokens at once: the same values up to float order.
+    EXPECT_NEAR(got_lp[i].chosen.logprob, want_lp[i].chosen.logprob, 1e-3);
+  }
+}
+
 TEST_F(ModelServerTest, ContextOverflowIs400) {
   std::string longp;
   for (int i = 0; i < 400; ++i) longp += "x = " + std::to_string(i) + "\n";
