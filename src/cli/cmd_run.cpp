@@ -18,13 +18,17 @@ constexpr const char* kUsage =
     "                     [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
     "                     [--stop TEXT]... [--chat] [--system TEXT] [--json]\n"
     "                     [--store STORE/ --max-ram SIZE [--plan P] [--trace T] [--prefetch-depth N]\n"
-    "                      [--tier N]]\n"
+    "                      [--tier N]] [--kv-type f32|f16] [--draft-max K] [--prompt-cache F]\n"
     "  -n N      tokens to generate (default 128)\n"
     "  --temp T  sampling temperature; 0 (the default) is greedy decoding\n"
     "  -c CTX    context size in tokens (default: min(model's, 4096))\n"
     "  --chat    wrap the prompt as a user message in the model's chat template\n"
     "  --json    print one JSON object: text, token counts, tokens/s, memory ledger peak\n"
-    "  --tier N  with --store: serve tier N of the store's ladder (0 = skeleton only; default top)\n";
+    "  --tier N  with --store: serve tier N of the store's ladder (0 = skeleton only; default top)\n"
+    "  --kv-type T      KV cache rows: f32 (default, exact) or f16 (half the memory)\n"
+    "  --draft-max K    speculative decoding: up to K tokens drafted from the context (prompt\n"
+    "                   lookup), verified per model pass; same output (default 0: off)\n"
+    "  --prompt-cache F restore the session saved in F (same model), save it there after\n";
 
 int RunRun(const std::vector<std::string>& args) {
   Flags f(args, StoreFlagsWithValue(GenerationFlagsWithValue({"-p", "--prompt", "-f", "--file", "--system"})));
@@ -70,6 +74,8 @@ int RunRun(const std::vector<std::string>& args) {
     return true;
   });
   if (!stats.ok()) return PrintError("run", stats.status());
+  if (Status saved = SavePromptCache(*gf, *engine, *session); !saved.ok())
+    return PrintError("run", saved);
   if (json) {
     nlohmann::json j = StatsJson(*engine, *stats);
     j["text"] = text;

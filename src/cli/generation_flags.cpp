@@ -1,6 +1,10 @@
 #include "cli/generation_flags.h"
 
 #include <algorithm>
+#include <cstdio>
+
+#include "core/file_io.h"
+#include "runtime/kv_session.h"
 
 namespace substrate::cli {
 
@@ -8,7 +12,7 @@ std::vector<std::string> GenerationFlagsWithValue(std::vector<std::string> extra
   for (const char* f : {"-m", "--model", "-n", "--n-predict", "--temp", "--temperature", "--seed",
                         "-s", "-c", "--ctx-size", "-t", "--threads", "--top-k", "--top-p",
                         "--min-p", "--repeat-penalty", "--repeat-last-n", "--stop", "--kv-type",
-                        "--cache-type", "--draft-max"}) {
+                        "--cache-type", "--draft-max", "--prompt-cache"}) {
     extra.push_back(f);
   }
   return extra;
@@ -55,6 +59,7 @@ Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
   s.repeat_last_n = static_cast<int>(rln);
   g.generate.stop = f.GetAll({"--stop"});
   g.generate.draft_max = static_cast<int>(draft);
+  g.prompt_cache = f.Get({"--prompt-cache"});
   return g;
 }
 
@@ -66,7 +71,19 @@ Expected<std::pair<std::unique_ptr<Engine>, std::unique_ptr<Session>>> LoadForGe
   int64_t n_ctx = g.n_ctx;
   if (n_ctx == 0) n_ctx = std::min<int64_t>(engine->model().hparams().n_ctx_train, 4096);
   ASSIGN_OR_RETURN(auto session, engine->NewSession(n_ctx));
+  if (!g.prompt_cache.empty() && FileExists(g.prompt_cache)) {
+    std::string why;
+    ASSIGN_OR_RETURN(bool restored, LoadKvSession(g.prompt_cache, *engine, *session, &why));
+    if (!restored)
+      std::fprintf(stderr, "note: --prompt-cache %s not used: %s; it will be overwritten\n",
+                   g.prompt_cache.c_str(), why.c_str());
+  }
   return std::make_pair(std::move(engine), std::move(session));
+}
+
+Status SavePromptCache(const GenerationFlags& g, const Engine& e, Session& s) {
+  if (g.prompt_cache.empty()) return Status::Ok();
+  return SaveKvSession(g.prompt_cache, e, s).WithContext("--prompt-cache " + g.prompt_cache);
 }
 
 Expected<std::vector<int32_t>> EncodePlain(const Engine& e, const std::string& text) {

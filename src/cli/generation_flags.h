@@ -19,6 +19,7 @@ struct GenerationFlags {
   int64_t n_ctx = 0;  // 0: min(model's training context, 4096)
   int threads = 0;
   DType kv_type = DType::kF32;  // --kv-type f32|f16
+  std::string prompt_cache;      // --prompt-cache FILE: session restored before, saved after
   GenerateOptions generate;
 };
 
@@ -28,10 +29,14 @@ Expected<GenerationFlags> ParseGenerationFlags(const Flags& f);
 // `--kv-type` (alias --cache-type): the KV cache's row type, f32 (default, exact) or f16.
 Expected<DType> ParseKvType(const Flags& f);
 
-// Loads the model (weights resident) and opens a session of the requested context.
+// Loads the model (weights resident) and opens a session of the requested context, restored
+// from --prompt-cache when that file holds a session of this model (a file of another model,
+// KV type or larger context is ignored with a note; a damaged one is an error).
 // `opt` carries what other flags set (a weight-source factory from --store, a ledger).
 Expected<std::pair<std::unique_ptr<Engine>, std::unique_ptr<Session>>> LoadForGeneration(
     const GenerationFlags& g, EngineOptions opt = {});
+// Saves the session to --prompt-cache, when given.
+Status SavePromptCache(const GenerationFlags& g, const Engine& e, Session& s);
 
 struct ChatMessage {
   std::string role;

@@ -85,6 +85,7 @@ class Engine {
   const ModelFile& file() const { return *file_; }
   const Metadata& metadata() const { return file_->metadata(); }
   Model& model() { return *model_; }
+  const Model& model() const { return *model_; }
   // nullptr when the model has no vocabulary (and require_tokenizer was false).
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   MemoryLedger& ledger() { return *ledger_; }

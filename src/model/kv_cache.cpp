@@ -32,6 +32,7 @@ Expected<KvCache> KvCache::Create(const ModelHParams& hp, int64_t n_ctx, MemoryL
                            " is not supported (f32 or f16)");
   KvCache c;
   c.type_ = type;
+  c.n_layer_ = hp.n_layer;
   c.n_ctx_ = n_ctx;
   c.ledger_ = ledger;
   RowElements(hp, &c.k_stride_, &c.v_stride_);
@@ -55,6 +56,14 @@ uint8_t* KvCache::KRow(int layer, int64_t pos) const {
 uint8_t* KvCache::VRow(int layer, int64_t pos) const {
   return const_cast<uint8_t*>(v_.as<uint8_t>()) +
          (static_cast<size_t>(layer) * n_ctx_ + pos) * v_stride_ * ElementBytes();
+}
+
+Status KvCache::RestoreTokens(std::vector<int32_t> tokens) {
+  if (static_cast<int64_t>(tokens.size()) > n_ctx_)
+    return InvalidArgument("KV cache: " + std::to_string(tokens.size()) +
+                           " tokens do not fit the context of " + std::to_string(n_ctx_));
+  tokens_ = std::move(tokens);
+  return Status::Ok();
 }
 
 KvRows KvCache::rows(int layer) const {

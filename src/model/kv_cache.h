@@ -50,6 +50,16 @@ class KvCache {
   // Stores the rows BeginWrite handed out (converts them to F16 when the cache is F16).
   void CommitWrite(int layer, int64_t pos, int64_t n);
 
+  // Raw rows, for saving and restoring sessions: position p's key row of `layer` at
+  // KeyBytes(layer) + p * k_row_bytes() (likewise values).
+  int n_layer() const { return n_layer_; }
+  size_t k_row_bytes() const { return static_cast<size_t>(k_stride_) * ElementBytes(); }
+  size_t v_row_bytes() const { return static_cast<size_t>(v_stride_) * ElementBytes(); }
+  uint8_t* KeyBytes(int layer) { return KRow(layer, 0); }
+  uint8_t* ValueBytes(int layer) { return VRow(layer, 0); }
+  // Declares positions [0, tokens.size()) to hold `tokens`, whose rows the caller has written.
+  Status RestoreTokens(std::vector<int32_t> tokens);
+
   // Forgets positions >= n (n <= n_past): the next pass overwrites them.
   void Truncate(int64_t n) { tokens_.resize(static_cast<size_t>(n)); }
   void Clear() { tokens_.clear(); }
@@ -62,6 +72,7 @@ class KvCache {
   uint8_t* VRow(int layer, int64_t pos) const;
 
   DType type_ = DType::kF32;
+  int n_layer_ = 0;
   int64_t n_ctx_ = 0;
   int64_t k_stride_ = 0, v_stride_ = 0;
   AlignedBuffer k_, v_;
