@@ -13,6 +13,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: substrate chat -m MODEL [-c CTX] [-n N] [--temp T] [--seed S] [--system TEXT]\n"
+    "                      [--kv-type f32|f16] [--draft-max K]  (as for substrate run)\n"
     "  type a message and press enter; /reset starts over, /exit (or end of input) quits\n";
 
 int RunChat(const std::vector<std::string>& args) {
