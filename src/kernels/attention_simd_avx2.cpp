@@ -10,16 +10,11 @@
 namespace substrate {
 namespace {
 
-// 8 elements as floats (fp16 ones converted).
-inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 Load8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-inline float ToFloat(float x) { return x; }
-inline float ToFloat(uint16_t h) { return _cvtsh_ss(h); }
+#include "kernels/attention_x86.inc"
+
 
 template <typename T>
-inline float Dot(const float* a, const T* b, int n) {
+float Dot(const float* a, const T* b, int n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
   int i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -50,8 +45,6 @@ inline void AxpyDouble(double* acc, double w, const T* x, int n) {
   }
   for (; i < n; ++i) acc[i] += w * ToFloat(x[i]);
 }
-
-#include "kernels/attention_x86.inc"
 
 }  // namespace
 

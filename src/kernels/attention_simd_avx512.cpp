@@ -18,6 +18,8 @@
 namespace substrate {
 namespace {
 
+#include "kernels/attention_x86.inc"
+
 // 16 key elements as floats (fp16 ones converted), all or the first `m` of them.
 inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 Load16(const uint16_t* p) {
@@ -27,16 +29,9 @@ inline __m512 Load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps
 inline __m512 Load16(const uint16_t* p, __mmask16 m) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
-// 8 value elements as floats.
-inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 Load8(const uint16_t* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-inline float ToFloat(float x) { return x; }
-inline float ToFloat(uint16_t h) { return _cvtsh_ss(h); }
 
 template <typename T>
-inline float Dot(const float* a, const T* b, int n) {
+float Dot(const float* a, const T* b, int n) {
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
   int i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -68,8 +63,6 @@ inline void MixTile(const float* w, int64_t n_kv, const T* v, int64_t v_stride, 
   }
   for (int j = 0; j < kVec; ++j) _mm256_storeu_ps(out + d0 + 8 * j, _mm512_cvtpd_ps(acc[j]));
 }
-
-#include "kernels/attention_x86.inc"
 
 }  // namespace
 

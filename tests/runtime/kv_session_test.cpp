@@ -50,6 +50,14 @@ class KvSessionTest : public ::testing::Test {
     return text;
   }
 
+  // A session with a short exchange, saved to path_.
+  void SaveShortSession(Engine& e) {
+    auto s = e.NewSession(256);
+    ASSERT_TRUE(s.ok());
+    Greedy(e, **s, "def f(x):");
+    ASSERT_TRUE(SaveKvSession(path_, e, **s).ok());
+  }
+
   MemoryLedger ledger_;
   std::filesystem::path dir_;
   std::string path_;
@@ -95,45 +103,27 @@ TEST_F(KvSessionTest, RestoredSessionReusesItsPositions) {
 TEST_F(KvSessionTest, OtherModelTypeOrContextIsRefusedWithTheReason) {
   auto e = Load("tiny-coder-Q8_0.gguf");
   ASSERT_TRUE(e);
-  auto s = e->NewSession(256);
-  ASSERT_TRUE(s.ok());
-  Greedy(*e, **s, "def f(x):");
-  ASSERT_TRUE(SaveKvSession(path_, *e, **s).ok());
+  SaveShortSession(*e);
   std::string why;
 
-  auto f16 = Load("tiny-coder-Q8_0.gguf", DType::kF16);
-  auto s16 = f16->NewSession(256);
-  ASSERT_TRUE(s16.ok());
-  auto r = LoadKvSession(path_, *f16, **s16, &why);
-  ASSERT_TRUE(r.ok());
-  EXPECT_FALSE(*r);
-  EXPECT_NE(why.find("--kv-type"), std::string::npos) << why;
-
-  auto tiny_ctx = e->NewSession(4);
-  ASSERT_TRUE(tiny_ctx.ok());
-  r = LoadKvSession(path_, *e, **tiny_ctx, &why);
-  ASSERT_TRUE(r.ok());
-  EXPECT_FALSE(*r);
-  EXPECT_NE(why.find("context"), std::string::npos) << why;
-
-  auto other = Load("tiny-coder-Q4_0.gguf");  // same shapes, other tensor types
-  ASSERT_TRUE(other);
-  auto so = other->NewSession(256);
-  ASSERT_TRUE(so.ok());
-  r = LoadKvSession(path_, *other, **so, &why);
-  ASSERT_TRUE(r.ok());
-  EXPECT_FALSE(*r);
-  EXPECT_NE(why.find("another model"), std::string::npos) << why;
-  EXPECT_EQ((*so)->cache.n_past(), 0);
+  auto refused = [&](Engine& by, int64_t n_ctx, const char* reason) {
+    auto s = by.NewSession(n_ctx);
+    ASSERT_TRUE(s.ok());
+    auto r = LoadKvSession(path_, by, **s, &why);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_FALSE(*r);
+    EXPECT_NE(why.find(reason), std::string::npos) << why;
+    EXPECT_EQ((*s)->cache.n_past(), 0);
+  };
+  refused(*Load("tiny-coder-Q8_0.gguf", DType::kF16), 256, "--kv-type");
+  refused(*e, 4, "context");
+  refused(*Load("tiny-coder-Q4_0.gguf"), 256, "another model");  // same shapes, other types
 }
 
 TEST_F(KvSessionTest, DamagedFilesAreCorruptionErrors) {
   auto e = Load("tiny-coder-Q8_0.gguf");
   ASSERT_TRUE(e);
-  auto s = e->NewSession(256);
-  ASSERT_TRUE(s.ok());
-  Greedy(*e, **s, "def f(x):");
-  ASSERT_TRUE(SaveKvSession(path_, *e, **s).ok());
+  SaveShortSession(*e);
   const auto size = std::filesystem::file_size(path_);
   auto expect_corrupt = [&](const std::string& file, const char* what) {
     auto fresh = e->NewSession(256);
