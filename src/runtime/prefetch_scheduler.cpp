@@ -40,6 +40,7 @@ void PrefetchScheduler::Submit(const ReadRequest& r) {
     r.ticket->state = ReadTicket::kQueued;
     r.ticket->error = Status::Ok();
     queue_.push_back({r, bytes});
+    queue_.back().req.issue_us = NowUs();
     queued_bytes_ += bytes;
   }
   work_cv_.notify_one();
@@ -138,7 +139,8 @@ Status PrefetchScheduler::Execute(IoReader& io, const ReadRequest& r) {
     RETURN_IF_ERROR(io.Read(f, s.offset, s.bytes, r.dst + op.SlabOffset(k)));
     if (trace_) {
       const std::string name = f.path().substr(f.path().rfind('/') + 1);
-      ReadEvent e{&op.id, &name, s.offset, s.bytes, start, NowUs(), f.direct(), io.uring()};
+      ReadEvent e{&op.id, &name, s.offset, s.bytes, start, NowUs(), f.direct(), io.uring(),
+                  r.issue_us, r.during >= 0 ? &index_.ops()[r.during].id : nullptr};
       trace_->Read(e);
     }
   }

@@ -39,6 +39,8 @@ struct ReadRequest {
   int tier = 0;          // reads tiers 0..tier, laid out as StoreOp::SlabOffset says
   uint8_t* dst = nullptr;
   ReadTicket* ticket = nullptr;
+  int during = -1;       // StoreIndex op begun last when it was issued (for the trace), -1: none
+  int64_t issue_us = 0;  // set by Submit
 };
 
 class PrefetchScheduler {

@@ -63,6 +63,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     st_[o].layer = spec.layer;
     if (spec.kind == OpKind::kMoeExpert) {
       st_[o].where = Where::kExpert;
+      st_[o].anchor_seq = std::max(0, static_cast<int>(seq_.size()) - 1);
       if (spec.layer >= 0 && spec.layer < hp_.n_layer && spec.expert >= 0 &&
           spec.expert < hp_.n_expert)
         expert_ops_[spec.layer][spec.expert] = o;
@@ -70,7 +71,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
       ++n_expert_ops;
       continue;
     }
-    st_[o].seq = static_cast<int>(seq_.size());
+    st_[o].seq = st_[o].anchor_seq = static_cast<int>(seq_.size());
     st_[o].where = Where::kStreamed;
     seq_.push_back(o);
   }
@@ -104,7 +105,15 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     if (s.where == Where::kStreamed || s.evict_at != static_cast<int>(o))
       evict_lists_[s.evict_at].push_back(static_cast<int>(o));
   }
-  const int n_slabs = stats_.n_ops_streamed ? options_.prefetch_depth + 1 : 0;
+  int n_slabs = stats_.n_ops_streamed ? options_.prefetch_depth + 1 : 0;
+  if (n_slabs > 0 && !options.plan_path.empty()) {
+    // A plan's windows (early prefetches, late evictions) may hold more streamed ops at once. When
+    // the budget cannot hold that many slabs, its early reads wait for a slab to free.
+    stats_.slabs_wanted = std::max(n_slabs, SlabsWanted());
+    const uint64_t with = resident + slab_bytes_ * static_cast<uint64_t>(stats_.slabs_wanted) +
+                          options.reserve_bytes + expert_slot * static_cast<uint64_t>(min_slots);
+    if (with <= budget) n_slabs = stats_.slabs_wanted;
+  }
   const uint64_t fixed = resident + slab_bytes_ * n_slabs + options.reserve_bytes;
   int slots = options.expert_slots > 0 ? std::min(options.expert_slots, n_expert_ops) : 0;
   if (n_expert_ops > 0 && slots == 0) {
@@ -153,7 +162,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     s.resident = std::move(buf).value();
     s.tier = serve_;
     tickets.push_back(std::make_unique<ReadTicket>());
-    sched_->Submit({deadline++, static_cast<int>(o), serve_, s.resident.data(), tickets.back().get()});
+    Submit(deadline++, static_cast<int>(o), serve_, s.resident.data(), tickets.back().get());
   }
   // Every ticket is waited for, even after an error: the workers must not write into buffers
   // (or tickets) this function's failure would free.
@@ -232,6 +241,24 @@ Status ResidencyManager::ApplyPlan(const std::string& path) {
     const compiler::FallbackStrategy f =
         t.fallback == compiler::FallbackStrategy::kNone ? plan.fallback_policy.deadline_miss : t.fallback;
     st_[o].lower_tier_fallback = f == compiler::FallbackStrategy::kUseLowerTier;
+    // The read covers tiers 0..served at once: it starts with the earliest prefetch among them.
+    if (st_[o].where == Where::kStreamed && st_[o].seq >= 0) {
+      int start = INT_MAX;
+      for (size_t k = 0; k < b.tiers.size() && static_cast<int>(k) <= serve_; ++k)
+        for (const compiler::Prefetch& p : b.tiers[k].prefetch) {
+          if (p.start_during.empty()) {
+            start = 0;
+            continue;
+          }
+          const int a = index_->FindOp(p.start_during);
+          if (a >= 0 && st_[a].anchor_seq >= 0) start = std::min(start, st_[a].anchor_seq);
+        }
+      // A start the store's order does not put before the op (another model's plan): depth rule.
+      if (start < st_[o].seq) {
+        st_[o].issue_seq = start;
+        plan_schedules_ = true;
+      }
+    }
     for (const std::string& e : b.tiers[0].evict_after) {
       auto it = op_of.find(e);
       if (it == op_of.end()) continue;
@@ -260,7 +287,6 @@ void ResidencyManager::AdvanceTo(int seq) {
     }
     pos_ += d;
   }
-  sched_pos_ = std::max(sched_pos_, pos_ + 1);
 }
 
 // The bandwidth admission: a read that cannot finish before its op is predicted to start (the
@@ -285,27 +311,78 @@ int ResidencyManager::Admit(int op, int64_t abs) {
   return tier;
 }
 
+int ResidencyManager::FreeSlab() const {
+  for (size_t i = 0; i < slabs_.size(); ++i)
+    if (slabs_[i]->op < 0) return static_cast<int>(i);
+  return -1;
+}
+
+void ResidencyManager::Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t) {
+  ReadRequest r;
+  r.deadline = deadline;
+  r.op = op;
+  r.tier = tier;
+  r.dst = dst;
+  r.ticket = t;
+  r.during = cur_op_;
+  sched_->Submit(r);
+}
+
+// Issues the reads of the positions ahead (one token's worth) that are due: by the plan's
+// start_during, or by the depth rule. Positions go in sequence order, so the earliest deadline
+// takes a free slab first; a read without a slab waits for the next EndOp that frees one.
 void ResidencyManager::ScheduleAhead() {
   const int64_t n = static_cast<int64_t>(seq_.size());
   if (slabs_.empty() || pos_ < 0) return;
-  int ahead = 0;
-  for (const auto& sl : slabs_)
-    if (sl->op >= 0 && st_[sl->op].abs > pos_) ++ahead;
-  for (; sched_pos_ < pos_ + n && ahead < options_.prefetch_depth; ++sched_pos_) {
-    const int o = seq_[sched_pos_ % n];
+  int streamed = 0;  // streamed ops in (pos_, q]: the depth rule's distance
+  for (int64_t q = pos_ + 1; q < pos_ + n; ++q) {
+    const int o = seq_[q % n];
     OpState& s = st_[o];
-    if (s.where != Where::kStreamed || s.slab >= 0) continue;
-    int free_slab = -1;
-    for (size_t i = 0; i < slabs_.size() && free_slab < 0; ++i)
-      if (slabs_[i]->op < 0) free_slab = static_cast<int>(i);
+    if (s.where != Where::kStreamed) continue;
+    ++streamed;
+    if (s.issue_seq < 0 && streamed > options_.prefetch_depth) {
+      if (!plan_schedules_) break;  // every later op follows the depth rule too
+      continue;
+    }
+    if (s.slab >= 0) continue;  // issued for q already, or still held from its previous use
+    if (s.issue_seq >= 0 && pos_ < q - q % n + s.issue_seq) continue;  // start_during not begun
+    const int free_slab = FreeSlab();
     if (free_slab < 0) break;
-    s.tier = Admit(o, sched_pos_);
+    s.tier = Admit(o, q);
     s.slab = free_slab;
-    s.abs = sched_pos_;
+    s.abs = q;
     slabs_[free_slab]->op = o;
-    sched_->Submit({sched_pos_, o, s.tier, slabs_[free_slab]->buf.data(), &slabs_[free_slab]->ticket});
-    ++ahead;
+    Submit(q, o, s.tier, slabs_[free_slab]->buf.data(), &slabs_[free_slab]->ticket);
   }
+}
+
+// Most streamed ops alive at once over one token: each from the position that issues its read
+// (the plan's, or the depth rule's: its prefetch_depth-th streamed predecessor, perhaps in the
+// previous token) to the position whose EndOp evicts it.
+int ResidencyManager::SlabsWanted() const {
+  const int n = static_cast<int>(seq_.size());
+  std::vector<int> streamed;
+  for (int q = 0; q < n; ++q)
+    if (st_[seq_[q]].where == Where::kStreamed) streamed.push_back(q);
+  const int m = static_cast<int>(streamed.size()), depth = options_.prefetch_depth;
+  std::vector<int> cover(static_cast<size_t>(n), 0);
+  for (int j = 0; j < m; ++j) {
+    const OpState& s = st_[seq_[streamed[j]]];
+    const int x = streamed[j];
+    const int end = std::max(x, st_[s.evict_at].seq);
+    if (s.issue_seq < 0 && depth >= m) {
+      for (int& c : cover) ++c;
+      continue;
+    }
+    const int issue = s.issue_seq >= 0 ? s.issue_seq : streamed[((j - depth) % m + m) % m];
+    if (issue <= x) {
+      for (int q = issue; q <= end; ++q) ++cover[q];
+    } else {  // from the previous token
+      for (int q = issue; q < n; ++q) ++cover[q];
+      for (int q = 0; q <= end; ++q) ++cover[q];
+    }
+  }
+  return cover.empty() ? 0 : *std::max_element(cover.begin(), cover.end());
 }
 
 void ResidencyManager::BeginOp(const std::string& op_id) {
@@ -329,15 +406,25 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
     if (s.slab < 0 || s.abs != pos_) {
       // Not read ahead (the first op, or slabs were busy): read now, at the head of the queue.
       if (s.slab < 0) {
-        int free_slab = -1;
+        int free_slab = FreeSlab();
+        // Every slab taken (a plan's early reads when the budget held fewer slabs than its windows):
+        // the read with the latest deadline gives its slab up and is issued again later.
+        int64_t latest = pos_;
         for (size_t i = 0; i < slabs_.size() && free_slab < 0; ++i)
-          if (slabs_[i]->op < 0) free_slab = static_cast<int>(i);
+          if (slabs_[i]->op >= 0 && st_[slabs_[i]->op].abs > latest) latest = st_[slabs_[i]->op].abs;
+        for (size_t i = 0; i < slabs_.size() && free_slab < 0 && latest > pos_; ++i) {
+          if (slabs_[i]->op < 0 || st_[slabs_[i]->op].abs != latest) continue;
+          sched_->Cancel(&slabs_[i]->ticket);
+          st_[slabs_[i]->op].slab = -1;
+          slabs_[i]->op = -1;
+          free_slab = static_cast<int>(i);
+        }
         if (free_slab >= 0) {
           s.slab = free_slab;
           s.tier = serve_;
           slabs_[free_slab]->op = o;
-          sched_->Submit({INT64_MIN / 2, o, serve_, slabs_[free_slab]->buf.data(),
-                          &slabs_[free_slab]->ticket});
+          Submit(INT64_MIN / 2, o, serve_, slabs_[free_slab]->buf.data(),
+                 &slabs_[free_slab]->ticket);
         }
       }
       s.abs = pos_;
@@ -393,7 +480,7 @@ Status ResidencyManager::BeginExpert(int o) {
       s.win_stall += waited;
     }
     experts_->Assign(slot, o, serve_);
-    sched_->Submit({INT64_MIN / 2, o, serve_, experts_->slot(slot).data, &experts_->slot(slot).ticket});
+    Submit(INT64_MIN / 2, o, serve_, experts_->slot(slot).data, &experts_->slot(slot).ticket);
   }
   ExpertCache::Slot& sl = experts_->slot(slot);
   int64_t waited = 0;
@@ -430,7 +517,7 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
     experts_->Assign(slot, o, serve_);
     experts_->slot(slot).hint_pos = pos_;
     ++experts_->hinted;
-    sched_->Submit({deadline, o, serve_, experts_->slot(slot).data, &experts_->slot(slot).ticket});
+    Submit(deadline, o, serve_, experts_->slot(slot).data, &experts_->slot(slot).ticket);
     ++busy;
   }
 }
@@ -488,7 +575,7 @@ Expected<const uint8_t*> ResidencyManager::DemandLoad(int o, int* tier) {
   auto buf = AlignedBuffer::Allocate(OpBytes(o), ledger_, "stream");
   if (!buf.ok()) return buf.status().WithContext("reading op '" + index_->ops()[o].id + "' on demand");
   d->buf = std::move(buf).value();
-  sched_->Submit({INT64_MIN / 2, o, serve_, d->buf.data(), &d->ticket});
+  Submit(INT64_MIN / 2, o, serve_, d->buf.data(), &d->ticket);
   int64_t waited = 0;
   Status st = sched_->Wait(&d->ticket, &waited);
   if (cur_op_ >= 0) st_[cur_op_].win_stall += waited;

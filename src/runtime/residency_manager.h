@@ -1,11 +1,14 @@
 // ResidencyManager: a WeightSource over a tiered store (store/pack.h) under a byte budget — the
 // out-of-core runtime. At open it keeps a resident set of ops in memory (the plan's, or one chosen
 // to fill the budget), allocates streaming slabs once (ledger "stream_slabs": prefetch depth + 1
-// slabs the size of the largest streamed op at its served tier) and an expert cache of fixed
-// slots for routed MoE experts (ledger "expert_cache"). While the model runs, BeginOp(op i) waits
-// for op i's slab (a miss: counted, stall recorded) and schedules the next streamed ops in
-// sequence order — wrapping around to the next token — so their reads run during the current
-// ops' compute; EndOp evicts per the plan's evict_after (default: the op itself).
+// slabs the size of the largest streamed op at its served tier, or as many as a plan's prefetch
+// windows hold at once when the budget allows) and an expert cache of fixed slots for routed MoE
+// experts (ledger "expert_cache"). While the model runs, BeginOp(op i) waits for op i's slab (a
+// miss: counted, stall recorded) and issues reads of later streamed ops — wrapping around to the
+// next token — so they run during the current ops' compute: an op a plan schedules when the op
+// its prefetch names as start_during begins ("" = the token's first op), any other op once it is
+// within prefetch_depth streamed ops (the depth rule). Issued reads are served earliest deadline
+// first; EndOp evicts per the plan's evict_after (default: the op itself).
 //
 // Every byte is charged to the ledger; a budget that cannot hold the minimum (resident set,
 // slabs, minimum expert slots and the reserve for KV cache and scratch) is an OutOfMemory error
@@ -70,6 +73,7 @@ struct ResidencyStats {
   bool uring = false;
   bool direct = false;
   int serve_tier = 0;
+  int slabs_wanted = 0;  // what a plan's prefetch windows hold at once (0 without a plan)
 };
 
 class ResidencyManager : public WeightSource {
@@ -80,6 +84,9 @@ class ResidencyManager : public WeightSource {
   ~ResidencyManager() override;
 
   const Metadata& metadata() const { return index_->meta().metadata(); }
+  const StoreIndex& index() const { return *index_; }
+  const ResidencyOptions& options() const { return options_; }
+  int serve_tier() const { return serve_; }
 
   TensorId Resolve(const std::string& name) const override { return index_->Resolve(name); }
   const TensorInfo& Info(TensorId id) const override { return index_->tensors()[id].info; }
@@ -106,6 +113,12 @@ class ResidencyManager : public WeightSource {
     int64_t abs = -1;       // absolute sequence position it was scheduled for
     int tier = 0;           // tier read / served
     int evict_at = -1;      // op whose EndOp evicts it (default itself)
+    // The plan's prefetch: the sequence position whose BeginOp issues this op's read (same token,
+    // before the op), or -1 for the depth rule.
+    int issue_seq = -1;
+    // Where a plan's start_during naming this op lands in the sequence: itself for dense ops, the
+    // layer's router for an expert (which may not run on a given token).
+    int anchor_seq = -1;
     bool lower_tier_fallback = false;
     double compute_us = 0;  // moving average of BeginOp..EndOp minus stalls
     // The current window (BeginOp..EndOp), per op: a batch of experts is open at once.
@@ -130,7 +143,11 @@ class ResidencyManager : public WeightSource {
   Status ApplyPlan(const std::string& path);
   void AdvanceTo(int seq);
   void ScheduleAhead();
+  int FreeSlab() const;
+  int SlabsWanted() const;
   int Admit(int op, int64_t abs);
+  // Queues a read, tagged with the op begun last (the trace's "during").
+  void Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t);
   Status BeginExpert(int op);
   Expected<const uint8_t*> DemandLoad(int op, int* tier);
   int64_t NowUs() const;
@@ -145,6 +162,7 @@ class ResidencyManager : public WeightSource {
   int serve_ = 0;
   std::vector<OpState> st_;
   std::vector<int> seq_;                       // dense ops in forward order
+  bool plan_schedules_ = false;                // some op's read follows the plan's start_during
   std::vector<std::vector<int>> evict_lists_;  // per op: ops evicted at its EndOp
   std::vector<std::vector<int>> expert_ops_;   // [layer][expert] -> op, -1
   int ops_per_layer_ = 1;
@@ -157,7 +175,6 @@ class ResidencyManager : public WeightSource {
 
   mutable std::mutex mu_;
   int64_t pos_ = -1;        // absolute position of the current dense op
-  int64_t sched_pos_ = 0;   // next absolute position to consider for scheduling
   int cur_op_ = -1;          // the op begun last (stalls of demand loads are charged to it)
   int cur_layer_ = -1;
   std::vector<Status> op_error_;  // per op: a read error of its current window, for Acquire

@@ -40,14 +40,14 @@ std::string ResidencyManager::StatsJson() const {
   std::snprintf(
       b, sizeof b,
       "{\"serve_tier\":%d,\"ops_resident\":%d,\"ops_streamed\":%d,\"ops_expert\":%d,"
-      "\"resident_bytes\":%llu,\"slabs\":%d,\"slab_bytes\":%llu,\"expert_slots\":%d,"
+      "\"resident_bytes\":%llu,\"slabs\":%d,\"slabs_wanted\":%d,\"slab_bytes\":%llu,\"expert_slots\":%d,"
       "\"expert_slot_bytes\":%llu,\"open_bytes_read\":%llu,\"stream_bytes_read\":%llu,"
       "\"read_seconds\":%.4f,\"read_bandwidth\":%.1f,\"hits\":%llu,\"misses\":%llu,"
       "\"stall_us\":%lld,\"predicted_late\":%llu,\"demoted\":%llu,\"demand_loads\":%llu,"
       "\"expert_hits\":%llu,\"expert_misses\":%llu,\"expert_late\":%llu,\"expert_hinted\":%llu,"
       "\"uring\":%s,\"direct\":%s}",
       s.serve_tier, s.n_ops_resident, s.n_ops_streamed, s.n_ops_expert,
-      static_cast<unsigned long long>(s.resident_bytes), s.n_slabs,
+      static_cast<unsigned long long>(s.resident_bytes), s.n_slabs, s.slabs_wanted,
       static_cast<unsigned long long>(s.slab_bytes), s.expert_slots,
       static_cast<unsigned long long>(s.expert_slot_bytes),
       static_cast<unsigned long long>(s.open_bytes_read),

@@ -113,11 +113,13 @@ void TraceWriter::Read(const ReadEvent& e) {
   char tail[256];
   std::snprintf(tail, sizeof tail,
                 ",\"offset\":%llu,\"bytes\":%llu,\"start_us\":%lld,\"end_us\":%lld,"
-                "\"direct\":%s,\"uring\":%s}\n",
+                "\"direct\":%s,\"uring\":%s,\"issue_us\":%lld,\"during\":",
                 static_cast<unsigned long long>(e.offset), static_cast<unsigned long long>(e.bytes),
                 static_cast<long long>(e.start_us), static_cast<long long>(e.end_us),
-                e.direct ? "true" : "false", e.uring ? "true" : "false");
-  Append("{\"ev\":\"read\",\"op\":" + JsonQuote(*e.op) + ",\"file\":" + JsonQuote(*e.file) + tail);
+                e.direct ? "true" : "false", e.uring ? "true" : "false",
+                static_cast<long long>(e.issue_us));
+  Append("{\"ev\":\"read\",\"op\":" + JsonQuote(*e.op) + ",\"file\":" + JsonQuote(*e.file) + tail +
+         JsonQuote(e.during ? *e.during : std::string()) + "}\n");
 }
 
 }  // namespace substrate

@@ -1,7 +1,9 @@
 // TraceWriter: the runtime's JSONL event log (`--trace FILE.jsonl`), one object per line:
 //   {"ev":"op","op":"block_3.ffn","tier":2,"bytes":N,"start_us":..,"end_us":..,"hit":true,"stall_us":..}
 //   {"ev":"read","op":"block_4.attn","file":"block_4.attn.t0.bin","offset":0,"bytes":N,
-//    "start_us":..,"end_us":..,"direct":true,"uring":true}
+//    "start_us":..,"end_us":..,"direct":true,"uring":true,"issue_us":..,"during":"block_3.ffn"}
+// A read's issue_us is when it was queued and `during` the op begun last then (the window that
+// issued it: a plan's prefetch start_during, or the depth rule's); start_us is when it ran.
 // Events are appended to an in-memory buffer under a mutex (no I/O on the token path) and a
 // background thread writes full buffers. Only whole lines reach the file, so a killed run leaves
 // a readable prefix. A log, not an artifact: written in place rather than through a temp file
@@ -34,6 +36,8 @@ struct ReadEvent {
   uint64_t offset = 0, bytes = 0;
   int64_t start_us = 0, end_us = 0;
   bool direct = false, uring = false;
+  int64_t issue_us = 0;
+  const std::string* during = nullptr;  // null: issued outside any op (at open)
 };
 
 class TraceWriter {
