@@ -1,7 +1,9 @@
 // substrate bench: prompt-processing and generation speed of a model, in the manner of
 // llama-bench, next to the physical limit: the memory bandwidth measured in the same run and
 // the bytes of weights each generated token must read. Decode is bandwidth-bound, so
-// achieved / limit says how much speed is left on the table.
+// achieved / limit says how much speed is left on the table. With --store the weights are the
+// store's at its served tier (skeleton + residuals), counted by the same rule, and the disk read
+// rate over decode is set against an O_DIRECT read of one store file in the same run.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -18,6 +20,7 @@
 #include "kernels/membw.h"
 #include "kernels/profile.h"
 #include "model/engine.h"
+#include "runtime/read_probe.h"
 
 namespace substrate::cli {
 namespace {
@@ -30,26 +33,54 @@ struct Weights {
   uint64_t n_params = 0;
 };
 
+// A weight tensor as a token's compute reads it: its bytes (for a store, every served tier's).
+struct TensorBytes {
+  const std::string* name;
+  const std::vector<uint64_t>* ne;
+  uint64_t bytes = 0;
+};
+
 // Bytes one generated token reads: every weight matrix once, except the token embedding (one
-// row) and, in MoE layers, only the routed experts' share of the expert tensors.
-Weights CountWeights(const ModelFile& file) {
-  const Metadata& md = file.metadata();
+// row) and, in MoE layers, only the routed experts' share of the expert tensors. One rule for a
+// model file and a store.
+Weights CountWeights(const Metadata& md, const std::vector<TensorBytes>& tensors) {
   std::string arch = md.GetString("general.architecture", "");
   double n_expert = static_cast<double>(md.GetInt(arch + ".expert_count", 0));
   double n_used = static_cast<double>(md.GetInt(arch + ".expert_used_count", 0));
   Weights w;
-  for (const auto& t : file.tensors()) {
+  for (const TensorBytes& t : tensors) {
+    uint64_t n_el = 1;
+    for (uint64_t d : *t.ne) n_el *= d;
     w.total_bytes += t.bytes;
-    w.n_params += t.n_elements();
-    if (t.name == "token_embd.weight") {
-      w.per_token_bytes += t.ne.size() > 1 ? t.bytes / t.ne[1] : t.bytes;
-    } else if (t.name.find("_exps.") != std::string::npos && n_expert > 0) {
+    w.n_params += n_el;
+    if (*t.name == "token_embd.weight") {
+      w.per_token_bytes += t.ne->size() > 1 ? t.bytes / (*t.ne)[1] : t.bytes;
+    } else if (t.name->find("_exps.") != std::string::npos && n_expert > 0) {
       w.per_token_bytes += static_cast<uint64_t>(static_cast<double>(t.bytes) * n_used / n_expert);
     } else {
       w.per_token_bytes += t.bytes;
     }
   }
   return w;
+}
+
+std::vector<TensorBytes> FileTensors(const ModelFile& file) {
+  std::vector<TensorBytes> v;
+  for (const auto& t : file.tensors()) v.push_back({&t.name, &t.ne, t.bytes});
+  return v;
+}
+
+// A store's tensors at the served tier: the skeleton plus the residuals up to it, as the kernels
+// apply them in one pass.
+std::vector<TensorBytes> StoreTensors(const StoreIndex& index, int serve) {
+  std::vector<TensorBytes> v;
+  for (const StoreTensor& t : index.tensors()) {
+    uint64_t bytes = 0;
+    for (const StoreUnit& u : t.units)
+      for (int k = 0; k <= serve && k < u.n_tiers; ++k) bytes += u.tier[k].bytes;
+    v.push_back({&t.info.name, &t.info.ne, bytes});
+  }
+  return v;
 }
 
 struct Series {
@@ -99,16 +130,19 @@ nlohmann::json ProfileJson(const std::vector<KernelProfileEntry>& entries, doubl
 
 int RunBench(const std::vector<std::string>& args) {
   Flags f(args, StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-t", "--threads", "-r",
-                                     "--repetitions", "--bw-bytes"}));
+                                     "--repetitions", "--bw-bytes", "--probe-bytes"}));
   if (!f.status().ok()) return PrintError("bench", f.status());
   if (f.Has("--help") || f.Has("-h")) {
     std::printf(
         "usage: substrate bench -m MODEL [-p 512] [-n 128] [-t N] [-r 2] [--json] [--profile]\n"
-        "                       [--bw-bytes 2G]\n"
+        "                       [--bw-bytes 2G] [--store STORE/ --max-ram SIZE [--tier N] ...]\n"
         "Prompt processing (-p tokens in one batch) and generation (-n tokens one at a time)\n"
         "speed, bytes of weights read per generated token, the memory read bandwidth measured\n"
         "now over a --bw-bytes buffer, and the ratio achieved/limit. -p 0 or -n 0 skips a test.\n"
-        "--profile adds where decode time goes (kernel timers per weight type).\n");
+        "--profile adds where decode time goes (kernel timers per weight type).\n"
+        "With --store: weights per token are the served tier's; disk bytes per token and the\n"
+        "read rate over decode, against an O_DIRECT read of the store's largest file in the same\n"
+        "run (--probe-bytes, default 256M; 0 skips it).\n");
     return 0;
   }
   std::string path = f.Get({"-m", "--model"});
@@ -122,6 +156,8 @@ int RunBench(const std::vector<std::string>& args) {
     return PrintError("bench", InvalidArgument("-p/-n must be >= 0, -r >= 1, -t >= 0"));
   auto bw_bytes = ParseBytes(f.Get({"--bw-bytes"}, f.Has("--store") ? "128M" : "2G"));
   if (!bw_bytes.ok()) return PrintError("bench", bw_bytes.status());
+  auto probe_bytes = ParseBytes(f.Get({"--probe-bytes"}, "256M"));
+  if (!probe_bytes.ok()) return PrintError("bench", probe_bytes.status());
   const bool json = f.Has("--json"), profile = f.Has("--profile");
 
   EngineOptions eo;
@@ -136,7 +172,9 @@ int RunBench(const std::vector<std::string>& args) {
   Engine& e = **engine;
   Model& model = e.model();
   const int64_t n_vocab = model.hparams().n_vocab;
-  Weights w = CountWeights(e.file());
+  ResidencyManager* rm = store->get();
+  Weights w = CountWeights(e.metadata(), rm ? StoreTensors(rm->index(), rm->serve_tier())
+                                            : FileTensors(e.file()));
 
   // The limit, measured with the same threads right before the runs.
   auto bw = MeasureReadBandwidth(e.pool(), *bw_bytes, 3);
@@ -208,13 +246,27 @@ int RunBench(const std::vector<std::string>& args) {
                {"runs", tg.tps}};
   j["weight_bytes_per_token"] = w.per_token_bytes;
   j["ledger"] = {{"cap_bytes", e.ledger().cap()}, {"peak_bytes", e.ledger().peak()}};
-  if (store->get()) {
+  if (rm) {
     j["store"] = nlohmann::json::parse(StoreStatsJson(*store));
     double tg_s = 0;
     for (double v : tg.tps) tg_s += static_cast<double>(*n) / v;
+    double disk_rate = 0;
     if (*n > 0 && tg_s > 0) {
+      disk_rate = static_cast<double>(tg_disk_bytes) / tg_s;
       j["disk_bytes_per_token"] = static_cast<double>(tg_disk_bytes) / static_cast<double>(*n * *r);
-      j["disk_read_bytes_per_s"] = static_cast<double>(tg_disk_bytes) / tg_s;
+      j["disk_read_bytes_per_s"] = disk_rate;
+    }
+    // After the timed runs, so the probe does not compete with them; its chunk fits in the
+    // reserve the bandwidth buffer held.
+    if (*probe_bytes > 0) {
+      auto probe = ProbeStoreRead(rm->index(), *probe_bytes, std::min<uint64_t>(16ull << 20, *bw_bytes),
+                                  rm->options().io_mode, &e.ledger());
+      if (!probe.ok()) return PrintError("bench", probe.status().WithContext("disk read probe"));
+      j["disk_probe"] = {{"file", probe->file}, {"bytes", probe->bytes}, {"seconds", probe->seconds},
+                         {"bytes_per_s", probe->bytes_per_s}, {"direct", probe->direct},
+                         {"uring", probe->uring},
+                         {"method", "one store file from its start, O_DIRECT, the runtime's reader"}};
+      if (disk_rate > 0 && probe->bytes_per_s > 0) j["disk_ratio"] = disk_rate / probe->bytes_per_s;
     }
   }
   j["mem_bw"] = {{"bytes_per_s", limit}, {"buffer_bytes", bw->buffer_bytes},
@@ -245,6 +297,15 @@ int RunBench(const std::vector<std::string>& args) {
     std::printf("generation reads %.2f GB/s = %.1f%% of the limit (limit %.2f tokens/s)\n",
                 achieved / 1e9, 100 * achieved / limit,
                 limit / static_cast<double>(w.per_token_bytes));
+  if (j.contains("disk_read_bytes_per_s"))
+    std::printf("disk: %.1f MB per token, %.3f GB/s over decode",
+                j["disk_bytes_per_token"].get<double>() / 1e6,
+                j["disk_read_bytes_per_s"].get<double>() / 1e9);
+  if (j.contains("disk_probe"))
+    std::printf("; O_DIRECT read of %s: %.3f GB/s", j["disk_probe"]["file"].get<std::string>().c_str(),
+                j["disk_probe"]["bytes_per_s"].get<double>() / 1e9);
+  if (j.contains("disk_ratio")) std::printf(" (ratio %.2f)", j["disk_ratio"].get<double>());
+  if (j.contains("disk_read_bytes_per_s") || j.contains("disk_probe")) std::printf("\n");
   if (j.contains("decode_profile")) std::printf("%s\n", j["decode_profile"].dump(2).c_str());
   return 0;
 }
