@@ -52,14 +52,13 @@ void MatMulRows(const WeightView& w, const float* x, int64_t n_tokens, float* y,
 
 // ---------------------------------------------------------------- fast path
 
-// Quantized activations, kept per calling thread and grown only when a larger product comes
-// along, so the token loop does not allocate. Charged to the ledger's "scratch" account.
 struct Part {  // one tier of the weight: the skeleton or a residual
   const DotKernel* kernel;
   const uint8_t* data;
   size_t row_bytes;
   const uint8_t* act;  // its activations, quantized to kernel->act_type
   size_t act_stride;
+  int act_set;         // which ActSet holds them
 };
 
 constexpr int kMaxParts = 3;
@@ -67,6 +66,9 @@ constexpr int kMaxParts = 3;
 constexpr int64_t kTokenBlock = 64;
 // Rows per block: the block's weights stay in L2 while every token block passes over them.
 constexpr size_t kRowBlockBytes = 256 * 1024;
+// Rows per work item of the shared ParallelFor: one interleaved group, so an item of any layout
+// is the same amount of weight.
+constexpr int64_t kItemRows = kInterleavedRows;
 
 bool PrepareParts(const WeightView& w, Isa isa, Part* parts, int* n_parts) {
   *n_parts = 1 + std::clamp(w.n_residuals, 0, 2);
@@ -76,38 +78,9 @@ bool PrepareParts(const WeightView& w, Isa isa, Part* parts, int* n_parts) {
     const DotKernel* k = FindDotKernel(type, isa);
     if (!rb || !k || !FindQuantizeAct(k->act_type, isa) || ActRowBytes(k->act_type, w.cols) == 0)
       return false;
-    parts[p] = {k, p == 0 ? w.data : w.residual[p - 1], static_cast<size_t>(*rb), nullptr, 0};
+    parts[p] = {k, p == 0 ? w.data : w.residual[p - 1], static_cast<size_t>(*rb), nullptr, 0, -1};
   }
   return true;
-}
-
-void QuantizeActivations(const float* x, int64_t n_tokens, int64_t cols, Isa isa, Part* parts,
-                         int n_parts, ThreadPool& pool) {
-  static thread_local ScratchBuffer scratch[kMaxParts];
-  for (int p = 0; p < n_parts; ++p) {
-    DType at = parts[p].kernel->act_type;
-    int same = -1;  // a residual with the skeleton's activation format reuses its rows
-    for (int q = 0; q < p; ++q)
-      if (parts[q].kernel->act_type == at) same = q;
-    if (same >= 0) {
-      parts[p].act = parts[same].act;
-      parts[p].act_stride = parts[same].act_stride;
-      continue;
-    }
-    size_t stride = ActRowBytes(at, cols);
-    uint8_t* buf = scratch[p].Reserve(stride * static_cast<size_t>(n_tokens));
-    QuantizeActFn quantize = FindQuantizeAct(at, isa);
-    auto run = [&](int64_t t0, int64_t t1, int) {
-      for (int64_t t = t0; t < t1; ++t) quantize(x + t * cols, buf + t * stride, cols);
-    };
-    if (n_tokens >= 16) {
-      pool.ParallelFor(n_tokens, 4, run);
-    } else {
-      run(0, n_tokens, 0);
-    }
-    parts[p].act = buf;
-    parts[p].act_stride = stride;
-  }
 }
 
 // Rows [r0, r1) of parts (each part's row r at data + r * row_bytes) for every token:
@@ -142,45 +115,200 @@ void FastRows(int64_t cols, int64_t y_stride, const Part* parts, int n_parts, in
   }
 }
 
-// Interleaved Q8_0 (interleaved_q8_0.h) on AVX-512: 16 rows per kernel step, tokens in
-// tiles of 4 while a group (16 rows) stays in L2.
-void InterleavedProduct(const WeightView& w, const Part& part, int64_t n_tokens, float* y,
-                        ThreadPool& pool) {
-  const int64_t nb = w.cols / kQK8_0;
-  static thread_local ScratchBuffer sums_scratch;
-  auto* sums = reinterpret_cast<int32_t*>(sums_scratch.Reserve(
-      static_cast<size_t>(n_tokens * nb) * sizeof(int32_t)));
-  for (int64_t t = 0; t < n_tokens; ++t)
-    ActBlockSums(part.act + t * part.act_stride, w.cols, sums + t * nb);
-  const int64_t groups = w.rows / kInterleavedRows;
-  pool.ParallelFor(groups, 1, [&](int64_t g0, int64_t g1, int) {
-    for (int64_t g = g0; g < g1; ++g)
-      for (int64_t t0 = 0; t0 < n_tokens; t0 += 4)
-        avx512::GemvQ8_0Interleaved(w.data, w.cols, g, g + 1, part.act + t0 * part.act_stride,
-                                    part.act_stride, sums + t0 * nb,
-                                    static_cast<int>(std::min<int64_t>(4, n_tokens - t0)),
-                                    y + t0 * w.rows, w.rows);
-  });
+// How a job's rows are computed.
+enum class Path : uint8_t {
+  kSkip,           // nothing to do (no tokens or no rows)
+  kReference,      // no dot kernel for a tier (or an odd shape): the scalar reference
+  kGemm,           // prefill: AMX tiles over panels of unpacked rows (gemm.h), alone
+  kRows,           // the row kernels (FastRows), in the shared ParallelFor
+  kInterleaved,    // interleaved Q8_0 on AVX-512 (interleaved_q8_0.h), 16 rows per step
+  kDeinterleaved,  // interleaved Q8_0 where the tier has no such kernel (or with residual
+                   // tiers): each group put back into plain rows in scratch, then FastRows
+};
+
+struct JobPlan {
+  const MatMulJob* job;
+  Path path;
+  Part parts[kMaxParts];
+  int n_parts;
+  int64_t items;         // work items of kItemRows rows (interleaved: one group each)
+  const int32_t* sums;   // kInterleaved: ActBlockSums of each token, cols / 32 apart
+};
+
+// One distinct set of quantized activation rows: (x, n_tokens, cols, format).
+struct ActSet {
+  const float* x;
+  int64_t n_tokens, cols;
+  DType type;
+  QuantizeActFn quantize;
+  bool sums;             // also ActBlockSums per row (read by an interleaved job)
+  size_t stride, offset, sums_offset;  // offsets into the batch's activation buffer
+};
+
+// Bookkeeping of the calling thread's batch, grown once: a steady decode step allocates
+// nothing. The ParallelFor bodies get this object by reference (workers must not read their
+// own thread_local instance).
+struct BatchState {
+  Isa isa = Isa::kScalar;
+  std::vector<JobPlan> plans;
+  std::vector<ActSet> sets;
+  std::vector<int> shared;           // plans run in the shared ParallelFor, in job order
+  std::vector<int64_t> first_item;   // [shared.size() + 1]: first item of each
+  int64_t act_rows = 0;              // sum of the sets' n_tokens
+  uint8_t* act_buf = nullptr;
+  ScratchBuffer act_scratch;         // quantized rows (and block sums) of every set
+};
+
+int FindOrAddSet(BatchState& st, const MatMulJob& job, int64_t cols, DType type, bool sums) {
+  for (size_t i = 0; i < st.sets.size(); ++i) {
+    ActSet& s = st.sets[i];
+    if (s.x == job.x && s.n_tokens == job.n_tokens && s.cols == cols && s.type == type) {
+      s.sums = s.sums || sums;
+      return static_cast<int>(i);
+    }
+  }
+  st.sets.push_back({job.x, job.n_tokens, cols, type, FindQuantizeAct(type, st.isa), sums, 0, 0,
+                     0});
+  return static_cast<int>(st.sets.size()) - 1;
 }
 
-// Interleaved Q8_0 where the tier has no interleaved kernel (or with residual tiers): each
-// group of 16 rows is put back into plain rows in scratch, then the row kernels run on it.
-void DeinterleavedRows(const WeightView& w, const Part* parts, int n_parts, int64_t n_tokens,
-                       float* y, ThreadPool& pool) {
-  const int64_t groups = w.rows / kInterleavedRows;
-  pool.ParallelFor(groups, 1, [&](int64_t g0, int64_t g1, int) {
-    static thread_local ScratchBuffer plain_scratch;
-    uint8_t* plain = plain_scratch.Reserve(kInterleavedRows * parts[0].row_bytes);
-    Part local[kMaxParts];
-    for (int p = 0; p < n_parts; ++p) local[p] = parts[p];
-    for (int64_t g = g0; g < g1; ++g) {
-      const int64_t r0 = g * kInterleavedRows;
-      DeinterleaveQ8_0Group(w.data, w.cols, g, plain);
-      local[0].data = plain;
-      for (int p = 1; p < n_parts; ++p) local[p].data = parts[p].data + r0 * parts[p].row_bytes;
-      FastRows(w.cols, w.rows, local, n_parts, n_tokens, y + r0, 0, kInterleavedRows);
+void PlanJob(BatchState& st, const MatMulJob& job, JobPlan& p) {
+  const WeightView& w = *job.w;
+  p = JobPlan{};
+  p.job = &job;
+  if (job.n_tokens <= 0 || w.rows <= 0) {
+    p.path = Path::kSkip;
+    return;
+  }
+  if (!PrepareParts(w, st.isa, p.parts, &p.n_parts)) {
+    p.path = Path::kReference;
+    return;
+  }
+  const bool interleaved = w.layout == WeightLayout::kQ8_0Interleaved;
+  if (p.n_parts == 1 && GemmSupports(w.type, w.cols, job.n_tokens, st.isa) &&
+      p.parts[0].kernel->act_type == GemmActType(w.type)) {
+    p.path = Path::kGemm;
+  } else if (interleaved && p.n_parts == 1 && st.isa >= Isa::kAvx512) {
+    p.path = Path::kInterleaved;
+  } else if (interleaved) {
+    p.path = Path::kDeinterleaved;
+  } else {
+    p.path = Path::kRows;
+  }
+  p.items = interleaved ? w.rows / kInterleavedRows : (w.rows + kItemRows - 1) / kItemRows;
+  for (int k = 0; k < p.n_parts; ++k)
+    p.parts[k].act_set = FindOrAddSet(st, job, w.cols, p.parts[k].kernel->act_type,
+                                      k == 0 && p.path == Path::kInterleaved);
+}
+
+// Activation rows [a, b) of all sets together (set after set).
+void QuantizeSetRows(const BatchState& st, int64_t a, int64_t b) {
+  int64_t base = 0;
+  for (const ActSet& s : st.sets) {
+    const int64_t lo = std::max(a, base), hi = std::min(b, base + s.n_tokens);
+    for (int64_t r = lo; r < hi; ++r) {
+      const int64_t t = r - base;
+      uint8_t* row = st.act_buf + s.offset + static_cast<size_t>(t) * s.stride;
+      s.quantize(s.x + t * s.cols, row, s.cols);
+      if (s.sums)
+        ActBlockSums(row, s.cols,
+                     reinterpret_cast<int32_t*>(st.act_buf + s.sums_offset) + t * (s.cols / kQK8_0));
     }
-  });
+    base += s.n_tokens;
+    if (base >= b) break;
+  }
+}
+
+void QuantizeSets(BatchState& st, ThreadPool& pool) {
+  auto align = [](size_t n) { return (n + 63) & ~size_t{63}; };
+  size_t total = 0;
+  st.act_rows = 0;
+  for (ActSet& s : st.sets) {
+    s.stride = ActRowBytes(s.type, s.cols);
+    s.offset = total;
+    total += align(s.stride * static_cast<size_t>(s.n_tokens));
+    s.sums_offset = total;
+    if (s.sums)
+      total += align(static_cast<size_t>(s.n_tokens * (s.cols / kQK8_0)) * sizeof(int32_t));
+    st.act_rows += s.n_tokens;
+  }
+  st.act_buf = st.act_scratch.Reserve(std::max<size_t>(total, 64));
+  BatchState* sp = &st;
+  if (st.act_rows >= 16) {
+    pool.ParallelFor(st.act_rows, 4,
+                     [sp](int64_t a, int64_t b, int) { QuantizeSetRows(*sp, a, b); });
+  } else {
+    QuantizeSetRows(st, 0, st.act_rows);
+  }
+  for (JobPlan& p : st.plans) {
+    if (p.path == Path::kSkip || p.path == Path::kReference) continue;
+    for (int k = 0; k < p.n_parts; ++k) {
+      const ActSet& s = st.sets[static_cast<size_t>(p.parts[k].act_set)];
+      p.parts[k].act = st.act_buf + s.offset;
+      p.parts[k].act_stride = s.stride;
+      if (k == 0 && s.sums) p.sums = reinterpret_cast<const int32_t*>(st.act_buf + s.sums_offset);
+    }
+  }
+}
+
+// Items [a, b) of one job of the shared ParallelFor.
+void RunItems(const JobPlan& p, int64_t a, int64_t b) {
+  const WeightView& w = *p.job->w;
+  const int64_t n_tokens = p.job->n_tokens;
+  float* y = p.job->y;
+  switch (p.path) {
+    case Path::kRows:
+      FastRows(w.cols, w.rows, p.parts, p.n_parts, n_tokens, y, a * kItemRows,
+               std::min(w.rows, b * kItemRows));
+      break;
+    case Path::kInterleaved: {
+      // Tokens in tiles of 4 while a group (16 rows) stays in L2.
+      const Part& part = p.parts[0];
+      const int64_t nb = w.cols / kQK8_0;
+      for (int64_t g = a; g < b; ++g)
+        for (int64_t t0 = 0; t0 < n_tokens; t0 += 4)
+          avx512::GemvQ8_0Interleaved(w.data, w.cols, g, g + 1, part.act + t0 * part.act_stride,
+                                      part.act_stride, p.sums + t0 * nb,
+                                      static_cast<int>(std::min<int64_t>(4, n_tokens - t0)),
+                                      y + t0 * w.rows, w.rows);
+      break;
+    }
+    case Path::kDeinterleaved: {
+      static thread_local ScratchBuffer plain_scratch;
+      uint8_t* plain = plain_scratch.Reserve(kInterleavedRows * p.parts[0].row_bytes);
+      Part local[kMaxParts];
+      for (int k = 0; k < p.n_parts; ++k) local[k] = p.parts[k];
+      for (int64_t g = a; g < b; ++g) {
+        const int64_t r0 = g * kInterleavedRows;
+        DeinterleaveQ8_0Group(w.data, w.cols, g, plain);
+        local[0].data = plain;
+        for (int k = 1; k < p.n_parts; ++k)
+          local[k].data = p.parts[k].data + r0 * p.parts[k].row_bytes;
+        FastRows(w.cols, w.rows, local, p.n_parts, n_tokens, y + r0, 0, kInterleavedRows);
+      }
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+// Items [i0, i1) of the shared ParallelFor, which may span several jobs.
+void RunSharedItems(const BatchState& st, int64_t i0, int64_t i1) {
+  size_t k = static_cast<size_t>(
+      std::upper_bound(st.first_item.begin(), st.first_item.end(), i0) - st.first_item.begin() - 1);
+  for (int64_t i = i0; i < i1; ++k) {
+    const int64_t base = st.first_item[k], end = std::min(i1, st.first_item[k + 1]);
+    RunItems(st.plans[static_cast<size_t>(st.shared[k])], i - base, end - base);
+    i = end;
+  }
+}
+
+uint64_t WeightBytes(const JobPlan& p) {
+  uint64_t bytes = 0;
+  for (int k = 0; k < p.n_parts; ++k)
+    bytes += p.parts[k].row_bytes * static_cast<uint64_t>(p.job->w->rows);
+  return bytes;
 }
 
 }  // namespace
@@ -195,45 +323,86 @@ void MatMulReference(const WeightView& w, const float* x, int64_t n_tokens, floa
 }
 
 void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
-  if (n_tokens <= 0 || w.rows <= 0) return;
-  Isa isa = ActiveIsa();
-  Part parts[kMaxParts];
-  int n_parts = 0;
-  if (!PrepareParts(w, isa, parts, &n_parts)) {
+  const MatMulJob job{&w, x, n_tokens, y};
+  MatMulBatch(&job, 1, pool);
+}
+
+void MatMulBatch(const MatMulJob* jobs, int n_jobs, ThreadPool& pool) {
+  if (n_jobs <= 0) return;
+  static thread_local BatchState state;
+  BatchState& st = state;
+  st.isa = ActiveIsa();
+  st.plans.resize(static_cast<size_t>(n_jobs));
+  st.sets.clear();
+  st.shared.clear();
+  st.first_item.clear();
+  bool any_fast = false;
+  for (int j = 0; j < n_jobs; ++j) {
+    PlanJob(st, jobs[j], st.plans[static_cast<size_t>(j)]);
+    const Path path = st.plans[static_cast<size_t>(j)].path;
+    any_fast = any_fast || (path != Path::kSkip && path != Path::kReference);
+  }
+  for (const JobPlan& p : st.plans) {
+    if (p.path != Path::kReference) continue;
     // A type without a dot kernel (or an odd shape): the reference, split over rows.
-    pool.ParallelFor(w.rows, 16, [&](int64_t r0, int64_t r1, int) {
-      MatMulRows(w, x, n_tokens, y, r0, r1);
+    const MatMulJob* job = p.job;
+    pool.ParallelFor(job->w->rows, 16, [job](int64_t r0, int64_t r1, int) {
+      MatMulRows(*job->w, job->x, job->n_tokens, job->y, r0, r1);
     });
-    return;
   }
+  if (!any_fast) return;
+
   const bool profile = KernelProfilingEnabled();
-  auto t0 = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-  QuantizeActivations(x, n_tokens, w.cols, isa, parts, n_parts, pool);
-  auto t1 = profile ? std::chrono::steady_clock::now() : t0;
-  const bool interleaved = w.layout == WeightLayout::kQ8_0Interleaved;
-  if (n_parts == 1 && GemmSupports(w.type, w.cols, n_tokens, isa) &&
-      parts[0].kernel->act_type == GemmActType(w.type)) {
-    // Prefill: AMX tiles over panels of unpacked rows (gemm.h).
-    GemmQuantized(w.type, w.layout, w.data, parts[0].row_bytes, w.rows, w.cols, parts[0].act,
-                  parts[0].act_stride, n_tokens, y, pool);
-  } else if (interleaved && n_parts == 1 && isa >= Isa::kAvx512) {
-    InterleavedProduct(w, parts[0], n_tokens, y, pool);
-  } else if (interleaved) {
-    DeinterleavedRows(w, parts, n_parts, n_tokens, y, pool);
-  } else {
-    // Chunks of whole row groups; small products run on the caller alone.
-    int64_t grain = std::max<int64_t>(4, 16384 / std::max<int64_t>(1, w.cols * n_tokens));
-    pool.ParallelFor(w.rows, grain, [&](int64_t r0, int64_t r1, int) {
-      FastRows(w.cols, w.rows, parts, n_parts, n_tokens, y, r0, r1);
-    });
+  using Clock = std::chrono::steady_clock;
+  auto t0 = profile ? Clock::now() : Clock::time_point();
+  QuantizeSets(st, pool);
+  auto t1 = profile ? Clock::now() : t0;
+  if (profile) AddKernelProfile(kProfileQuantizeAct, std::chrono::duration<double>(t1 - t0).count(), 0);
+
+  // Grain: chunks of at least ~16K multiply-adds (MatMul's rule per job, the smallest one wins);
+  // a small batch runs on the caller alone.
+  int64_t grain_rows = INT64_MAX;
+  for (int j = 0; j < n_jobs; ++j) {
+    const JobPlan& p = st.plans[static_cast<size_t>(j)];
+    if (p.path == Path::kGemm) {
+      auto g0 = profile ? Clock::now() : Clock::time_point();
+      const WeightView& w = *p.job->w;
+      GemmQuantized(w.type, w.layout, w.data, p.parts[0].row_bytes, w.rows, w.cols,
+                    p.parts[0].act, p.parts[0].act_stride, p.job->n_tokens, p.job->y, pool);
+      if (profile)
+        AddKernelProfile(static_cast<int>(w.type),
+                         std::chrono::duration<double>(Clock::now() - g0).count(), WeightBytes(p));
+      continue;
+    }
+    if (p.path != Path::kRows && p.path != Path::kInterleaved && p.path != Path::kDeinterleaved)
+      continue;
+    if (p.items == 0) continue;
+    if (st.first_item.empty()) st.first_item.push_back(0);
+    st.shared.push_back(j);
+    st.first_item.push_back(st.first_item.back() + p.items);
+    grain_rows = std::min(grain_rows, p.path == Path::kRows
+                                          ? std::max<int64_t>(4, 16384 / std::max<int64_t>(
+                                                                     1, p.job->w->cols *
+                                                                            p.job->n_tokens))
+                                          : kInterleavedRows);
   }
+  if (st.shared.empty()) return;
+  auto t2 = profile ? Clock::now() : Clock::time_point();
+  const BatchState* sp = &st;
+  pool.ParallelFor(st.first_item.back(), (grain_rows + kItemRows - 1) / kItemRows,
+                   [sp](int64_t i0, int64_t i1, int) { RunSharedItems(*sp, i0, i1); });
   if (profile) {
-    auto t2 = std::chrono::steady_clock::now();
-    uint64_t bytes = 0;
-    for (int p = 0; p < n_parts; ++p) bytes += parts[p].row_bytes * static_cast<uint64_t>(w.rows);
-    AddKernelProfile(kProfileQuantizeAct, std::chrono::duration<double>(t1 - t0).count(), 0);
-    AddKernelProfile(static_cast<int>(w.type), std::chrono::duration<double>(t2 - t1).count(),
-                     bytes);
+    // One timing for the whole dispatch: each job gets the share of its weight bytes.
+    const double sec = std::chrono::duration<double>(Clock::now() - t2).count();
+    uint64_t total = 0;
+    for (int j : st.shared) total += WeightBytes(st.plans[static_cast<size_t>(j)]);
+    for (int j : st.shared) {
+      const JobPlan& p = st.plans[static_cast<size_t>(j)];
+      const uint64_t bytes = WeightBytes(p);
+      AddKernelProfile(static_cast<int>(p.job->w->type),
+                       total ? sec * static_cast<double>(bytes) / static_cast<double>(total) : 0,
+                       bytes);
+    }
   }
 }
 

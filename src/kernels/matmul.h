@@ -13,6 +13,23 @@ namespace substrate {
 // W is w's skeleton plus its residuals (when w.n_residuals > 0). x and y must not overlap.
 void MatMul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool);
 
+// One product of a batch: y = W x, as MatMul(*w, x, n_tokens, y, pool) computes it.
+struct MatMulJob {
+  const WeightView* w = nullptr;
+  const float* x = nullptr;
+  int64_t n_tokens = 0;
+  float* y = nullptr;
+};
+
+// Runs every job; each job's y gets exactly the bits MatMul writes for it (same kernels,
+// activation formats, token blocking and float order). Made for decode, where one product is
+// too small to pay for a pool dispatch: activations are quantized once per distinct
+// (x, n_tokens, cols, format), then ONE ParallelFor runs the row chunks of every job, in job
+// order (a thread's contiguous chunks read contiguous weight rows). Jobs with enough tokens for
+// the prefill GEMM, or without a dot kernel, run one after the other as MatMul runs them.
+// No job's x may overlap any job's y. MatMul is the one-job case.
+void MatMulBatch(const MatMulJob* jobs, int n_jobs, ThreadPool& pool);
+
 // Row r of w (skeleton plus residuals, any layout) as floats, out[0..w.cols): for lookups such as
 // token embeddings.
 void DequantizeWeightRow(const WeightView& w, int64_t r, float* out);
