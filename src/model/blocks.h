@@ -28,8 +28,8 @@ class Scratch {
     kRouter, kGathered, kExpertOut, kMoeAcc, kVec, kLogits,
     // MoE bookkeeping (routing, per-expert token lists, look-ahead, batched experts).
     kSel, kSelWeight, kExpertList, kExpertOffset, kExpertTokens, kExpertTokWeight, kRouterBias,
-    kLookNorm, kLookLogits, kLookSel, kLookSelWeight, kLookList, kExpertAct, kExpertHidden,
-    kExpertHiddenAct, kSharedGate, kSharedUp, kSharedAct, kSlotCount
+    kLookNorm, kLookLogits, kLookSel, kLookSelWeight, kLookList, kExpertHidden, kSharedGate,
+    kSharedUp, kSlotCount
   };
   explicit Scratch(MemoryLedger* ledger) : ledger_(ledger) {}
   // At least n floats for `slot` (contents kept only if no growth happens).

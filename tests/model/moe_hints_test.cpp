@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "kernels/cpu_features.h"
 #include "model/expert_batch.h"
 #include "model/kv_cache.h"
 #include "model/op_id.h"
@@ -162,6 +163,44 @@ TEST(MoeHints, EveryAcquiredExpertIsHintedAndLookaheadIsMeasured) {
               static_cast<long long>(look.actual), static_cast<double>(K) / E, toks.size());
   // Far better than chance (K/E), or the look-ahead is not using the next layer's router.
   EXPECT_GT(precision, 2.0 * K / E);
+}
+
+// A Q8_0 MoE loaded as engines load it: 2-D Q8_0 matrices (here the shared expert's) take the
+// interleaved decode layout. Its decode steps still run the experts together (the shared
+// expert's interleaved products inside the same batches), with the same logits as expert by
+// expert: on the interleaved kernel, and on AVX2, where the groups are put back into rows.
+TEST(MoeHints, BatchedEqualsOneByOneWithInterleavedSharedExpert) {
+  const std::string path = SharedDir() + "/gguf/tiny-coder-moe-Q8_0.gguf";
+  if (!Exists(path)) GTEST_SKIP() << "no fixture " << path;
+  if (DetectedIsa() < Isa::kAvx512) GTEST_SKIP() << "no interleaved layout below AVX-512";
+  MemoryLedger ledger;
+  LoadedModel m;
+  auto file = ModelFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  m.file = std::move(file).value();
+  ResidentWeightSource::Options ro;
+  ro.decode_layout = true;
+  auto src = ResidentWeightSource::Load(*m.file, &ledger, ro);
+  ASSERT_TRUE(src.ok()) << src.status().ToString();
+  m.source = std::move(src).value();
+  {
+    auto h = m.source->Acquire(m.source->Resolve("blk.0.ffn_gate_shexp.weight"));
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    ASSERT_EQ(h->view().layout, WeightLayout::kQ8_0Interleaved);
+  }
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 40; ++i) toks.push_back(static_cast<int32_t>((i * 37 + 11) % 8000));
+  for (Isa isa : {Isa::kAvx512, Isa::kAvx2}) {
+    const Isa prev = SetIsaForTesting(isa);
+    std::vector<float> batched, one_by_one;
+    RunText(m, m.source.get(), toks, 8, &batched, &ledger);
+    const int64_t old = SetBatchedExpertMaxTokens(0);
+    RunText(m, m.source.get(), toks, 8, &one_by_one, &ledger);
+    SetBatchedExpertMaxTokens(old);
+    SetIsaForTesting(prev);
+    ASSERT_EQ(batched.size(), one_by_one.size());
+    EXPECT_TRUE(batched == one_by_one) << IsaName(isa);
+  }
 }
 
 }  // namespace
