@@ -180,5 +180,52 @@ TEST(PrefetchPlan, StartDuringMovesReadsEarlierAndLater) {
   }
 }
 
+// When the budget holds fewer slabs than the plan's windows, early reads may hold every slab as
+// an op begins whose read was not issued (here block_0.moe.shared, due when the resident router
+// before it begins, after block_3/4.attn took the slabs at token start): the read with the latest
+// deadline yields its slab, so nothing is read outside the slabs and the cap holds.
+TEST(PrefetchPlan, EarlyReadsYieldTheirSlabWhenTheBudgetHoldsFewer) {
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
+  auto plan = WritePlan({{"block_0.moe.shared", "block_0.moe.router"},
+                         {"block_3.attn", ""},
+                         {"block_4.attn", ""}},
+                        "plan_tight.json");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ResidencyOptions o;
+  o.reserve_bytes = 4ull << 20;
+  o.prefetch_depth = 2;
+  o.plan_path = *plan;
+  ResidencyStats roomy;
+  {
+    MemoryLedger ledger(1ull << 32);
+    auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    roomy = (*m)->stats();
+  }
+  ASSERT_GT(roomy.slabs_wanted, 3);
+  ASSERT_GT(roomy.slab_bytes, 2 * roomy.expert_slot_bytes);
+  // Room for depth + 1 slabs, the minimum expert slots and half a slab more: not for the plan's.
+  const uint64_t cap = roomy.resident_bytes + 3 * roomy.slab_bytes + o.reserve_bytes +
+                       5 * roomy.expert_slot_bytes + roomy.slab_bytes / 2;
+  const std::string golden = std::string(SUBSTRATE_SHARED_DIR) + "/models/tiny-coder-moe/golden.json";
+  std::ifstream gin(golden);
+  ASSERT_TRUE(gin) << "no " << golden;
+  const json g = json::parse(gin);
+  const auto prompt = g["greedy"]["prompt"].get<std::vector<int32_t>>();
+  const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
+  MemoryLedger ledger(cap);
+  auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ((*m)->stats().n_slabs, 3);
+  Status err;
+  EXPECT_EQ(GreedyThrough(m->get(), (*m)->metadata(), &ledger, prompt, 8, &err),
+            std::vector<int32_t>(want.begin(), want.begin() + 8));
+  EXPECT_TRUE(err.ok()) << err.ToString();
+  EXPECT_EQ((*m)->stats().demand_loads, 0u) << (*m)->StatsJson();
+  EXPECT_LE(ledger.peak(), cap);
+  m->reset();
+  fs::remove(*plan);
+}
+
 }  // namespace
 }  // namespace substrate
