@@ -77,8 +77,11 @@ std::string MemoryLedger::ToJson() const {
 }
 
 MemoryLedger& MemoryLedger::Global() {
-  static MemoryLedger ledger;
-  return ledger;
+  // Never destroyed: thread-local kernel scratch on pool workers releases its charge when the
+  // worker exits, which at process exit can come after function statics constructed later than
+  // the pool are gone (a use after free that hung test_runtime at exit).
+  static MemoryLedger* ledger = new MemoryLedger();
+  return *ledger;
 }
 
 std::string FormatBytes(uint64_t bytes) {
