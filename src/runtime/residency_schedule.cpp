@@ -1,0 +1,106 @@
+// ResidencyManager's read scheduling (kept apart from residency and the op windows): which
+// streamed ops' reads are due — a plan's start_during, else the depth rule — how many slabs a
+// plan's windows want, and the bandwidth admission that predicts late reads.
+#include <algorithm>
+
+#include "runtime/residency_manager.h"
+
+namespace substrate {
+
+// The bandwidth admission: a read that cannot finish before its op is predicted to start (the
+// queued bytes ahead of it at the measured rate, against the compute time of the ops before it)
+// takes the op's fallback: served at a lower tier when the plan allows, else waited for.
+int ResidencyManager::Admit(int op, int64_t abs) {
+  int tier = serve_;
+  const double bw = sched_->bandwidth();
+  if (bw <= 0) return tier;
+  const int64_t n = static_cast<int64_t>(seq_.size());
+  double deadline_us = 0;
+  for (int64_t q = pos_ + 1; q < abs; ++q) deadline_us += st_[seq_[q % n]].compute_us;
+  const double queued = static_cast<double>(sched_->queued_bytes());
+  auto finish_us = [&](int t) {
+    return (queued + static_cast<double>(index_->ops()[op].SlabBytes(t))) / bw * 1e6;
+  };
+  if (finish_us(tier) <= deadline_us) return tier;
+  ++stats_.predicted_late;
+  if (!st_[op].lower_tier_fallback) return tier;
+  while (tier > 0 && finish_us(tier) > deadline_us) --tier;
+  if (tier < serve_) ++stats_.demoted;
+  return tier;
+}
+
+int ResidencyManager::FreeSlab() const {
+  for (size_t i = 0; i < slabs_.size(); ++i)
+    if (slabs_[i]->op < 0) return static_cast<int>(i);
+  return -1;
+}
+
+void ResidencyManager::Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t) {
+  ReadRequest r;
+  r.deadline = deadline;
+  r.op = op;
+  r.tier = tier;
+  r.dst = dst;
+  r.ticket = t;
+  r.during = cur_op_;
+  sched_->Submit(r);
+}
+
+// Issues the reads of the positions ahead (one token's worth) that are due: by the plan's
+// start_during, or by the depth rule. Positions go in sequence order, so the earliest deadline
+// takes a free slab first; a read without a slab waits for the next EndOp that frees one.
+void ResidencyManager::ScheduleAhead() {
+  const int64_t n = static_cast<int64_t>(seq_.size());
+  if (slabs_.empty() || pos_ < 0) return;
+  int streamed = 0;  // streamed ops in (pos_, q]: the depth rule's distance
+  for (int64_t q = pos_ + 1; q < pos_ + n; ++q) {
+    const int o = seq_[q % n];
+    OpState& s = st_[o];
+    if (s.where != Where::kStreamed) continue;
+    ++streamed;
+    if (s.issue_seq < 0 && streamed > options_.prefetch_depth) {
+      if (!plan_schedules_) break;  // every later op follows the depth rule too
+      continue;
+    }
+    if (s.slab >= 0) continue;  // issued for q already, or still held from its previous use
+    if (s.issue_seq >= 0 && pos_ < q - q % n + s.issue_seq) continue;  // start_during not begun
+    const int free_slab = FreeSlab();
+    if (free_slab < 0) break;
+    s.tier = Admit(o, q);
+    s.slab = free_slab;
+    s.abs = q;
+    slabs_[free_slab]->op = o;
+    Submit(q, o, s.tier, slabs_[free_slab]->buf.data(), &slabs_[free_slab]->ticket);
+  }
+}
+
+// Most streamed ops alive at once over one token: each from the position that issues its read
+// (the plan's, or the depth rule's: its prefetch_depth-th streamed predecessor, perhaps in the
+// previous token) to the position whose EndOp evicts it.
+int ResidencyManager::SlabsWanted() const {
+  const int n = static_cast<int>(seq_.size());
+  std::vector<int> streamed;
+  for (int q = 0; q < n; ++q)
+    if (st_[seq_[q]].where == Where::kStreamed) streamed.push_back(q);
+  const int m = static_cast<int>(streamed.size()), depth = options_.prefetch_depth;
+  std::vector<int> cover(static_cast<size_t>(n), 0);
+  for (int j = 0; j < m; ++j) {
+    const OpState& s = st_[seq_[streamed[j]]];
+    const int x = streamed[j];
+    const int end = std::max(x, st_[s.evict_at].seq);
+    if (s.issue_seq < 0 && depth >= m) {
+      for (int& c : cover) ++c;
+      continue;
+    }
+    const int issue = s.issue_seq >= 0 ? s.issue_seq : streamed[((j - depth) % m + m) % m];
+    if (issue <= x) {
+      for (int q = issue; q <= end; ++q) ++cover[q];
+    } else {  // from the previous token
+      for (int q = issue; q < n; ++q) ++cover[q];
+      for (int q = 0; q <= end; ++q) ++cover[q];
+    }
+  }
+  return cover.empty() ? 0 : *std::max_element(cover.begin(), cover.end());
+}
+
+}  // namespace substrate
