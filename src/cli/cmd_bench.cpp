@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
+#include "cli/generation_flags.h"
 #include "cli/store_flags.h"
 #include "kernels/cpu_features.h"
 #include "kernels/membw.h"
@@ -130,12 +131,14 @@ nlohmann::json ProfileJson(const std::vector<KernelProfileEntry>& entries, doubl
 
 int RunBench(const std::vector<std::string>& args) {
   Flags f(args, StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-t", "--threads", "-r",
-                                     "--repetitions", "--bw-bytes", "--probe-bytes"}));
+                                     "--repetitions", "--bw-bytes", "--probe-bytes", "--kv-type",
+                                     "--cache-type"}));
   if (!f.status().ok()) return PrintError("bench", f.status());
   if (f.Has("--help") || f.Has("-h")) {
     std::printf(
         "usage: substrate bench -m MODEL [-p 512] [-n 128] [-t N] [-r 2] [--json] [--profile]\n"
-        "                       [--bw-bytes 2G] [--store STORE/ --max-ram SIZE [--tier N] ...]\n"
+        "                       [--bw-bytes 2G] [--kv-type f32|f16]\n"
+        "                       [--store STORE/ --max-ram SIZE [--tier N] ...]\n"
         "Prompt processing (-p tokens in one batch) and generation (-n tokens one at a time)\n"
         "speed, bytes of weights read per generated token, the memory read bandwidth measured\n"
         "now over a --bw-bytes buffer, and the ratio achieved/limit. -p 0 or -n 0 skips a test.\n"
@@ -160,9 +163,12 @@ int RunBench(const std::vector<std::string>& args) {
   if (!probe_bytes.ok()) return PrintError("bench", probe_bytes.status());
   const bool json = f.Has("--json"), profile = f.Has("--profile");
 
+  auto kv_type = ParseKvType(f);
+  if (!kv_type.ok()) return PrintError("bench", kv_type.status());
   EngineOptions eo;
   eo.n_threads = static_cast<int>(*t);
   eo.require_tokenizer = false;
+  eo.kv_type = *kv_type;
   auto store = ApplyStoreFlags(f, *p + *n + 8, &path, &eo, *bw_bytes);
   if (!store.ok()) return PrintError("bench", store.status());
   auto t_load = Clock::now();
@@ -180,7 +186,7 @@ int RunBench(const std::vector<std::string>& args) {
   auto bw = MeasureReadBandwidth(e.pool(), *bw_bytes, 3);
   if (!bw.ok()) return PrintError("bench", bw.status());
 
-  auto cache = KvCache::Create(model.hparams(), *p + *n + 8, &e.ledger());
+  auto cache = KvCache::Create(model.hparams(), *p + *n + 8, &e.ledger(), *kv_type);
   if (!cache.ok()) return PrintError("bench", cache.status());
   std::vector<float> logits;
   Series pp, tg;

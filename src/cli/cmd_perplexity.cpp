@@ -15,15 +15,17 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: substrate perplexity -m MODEL -f FILE [-c 512] [--chunks N] [-t THREADS]\n"
-    "                            [--kl-divergence-base OUT | --kl-divergence BASE]\n"
+    "                            [--kl-divergence-base OUT | --kl-divergence BASE] [--kv-type T]\n"
     "                            [--store STORE/ --max-ram SIZE [--plan P] [--tier N] ...]\n"
     "  each chunk of c tokens is evaluated from scratch and scores its second half\n"
     "  --kl-divergence-base OUT   save this run's log-probabilities to OUT\n"
-    "  --kl-divergence BASE       compare with a saved run: mean KLD, same top token %\n";
+    "  --kl-divergence BASE       compare with a saved run: mean KLD, same top token %\n"
+    "  --kv-type f32|f16          KV cache rows (default f32)\n";
 
 int RunPerplexity(const std::vector<std::string>& args) {
   Flags f(args, StoreFlagsWithValue({"-m", "--model", "-f", "--file", "-c", "--ctx-size", "--chunks",
-                                     "-t", "--threads", "--kl-divergence-base", "--kl-divergence"}));
+                                     "-t", "--threads", "--kl-divergence-base", "--kl-divergence",
+                                     "--kv-type", "--cache-type"}));
   if (!f.status().ok()) return PrintError("perplexity", f.status());
   if (f.Has("-h") || f.Has("--help")) {
     std::fputs(kUsage, stdout);
@@ -43,8 +45,11 @@ int RunPerplexity(const std::vector<std::string>& args) {
 
   auto text = ReadFileToString(text_path);
   if (!text.ok()) return PrintError("perplexity", text.status());
+  auto kv_type = ParseKvType(f);
+  if (!kv_type.ok()) return PrintError("perplexity", kv_type.status());
   EngineOptions eo;
   eo.n_threads = static_cast<int>(*threads);
+  eo.kv_type = *kv_type;
   auto store = ApplyStoreFlags(f, *n_ctx, &model_path, &eo);
   if (!store.ok()) return PrintError("perplexity", store.status());
   auto engine = Engine::Load(model_path, eo);
@@ -57,6 +62,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
   PerplexityOptions opt;
   opt.n_ctx = *n_ctx;
   opt.max_chunks = *chunks;
+  opt.kv_type = *kv_type;
   // As llama.cpp: the text was encoded with the model's BOS rule, and then each chunk starts
   // with BOS when the model adds one.
   opt.bos = tok.vocab().add_bos ? tok.bos() : -1;

@@ -48,6 +48,7 @@ int RunRun(const std::vector<std::string>& args) {
   if (prompt.empty()) return PrintError("run", InvalidArgument(std::string("no prompt (-p)\n") + kUsage));
 
   EngineOptions eo;
+  eo.kv_type = gf->kv_type;
   auto store = ApplyStoreFlags(f, gf->n_ctx, &gf->model, &eo);
   if (!store.ok()) return PrintError("run", store.status());
   auto loaded = LoadForGeneration(*gf, eo);

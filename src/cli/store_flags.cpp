@@ -50,13 +50,16 @@ Expected<StoreRun> ApplyStoreFlags(const Flags& f, int64_t n_ctx, std::string* m
   ro.serve_tier = static_cast<int>(tier);
   const std::string dir = run.store;
   auto slot = run.manager;
-  opt->weights = [dir, ro, n_ctx, slot, extra_reserve](const ModelFile& file, MemoryLedger* ledger)
+  const DType kv_type = opt->kv_type;
+  opt->weights = [dir, ro, n_ctx, slot, extra_reserve, kv_type](const ModelFile& file,
+                                                                MemoryLedger* ledger)
       -> Expected<std::unique_ptr<WeightSource>> {
     ResidencyOptions o = ro;
     ASSIGN_OR_RETURN(ModelHParams hp, ModelHParams::FromMetadata(file.metadata()));
     const int64_t ctx = n_ctx > 0 ? n_ctx : std::min<int64_t>(hp.n_ctx_train, 4096);
     o.reserve_bytes =
-        EstimateRunReserve(hp, ctx, std::min<int64_t>(ctx, Model::kMaxBatch)) + extra_reserve;
+        EstimateRunReserve(hp, ctx, std::min<int64_t>(ctx, Model::kMaxBatch), kv_type) +
+        extra_reserve;
     ASSIGN_OR_RETURN(auto m, ResidencyManager::Open(dir, ledger, o));
     *slot = m.get();
     return std::unique_ptr<WeightSource>(std::move(m));

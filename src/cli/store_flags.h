@@ -28,8 +28,9 @@ struct StoreRun {
 std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra);
 
 // Reads the flags; with --store sets *model_path and opt->weights (n_ctx: the context the command
-// will open, for the KV/scratch reserve; extra_reserve: other ledger charges the command makes,
-// such as bench's bandwidth buffer); with --max-ram caps opt->ledger (or the global ledger).
+// will open, for the KV/scratch reserve, whose KV rows are opt->kv_type: set it first;
+// extra_reserve: other ledger charges the command makes, such as bench's bandwidth buffer);
+// with --max-ram caps opt->ledger (or the global ledger).
 Expected<StoreRun> ApplyStoreFlags(const Flags& f, int64_t n_ctx, std::string* model_path,
                                    EngineOptions* opt, uint64_t extra_reserve = 0);
 

@@ -182,8 +182,10 @@ class ResidencyManager : public WeightSource {
   uint64_t open_bytes_ = 0;
 };
 
-// Bytes a run charges beside the weights: KV cache for n_ctx positions plus scratch for batches
-// of n_batch tokens (an estimate with headroom, for ResidencyOptions::reserve_bytes).
-uint64_t EstimateRunReserve(const ModelHParams& hp, int64_t n_ctx, int64_t n_batch);
+// Bytes a run charges beside the weights: the KV cache of n_ctx positions in rows of kv_type
+// (exactly what KvCache charges) plus scratch for batches of n_batch tokens (an estimate with
+// headroom), for ResidencyOptions::reserve_bytes.
+uint64_t EstimateRunReserve(const ModelHParams& hp, int64_t n_ctx, int64_t n_batch,
+                            DType kv_type = DType::kF32);
 
 }  // namespace substrate

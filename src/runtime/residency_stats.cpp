@@ -2,15 +2,15 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "model/kv_cache.h"
 #include "runtime/residency_manager.h"
 
 namespace substrate {
 
-uint64_t EstimateRunReserve(const ModelHParams& hp, int64_t n_ctx, int64_t n_batch) {
+uint64_t EstimateRunReserve(const ModelHParams& hp, int64_t n_ctx, int64_t n_batch,
+                            DType kv_type) {
   const uint64_t ctx = static_cast<uint64_t>(std::max<int64_t>(n_ctx, 1));
-  const uint64_t kv = static_cast<uint64_t>(hp.n_layer) * ctx *
-                      static_cast<uint64_t>(hp.n_head_kv) *
-                      static_cast<uint64_t>(hp.head_dim_k + hp.head_dim_v) * 4;
+  const uint64_t kv = KvCache::Bytes(hp, static_cast<int64_t>(ctx), kv_type);
   const uint64_t ff = static_cast<uint64_t>(
       std::max({hp.n_ff, hp.n_ff_exp * std::max(hp.n_expert_used, 1), hp.n_ff_shexp, int64_t{1}}));
   const uint64_t b = static_cast<uint64_t>(std::max<int64_t>(n_batch, 1));
