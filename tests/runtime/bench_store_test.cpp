@@ -10,7 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "store/store_fixture.h"
+#include "runtime/plan_fixture.h"
 
 namespace substrate {
 namespace {
@@ -18,13 +18,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace substrate::testing;
-
-uint64_t DataBytes(const std::string& dir) {
-  uint64_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().extension() == ".bin") n += fs::file_size(e.path());
-  return n;
-}
 
 // The bench's rule, from the manifest: per tensor the bytes of tiers 0..tier; the embedding one
 // row; expert tensors the routed share (4 of 32 in tiny-coder-moe).
@@ -51,7 +44,7 @@ uint64_t PerTokenFromManifest(const std::string& dir, int tier) {
 json Bench(const std::string& extra) {
   const std::string out = StoreTestPath("bench_store.json");
   const std::string cmd = std::string(SUBSTRATE_BINARY) + " bench --store " + PackedTinyMoeStore() +
-                          " --max-ram " + std::to_string(DataBytes(PackedTinyMoeStore()) * 3 / 5 + (24 << 20)) +
+                          " --max-ram " + std::to_string(StoreDataBytes(PackedTinyMoeStore()) * 3 / 5 + (24 << 20)) +
                           " -p 0 -n 3 -r 1 -t 2 --json --bw-bytes 16M --probe-bytes 4M " + extra +
                           " > " + out + " 2>&1";
   const int rc = std::system(cmd.c_str());

@@ -11,10 +11,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "compiler/plan_bundle.h"
 #include "model/op_id.h"
 #include "runtime/residency_manager.h"
-#include "store/store_fixture.h"
+#include "runtime/plan_fixture.h"
 
 namespace substrate {
 namespace {
@@ -27,42 +26,14 @@ using namespace substrate::testing;
 // themselves; `start` gives some of them a prefetch starting during the named op.
 Expected<std::string> WritePlan(const std::map<std::string, std::string>& start,
                                 const std::string& name) {
-  ASSIGN_OR_RETURN(auto index, StoreIndex::Open(PackedTinyMoeStore()));
-  ASSIGN_OR_RETURN(ModelHParams hp, ModelHParams::FromMetadata(index->meta().metadata()));
-  compiler::PlanBundle plan;
-  plan.model_id = "tiny-coder-moe";
-  plan.budget.max_ram_bytes = 1ull << 40;
-  plan.escalation_policy.max_concurrent_escalations = 0;
-  auto has = [&](const std::string& n) { return index->Resolve(n) != kNoTensor; };
-  for (const OpSpec& op : ListOps(hp, has)) {
-    const int o = index->FindOp(op.id);
-    if (o < 0 || op.kind == OpKind::kMoeExpert) continue;
-    const bool streamed = op.kind == OpKind::kAttention || op.kind == OpKind::kMoeShared;
-    compiler::CatalogTensor t;
-    t.id = op.id + ".skeleton";
-    t.op_id = op.id;
-    t.precision = "keep";
-    t.ram_bytes = t.ssd_bytes = index->ops()[o].SlabBytes(2);
-    t.residency = streamed ? compiler::Residency::kStreamed : compiler::Residency::kResident;
-    plan.tensor_catalog.push_back(t);
-    compiler::OpBundle b;
-    b.op_id = op.id;
-    compiler::Tier tier;
-    tier.precision = "keep";
-    tier.requires_ = {t.id};
-    if (streamed) {
-      tier.evict_after = {t.id};
-      tier.fallback = compiler::FallbackStrategy::kStall;
-      auto it = start.find(op.id);
-      if (it != start.end()) tier.prefetch = {{t.id, it->second, op.id}};
-    }
-    b.tiers = {tier};
-    plan.op_bundles.push_back(b);
-  }
-  ASSIGN_OR_RETURN(compiler::PlanBundle made, compiler::PlanBundle::Create(plan));
-  const std::string path = StoreTestPath(name);
-  RETURN_IF_ERROR(compiler::SavePlan(made, path));
-  return path;
+  return WriteTinyMoePlan(
+      [](OpKind k) { return k == OpKind::kAttention || k == OpKind::kMoeShared; },
+      [&](const std::string& op) -> std::optional<std::string> {
+        auto it = start.find(op);
+        if (it == start.end()) return std::nullopt;
+        return it->second;
+      },
+      name);
 }
 
 struct Window {
@@ -110,10 +81,7 @@ Trace RunUnder(const std::string& plan, ResidencyStats* stats) {
   o.prefetch_depth = 2;
   o.plan_path = plan;
   o.trace_path = StoreTestPath("prefetch_plan.jsonl");
-  uint64_t data = 0;
-  for (const auto& e : fs::directory_iterator(PackedTinyMoeStore()))
-    if (e.path().extension() == ".bin") data += fs::file_size(e.path());
-  MemoryLedger ledger(data);
+  MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()));
   auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   if (!m.ok()) return {};

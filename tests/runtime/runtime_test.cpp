@@ -26,7 +26,7 @@
 #include "runtime/expert_cache.h"
 #include "runtime/residency_manager.h"
 #include "store/pack.h"
-#include "store/store_fixture.h"
+#include "runtime/plan_fixture.h"
 
 extern char** environ;
 
@@ -38,13 +38,6 @@ using nlohmann::json;
 using namespace substrate::testing;
 
 std::string Shared() { return SUBSTRATE_SHARED_DIR; }
-
-uint64_t DataBytes(const std::string& dir) {
-  uint64_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().extension() == ".bin") n += fs::file_size(e.path());
-  return n;
-}
 
 json Golden() {
   std::ifstream in(Shared() + "/models/tiny-coder-moe/golden.json");
@@ -65,7 +58,7 @@ TEST(Runtime, GoldenGreedyUnderCapWithPrefetch) {
   const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
   // The cap leaves 2 MiB less than the dense ops and the reserve need: the largest dense ops stay
   // resident, the others stream through slabs, and the expert cache holds a few experts.
-  const uint64_t weights = DataBytes(PackedTinyMoeStore());
+  const uint64_t weights = StoreDataBytes(PackedTinyMoeStore());
   ResidencyOptions o = SmallRun();
   uint64_t dense = 0;  // every dense op resident, as a generous budget gives
   {
@@ -117,49 +110,21 @@ TEST(Runtime, PlanChoosesTheResidentSet) {
   ASSERT_TRUE(index.ok()) << index.status().ToString();
   auto hp = ModelHParams::FromMetadata((*index)->meta().metadata());
   ASSERT_TRUE(hp.ok());
-  compiler::PlanBundle plan;
-  plan.model_id = "tiny-coder-moe";
-  plan.budget.max_ram_bytes = 1ull << 40;
-  plan.escalation_policy.max_concurrent_escalations = 0;
-  int n_resident = 0, n_streamed = 0;
-  auto has = [&](const std::string& n) { return (*index)->Resolve(n) != kNoTensor; };
-  for (const OpSpec& op : ListOps(*hp, has)) {
-    const int o = (*index)->FindOp(op.id);
-    if (o < 0 || op.kind == OpKind::kMoeExpert) continue;
-    const bool resident = op.kind == OpKind::kMoeRouter || op.kind == OpKind::kTokenEmbd ||
-                          op.kind == OpKind::kOutput;
-    (resident ? n_resident : n_streamed)++;
-    compiler::CatalogTensor t;
-    t.id = op.id + ".skeleton";
-    t.op_id = op.id;
-    t.precision = "keep";
-    t.ram_bytes = t.ssd_bytes = (*index)->ops()[o].SlabBytes(2);
-    t.residency = resident ? compiler::Residency::kResident : compiler::Residency::kStreamed;
-    plan.tensor_catalog.push_back(t);
-    compiler::OpBundle b;
-    b.op_id = op.id;
-    compiler::Tier tier;
-    tier.precision = "keep";
-    tier.requires_ = {t.id};
-    if (!resident) {
-      tier.evict_after = {t.id};
-      tier.prefetch = {{t.id, "", op.id}};
-      tier.fallback = compiler::FallbackStrategy::kStall;
-    }
-    b.tiers = {tier};
-    plan.op_bundles.push_back(b);
-  }
-  auto made = compiler::PlanBundle::Create(plan);
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  const std::string path = StoreTestPath("plan.json");
-  ASSERT_TRUE(compiler::SavePlan(*made, path).ok());
+  PlanCounts counts;
+  auto path = WriteTinyMoePlan(
+      [](OpKind k) {
+        return k != OpKind::kMoeRouter && k != OpKind::kTokenEmbd && k != OpKind::kOutput;
+      },
+      [](const std::string&) { return std::optional<std::string>(""); }, "plan.json", &counts);
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  const int n_streamed = counts.streamed, n_resident = counts.resident;
 
   const json g = Golden();
   const auto prompt = g["greedy"]["prompt"].get<std::vector<int32_t>>();
   const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
   ResidencyOptions o = SmallRun();
-  o.plan_path = path;
-  MemoryLedger ledger(DataBytes(PackedTinyMoeStore()));
+  o.plan_path = *path;
+  MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()));
   auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ((*m)->stats().n_ops_streamed, n_streamed);
@@ -169,7 +134,7 @@ TEST(Runtime, PlanChoosesTheResidentSet) {
             std::vector<int32_t>(want.begin(), want.begin() + 6));
   EXPECT_TRUE(err.ok()) << err.ToString();
   EXPECT_LE(ledger.peak(), ledger.cap());
-  fs::remove(path);
+  fs::remove(*path);
 }
 
 TEST(Runtime, PreadAndLruAndFrequencyPoliciesAgree) {
@@ -183,7 +148,7 @@ TEST(Runtime, PreadAndLruAndFrequencyPoliciesAgree) {
   o.expert_slots = 6;  // few slots: many misses and evictions
   o.expert_policy = ExpertCache::Policy::kFrequency;
   o.prefetch_depth = 1;
-  MemoryLedger ledger(DataBytes(PackedTinyMoeStore()) * 3 / 5);
+  MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()) * 3 / 5);
   auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   Status err;
@@ -220,7 +185,7 @@ TEST(Runtime, FlippedByteInStreamedExpertIsCorruptionNamingFile) {
     f.seekp(100);
     f.put(static_cast<char>(c ^ 0x5a));
   }
-  MemoryLedger ledger(DataBytes(dir) * 3 / 5);
+  MemoryLedger ledger(StoreDataBytes(dir) * 3 / 5);
   auto m = ResidencyManager::Open(dir, &ledger, SmallRun());
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   Status err;
@@ -242,7 +207,7 @@ TEST(Runtime, FlippedByteInResidentOpFailsOpenCleanly) {
     f.seekp(4097);
     f.put('\x7f');
   }
-  MemoryLedger ledger(DataBytes(dir) * 2);  // everything dense is resident, read at open
+  MemoryLedger ledger(StoreDataBytes(dir) * 2);  // everything dense is resident, read at open
   auto m = ResidencyManager::Open(dir, &ledger, SmallRun());
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), StatusCode::kCorruption) << m.status().ToString();
@@ -255,7 +220,7 @@ TEST(Runtime, TruncatedFileIsCorruptionAtOpen) {
   if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
   const std::string dir = CopyPackedStore("trunc");
   fs::resize_file(dir + "/block_1.attn.t2.bin", 1000);
-  MemoryLedger ledger(DataBytes(PackedTinyMoeStore()));
+  MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()));
   auto m = ResidencyManager::Open(dir, &ledger, SmallRun());
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), StatusCode::kCorruption);
@@ -269,7 +234,7 @@ TEST(Runtime, KilledRunLeavesNoTempFileAndStoreStillOpens) {
   if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
   const std::string bin = SUBSTRATE_BINARY;
   if (!fs::exists(bin)) GTEST_SKIP() << "no substrate binary";
-  const std::string cap = std::to_string(DataBytes(PackedTinyMoeStore()) * 3 / 5 + (8 << 20));
+  const std::string cap = std::to_string(StoreDataBytes(PackedTinyMoeStore()) * 3 / 5 + (8 << 20));
   std::vector<std::string> args = {bin, "run", "--store", PackedTinyMoeStore(), "--max-ram", cap,
                                    "-c", "256", "-p", "def main():", "-n", "200"};
   std::vector<char*> argv;
@@ -288,7 +253,7 @@ TEST(Runtime, KilledRunLeavesNoTempFileAndStoreStillOpens) {
   EXPECT_TRUE(WIFSIGNALED(status)) << "the run ended before the kill; make it longer";
   for (const auto& e : fs::directory_iterator(PackedTinyMoeStore()))
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
-  MemoryLedger ledger(DataBytes(PackedTinyMoeStore()));
+  MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()));
   auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, SmallRun());
   EXPECT_TRUE(m.ok()) << m.status().ToString();
 }

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/residency_manager.h"
-#include "store/store_fixture.h"
+#include "runtime/plan_fixture.h"
 #include "store/store_weight_source.h"
 
 namespace substrate {
@@ -21,13 +21,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace substrate::testing;
-
-uint64_t DataBytes(const std::string& dir) {
-  uint64_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().extension() == ".bin") n += fs::file_size(e.path());
-  return n;
-}
 
 std::vector<int32_t> Prompt() {
   std::ifstream in(std::string(SUBSTRATE_SHARED_DIR) + "/models/tiny-coder-moe/golden.json");
@@ -47,7 +40,7 @@ std::vector<float> StreamedLogits(int tier, ResidencyStats* stats) {
   o.reserve_bytes = 4ull << 20;
   o.serve_tier = tier;
   // A cap below the weights: some ops stream through slabs, experts through the cache.
-  MemoryLedger ledger(DataBytes(PackedTinyMoeStore()) * 3 / 5);
+  MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()) * 3 / 5);
   auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   if (!m.ok()) return {};
@@ -97,7 +90,7 @@ TEST(ServeTier, PastTheLadderIsAnErrorNamingItAndTheTiers) {
   ResidencyOptions o;
   o.reserve_bytes = 4ull << 20;
   o.serve_tier = 3;
-  MemoryLedger ledger(DataBytes(PackedTinyMoeStore()));
+  MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()));
   auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
@@ -120,7 +113,7 @@ TEST(ServeTier, CliFlag) {
   if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
   if (!fs::exists(SUBSTRATE_BINARY)) GTEST_SKIP() << "no substrate binary";
   const std::string store = " --store " + PackedTinyMoeStore() + " --max-ram " +
-                            std::to_string(DataBytes(PackedTinyMoeStore())) + " -c 64 ";
+                            std::to_string(StoreDataBytes(PackedTinyMoeStore())) + " -c 64 ";
   auto [rc, text] = Cli("run" + store + "--tier 7 -p 'def f' -n 1");
   EXPECT_NE(rc, 0) << text;
   EXPECT_NE(text.find("tier 7"), std::string::npos) << text;

@@ -65,12 +65,13 @@ inline ThreadPool& StoreTestPool() {
   return pool;
 }
 
-// Greedy continuation of `prompt` through `src` (256 positions of KV cache); the first error, if
-// any, in *err.
+// Evaluates `prompt` through `src`, then n greedy tokens, and returns them; the logits after
+// the prompt go to *prompt_logits when given (empty results and *err on failure).
 inline std::vector<int32_t> GreedyThrough(WeightSource* src, const Metadata& md,
                                           MemoryLedger* ledger,
                                           const std::vector<int32_t>& prompt, size_t n,
-                                          Status* err) {
+                                          Status* err,
+                                          std::vector<float>* prompt_logits = nullptr) {
   auto model = Model::Create(md, src, &StoreTestPool(), ledger);
   if (!model.ok()) {
     *err = model.status();
@@ -85,6 +86,7 @@ inline std::vector<int32_t> GreedyThrough(WeightSource* src, const Metadata& md,
   std::vector<float> logits;
   *err = (*model)->Forward(prompt.data(), static_cast<int64_t>(prompt.size()), *cache, false,
                            &logits);
+  if (prompt_logits && err->ok()) *prompt_logits = logits;
   std::vector<int32_t> got;
   for (size_t i = 0; i < n && err->ok(); ++i) {
     int32_t tok = Argmax(logits.data(), V);
@@ -97,20 +99,9 @@ inline std::vector<int32_t> GreedyThrough(WeightSource* src, const Metadata& md,
 // Logits of the last prompt position through `src` (an empty vector and *err on failure).
 inline std::vector<float> LogitsThrough(WeightSource* src, const Metadata& md, MemoryLedger* ledger,
                                         const std::vector<int32_t>& prompt, Status* err) {
-  auto model = Model::Create(md, src, &StoreTestPool(), ledger);
-  if (!model.ok()) {
-    *err = model.status();
-    return {};
-  }
-  auto cache = KvCache::Create((*model)->hparams(), 256, ledger);
-  if (!cache.ok()) {
-    *err = cache.status();
-    return {};
-  }
   std::vector<float> logits;
-  *err = (*model)->Forward(prompt.data(), static_cast<int64_t>(prompt.size()), *cache, false,
-                           &logits);
-  return err->ok() ? logits : std::vector<float>();
+  GreedyThrough(src, md, ledger, prompt, 0, err, &logits);
+  return logits;
 }
 
 }  // namespace substrate::testing
