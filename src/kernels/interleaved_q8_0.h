@@ -46,6 +46,8 @@ void ActBlockSums(const uint8_t* act, int64_t cols, int32_t* sums);
 // activation rows act_stride bytes apart (ActRowBytes); sums holds ActBlockSums of each token,
 // cols / 32 apart.
 namespace avx512 {
+// One group's interleaved bytes from its 16 plain rows (plain: 16 rows of RowBytes(Q8_0, cols)).
+void InterleaveGroupQ8_0(const uint8_t* plain, int64_t cols, uint8_t* group);
 void GemvQ8_0Interleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t g1,
                          const uint8_t* act, size_t act_stride, const int32_t* sums, int nt,
                          float* y, int64_t y_stride);

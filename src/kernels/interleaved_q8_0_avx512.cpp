@@ -63,6 +63,30 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_0* const* y,
 
 }  // namespace
 
+void InterleaveGroupQ8_0(const uint8_t* plain, int64_t cols, uint8_t* group) {
+  const int64_t nb = cols / kQK8_0;
+  const int row_bytes = static_cast<int>(nb * sizeof(BlockQ8_0));
+  // Lane r reads row r: one gather collects a word (or the scale) of a block for 16 rows.
+  const __m512i rows = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32(row_bytes));
+  const __m512i flip = _mm512_set1_epi32(static_cast<int>(0x80808080u));
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* block = plain + b * static_cast<int64_t>(sizeof(BlockQ8_0));
+    uint8_t* pair = group + (b / 2) * kPairBytes;
+    uint8_t* words = pair + (b % 2) * kInterleavedRows * kQK8_0;
+    for (int k = 0; k < kQK8_0 / 4; ++k) {
+      const __m512i w = _mm512_i32gather_epi32(rows, block + 2 + 4 * k, 1);
+      _mm512_storeu_si512(words + 64 * k, _mm512_xor_si512(w, flip));
+    }
+    // The scales: the low half of each row's first word (its fp16 d).
+    const __m512i d = _mm512_i32gather_epi32(rows, block, 1);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pair + 2 * kInterleavedRows * kQK8_0 +
+                                                   (b % 2) * 2 * kInterleavedRows),
+                        _mm512_cvtepi32_epi16(d));
+  }
+}
+
 void GemvQ8_0Interleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t g1,
                          const uint8_t* act, size_t act_stride, const int32_t* sums, int nt,
                          float* y, int64_t y_stride) {
