@@ -24,6 +24,12 @@
 namespace substrate {
 
 constexpr int kInterleavedRows = 16;
+// The layout's byte offsets within a pair of blocks (the comment above): block h's quants at
+// h * kInterleavedQuantBytes, its scales at kInterleavedScales + h * kInterleavedScaleBytes.
+constexpr int kInterleavedQuantBytes = kInterleavedRows * 32;         // 512
+constexpr int kInterleavedScaleBytes = kInterleavedRows * 2;          // 32
+constexpr int kInterleavedScales = 2 * kInterleavedQuantBytes;        // 1024
+constexpr int kInterleavedPairBytes = kInterleavedScales + 2 * kInterleavedScaleBytes;  // 1088
 
 // Whether a rows x cols matrix of `type` can take the layout: Q8_0, rows a multiple of 16 and
 // cols of 64.

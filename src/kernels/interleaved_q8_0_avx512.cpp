@@ -14,7 +14,8 @@
 namespace substrate::avx512 {
 namespace {
 
-constexpr int kPairBytes = 2 * kInterleavedRows * static_cast<int>(sizeof(BlockQ8_0));
+constexpr int kPairBytes = kInterleavedPairBytes;
+constexpr int kQuant = kInterleavedQuantBytes;  // the second block's quants
 
 inline __m512i Word(const int8_t* p) {  // 4 activation quants, broadcast to 16 lanes
   int32_t v;
@@ -39,8 +40,10 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_0* const* y,
       _mm_prefetch(reinterpret_cast<const char*>(p) + o + 2048, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(p) + o + 8192, _MM_HINT_T1);
     }
-    const __m512 d0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 1024)));
-    const __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 1056)));
+    const __m512 d0 = _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kInterleavedScales)));
+    const __m512 d1 = _mm512_cvtph_ps(_mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(p + kInterleavedScales + kInterleavedScaleBytes)));
     for (int t = 0; t < NT; ++t) {
       const int8_t* a0 = y[t][b].qs;
       const int8_t* a1 = y[t][b + 1].qs;
@@ -49,8 +52,8 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_0* const* y,
       for (int k = 0; k < 8; k += 2) {
         s0 = _mm512_dpbusd_epi32(s0, _mm512_loadu_si512(p + 64 * k), Word(a0 + 4 * k));
         u0 = _mm512_dpbusd_epi32(u0, _mm512_loadu_si512(p + 64 * k + 64), Word(a0 + 4 * k + 4));
-        s1 = _mm512_dpbusd_epi32(s1, _mm512_loadu_si512(p + 512 + 64 * k), Word(a1 + 4 * k));
-        u1 = _mm512_dpbusd_epi32(u1, _mm512_loadu_si512(p + 576 + 64 * k), Word(a1 + 4 * k + 4));
+        s1 = _mm512_dpbusd_epi32(s1, _mm512_loadu_si512(p + kQuant + 64 * k), Word(a1 + 4 * k));
+        u1 = _mm512_dpbusd_epi32(u1, _mm512_loadu_si512(p + kQuant + 64 * k + 64), Word(a1 + 4 * k + 4));
       }
       acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d0, _mm512_set1_ps(yd[t][b])),
                                _mm512_cvtepi32_ps(_mm512_add_epi32(s0, u0)), acc[t]);
@@ -74,16 +77,16 @@ void InterleaveGroupQ8_0(const uint8_t* plain, int64_t cols, uint8_t* group) {
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = plain + b * static_cast<int64_t>(sizeof(BlockQ8_0));
     uint8_t* pair = group + (b / 2) * kPairBytes;
-    uint8_t* words = pair + (b % 2) * kInterleavedRows * kQK8_0;
+    uint8_t* words = pair + (b % 2) * kQuant;
     for (int k = 0; k < kQK8_0 / 4; ++k) {
       const __m512i w = _mm512_i32gather_epi32(rows, block + 2 + 4 * k, 1);
       _mm512_storeu_si512(words + 64 * k, _mm512_xor_si512(w, flip));
     }
     // The scales: the low half of each row's first word (its fp16 d).
     const __m512i d = _mm512_i32gather_epi32(rows, block, 1);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pair + 2 * kInterleavedRows * kQK8_0 +
-                                                   (b % 2) * 2 * kInterleavedRows),
-                        _mm512_cvtepi32_epi16(d));
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(pair + kInterleavedScales + (b % 2) * kInterleavedScaleBytes),
+        _mm512_cvtepi32_epi16(d));
   }
 }
 
