@@ -5,6 +5,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/prompt_lookup.h"
+#include "runtime/token_emitter.h"
 
 namespace substrate {
 namespace {
@@ -90,7 +91,7 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
 Expected<std::unique_ptr<Session>> Engine::NewSession(int64_t n_ctx) {
   if (n_ctx <= 0) n_ctx = model_->hparams().n_ctx_train;
   ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(model_->hparams(), n_ctx, *backend_, kv_type_));
-  auto s = std::make_unique<Session>(Session{std::move(cache), {}});
+  auto s = std::make_unique<Session>(Session{std::move(cache), {}, nullptr});
   return s;
 }
 
@@ -117,9 +118,12 @@ Expected<int64_t> Engine::Prefill(Session& s, const std::vector<int32_t>& prompt
 Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>& prompt,
                                          const GenerateOptions& opt,
                                          const TokenCallback& on_token) {
+  if (opt.verify.mode != VerifyOptions::Mode::kOff)
+    return GenerateDeferred(s, prompt, opt, on_token);
   GenerateStats st;
   st.n_prompt = static_cast<int64_t>(prompt.size());
-  auto t0 = std::chrono::steady_clock::now();
+  const auto start = std::chrono::steady_clock::now();
+  auto t0 = start;
   auto run_pass = [&](const std::function<Status()>& pass) {
     return opt.run_pass ? opt.run_pass(pass) : pass();
   };
@@ -132,44 +136,11 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
   t0 = std::chrono::steady_clock::now();
   Sampler sampler(opt.sampling);
   std::vector<int32_t> history = prompt;
-  std::unique_ptr<TokenDecoder> decoder;
-  if (tokenizer_) decoder = std::make_unique<TokenDecoder>(*tokenizer_);
-  std::string pending;  // decoded text not yet shown (could start a stop string)
   const int64_t V = model_->hparams().n_vocab;
-  st.stop_reason = "length";
-  // Shows one chosen token; false when generation ends with it (or, at end-of-generation,
-  // before it).
+  TokenEmitter emitter(tokenizer_.get(), opt, on_token, &history, &st);
   auto emit = [&](int32_t tok, const float* logits) {
-    if (opt.stop_at_eog && tokenizer_ && tokenizer_->IsEog(tok)) {
-      st.stop_reason = "eog";
-      return false;
-    }
-    if (opt.on_choice) opt.on_choice(logits, tok);
-    history.push_back(tok);
-    ++st.n_generated;
-    std::string text;
-    if (decoder) {
-      auto piece = decoder->Push(tok);
-      if (piece.ok()) pending += *piece;
-      size_t cut = std::string::npos;
-      for (const std::string& stop : opt.stop) {
-        if (stop.empty()) continue;
-        cut = std::min(cut, pending.find(stop));
-      }
-      if (cut != std::string::npos) {
-        on_token(tok, pending.substr(0, cut));
-        st.stop_reason = "stop";
-        return false;
-      }
-      const size_t hold = StopPrefixHold(pending, opt.stop);
-      text = pending.substr(0, pending.size() - hold);
-      pending.erase(0, pending.size() - hold);
-    }
-    if (!on_token(tok, text)) {
-      st.stop_reason = "callback";
-      return false;
-    }
-    return st.n_generated < opt.max_tokens;
+    if (st.n_generated == 0) st.first_token_seconds = Seconds(start);
+    return emitter.Emit(tok, logits);
   };
 
   // Each step evaluates the last shown token (not yet in the cache) plus, with drafting, the
@@ -214,10 +185,7 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
       if (!more) break;
     }
   }
-  if (decoder && st.stop_reason != "stop" && st.stop_reason != "callback") {
-    pending += decoder->Flush();
-    if (!pending.empty()) on_token(-1, pending);
-  }
+  emitter.Finish();
   st.decode_seconds = Seconds(t0);
   return st;
 }

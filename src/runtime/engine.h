@@ -59,6 +59,30 @@ struct EngineOptions {
 struct Session {
   KvCache cache;
   std::vector<float> logits;  // logits after the last evaluated token
+  // Deferred verification: the verify tier's own cache, holding only verified tokens (a prefix
+  // of the conversation), made at the first verified generation.
+  std::unique_ptr<KvCache> verify_cache;
+};
+
+// Deferred verification (the localvm design): a low tier drafts tokens; the top tier checks
+// windows of them in one pass each (reading, out of core, only the residuals above the resident
+// skeleton) and rolls back at the first disagreement. Greedy output is the verify tier's own;
+// sampled output is distributed as the verify tier's (Sampler::Verify).
+struct VerifyOptions {
+  enum class Mode {
+    kOff,
+    kAll,     // every token is checked, W at a time; only checked tokens are shown
+    kMargin,  // only low-margin tokens (top-1 minus top-2 log-probability < tau) need checking:
+              // one opens a window that is checked once it is W tokens long; tokens before
+              // it are shown unchecked
+  };
+  Mode mode = Mode::kOff;
+  int window = 8;
+  float tau = 2.0f;
+  int draft_tier = 0;
+  int verify_tier = -1;  // -1: the weight source's default (a store's top tier)
+  // Tests: rewrites the i-th drafted token (a scripted disagreement); null in real use.
+  std::function<int32_t(int64_t i, int32_t token)> edit_draft;
 };
 
 struct GenerateOptions {
@@ -77,6 +101,7 @@ struct GenerateOptions {
   // Optional: called with the logits a token was chosen from, before the token is shown (and
   // not for end-of-generation tokens).
   std::function<void(const float* logits, int32_t token)> on_choice;
+  VerifyOptions verify;
 };
 
 struct GenerateStats {
@@ -89,6 +114,13 @@ struct GenerateStats {
   int64_t n_drafted = 0;     // drafted tokens evaluated
   int64_t n_accepted = 0;    // of which shown
   std::string stop_reason;   // "eog", "stop", "length", "callback", "context"
+  double first_token_seconds = 0;  // from the call to the first shown token
+  // Deferred verification.
+  int64_t n_verify_passes = 0;
+  int64_t n_verified = 0;        // drafted tokens a verify pass checked
+  int64_t n_rollbacks = 0;
+  int64_t n_rollback_lost = 0;   // drafted tokens discarded by rollbacks
+  uint64_t verify_bytes = 0;     // bytes the runtime read during verify passes
 };
 
 // Called per generated token with the text that became complete (may be empty); return false to
@@ -128,6 +160,10 @@ class Engine {
 
  private:
   Engine() = default;
+  // Generate with opt.verify on (runtime/deferred_verify.cpp).
+  Expected<GenerateStats> GenerateDeferred(Session& s, const std::vector<int32_t>& prompt,
+                                           const GenerateOptions& opt,
+                                           const TokenCallback& on_token);
   std::unique_ptr<ModelFile> file_;
   std::unique_ptr<WeightSource> weights_;
   ResidencyManager* runtime_ = nullptr;  // weights_, when it streams a store
