@@ -21,6 +21,8 @@ const char* kUsage =
     "                       [--draft-max K]\n"
     "                       [--store STORE/ --max-ram SIZE [--plan P] [--tier N] [--trace T]\n"
     "                        [--prefetch-depth N] [--io auto|uring|pread] [--io-threads N]]\n"
+    "                       [--verify off|all|margin [--verify-window W] [--verify-tau T]\n"
+    "                        [--verify-tier N] [--draft-tier N]]  (as for substrate run)\n"
     "  endpoints: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,\n"
     "             POST /v1/completions (OpenAI), POST /v1/messages (Anthropic)\n"
     "  --api-key     required as 'Authorization: Bearer KEY' or 'x-api-key: KEY' on /v1/*\n"
@@ -39,7 +41,9 @@ int RunServe(const std::vector<std::string>& args) {
   Flags f(args, StoreFlagsWithValue({"-m", "--model", "--host", "--port", "--api-key", "-c",
                                      "--ctx-size", "--parallel", "-np", "-t", "--threads",
                                      "--max-queue", "--max-body", "--alias", "--kv-type",
-                                     "--cache-type", "--draft-max"}));
+                                     "--cache-type", "--draft-max", "--verify",
+                                     "--verify-window", "--verify-tau", "--verify-tier",
+                                     "--draft-tier"}));
   if (!f.status().ok()) return PrintError("serve", f.status());
   if (f.Has("-h") || f.Has("--help")) {
     std::fputs(kUsage, stdout);
@@ -90,8 +94,12 @@ int RunServe(const std::vector<std::string>& args) {
   mo.model_id = f.Get({"--alias"});
   mo.kv_type = *kv_type;
   mo.draft_max = static_cast<int>(*draft_max);
+  auto verify = ParseVerifyFlags(f);
+  if (!verify.ok()) return PrintError("serve", verify.status());
+  mo.verify = *verify;
   mo.slots = static_cast<int>(*parallel);
   if (Status st = ApplyStoreFlags(f, &mo.engine); !st.ok()) return PrintError("serve", st);
+  KeepDraftTierResident(mo.verify, &mo.engine);
   std::fprintf(stderr, "substrate serve: loading %s\n",
                model.empty() ? mo.engine.store.c_str() : model.c_str());
   auto backend = serve::ModelBackend::Load(mo);
