@@ -90,6 +90,7 @@ int RunRun(const std::vector<std::string>& args) {
     nlohmann::json j = StatsJson(*engine, *stats);
     j["text"] = text;
     if (engine->runtime()) j["store"] = nlohmann::json::parse(StoreStatsJson(*engine));
+    if (engine->tier_controller()) j["adaptive"] = AdaptiveStatsJson(*engine);
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\n");

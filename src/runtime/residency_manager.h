@@ -102,6 +102,10 @@ class ResidencyManager : public WeightSource {
   void EndOp(const std::string& op_id) override;
   void HintExperts(int layer, const int32_t* experts, int n) override;
   void BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) override;
+  uint64_t OpBytes(const std::string& op_id, int tier) const override {
+    const int o = index_->FindOp(op_id);
+    return o < 0 ? 0 : index_->ops()[o].SlabBytes(tier);
+  }
   // Look-ahead guesses are worth their GEMV only when some experts are not cached.
   bool WantsLookahead() const override { return stats_.n_ops_expert > stats_.expert_slots; }
 
