@@ -1,14 +1,14 @@
 #include "serve/server.h"
 
+#include <httplib.h>
 #include <signal.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <sstream>
-
-#include <httplib.h>
 
 #include "core/log.h"
 #include "serve/protocol.h"
@@ -55,6 +55,20 @@ bool SameKey(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
   for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i % std::max<size_t>(b.size(), 1)];
   return diff == 0 && !b.empty();
+}
+
+// The credentials of "Authorization: Bearer KEY". The scheme is case-insensitive (RFC 9110
+// 11.1: "bearer KEY" is the same header), and any run of spaces may follow it.
+std::string BearerToken(const std::string& auth) {
+  static constexpr std::string_view kScheme = "bearer";
+  if (auth.size() <= kScheme.size() ||
+      (auth[kScheme.size()] != ' ' && auth[kScheme.size()] != '\t'))
+    return "";
+  for (size_t i = 0; i < kScheme.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(auth[i])) != kScheme[i]) return "";
+  size_t p = kScheme.size();
+  while (p < auth.size() && (auth[p] == ' ' || auth[p] == '\t')) ++p;
+  return auth.substr(p);
 }
 
 int64_t UnixNow() {
@@ -157,7 +171,7 @@ void HttpServer::InstallRoutes() {
       return httplib::Server::HandlerResponse::Unhandled;
     std::string key;
     const std::string auth = req.get_header_value("Authorization");
-    if (auth.rfind("Bearer ", 0) == 0) key = auth.substr(7);
+    key = BearerToken(auth);
     if (key.empty()) key = req.get_header_value("x-api-key");
     if (SameKey(key, options_.api_key)) return httplib::Server::HandlerResponse::Unhandled;
     Api api = ApiForPath(req.path);

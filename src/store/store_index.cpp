@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
+#include "model/hparams.h"
+#include "model/op_id.h"
 #include "store/crc32c.h"
 #include "store/pack.h"
 
@@ -165,6 +168,7 @@ Status StoreIndex::Parse(const std::string& text) {
       if (t.units[s].n_tiers == 0)
         return Corruption(mpath + ": tensor '" + t.info.name + "' slice " + std::to_string(s) +
                           " has no data");
+  RETURN_IF_ERROR(CheckMatchesModel());
   // A unit's loadable tiers must be all of its op's loadable tiers, or the slab layout breaks.
   for (const StoreOp& o : ops_)
     for (const auto& [id, slice] : o.units) {
@@ -173,6 +177,39 @@ Status StoreIndex::Parse(const std::string& text) {
         if (o.span[k].file != u.tier[k].file)
           return Corruption(mpath + ": " + u.tier[k].what + ": op '" + o.id + "' is inconsistent");
     }
+  return Status::Ok();
+}
+
+// model.gguf says which ops the model runs (architecture, layers, experts); the manifest says
+// which ops the store holds. A model.gguf copied from another model (or edited) would otherwise
+// surface later as a missing tensor or, worse, as a budget the wrong hparams cannot meet.
+Status StoreIndex::CheckMatchesModel() const {
+  const std::string what = "store '" + dir_ + "': manifest.json and model.gguf do not match: ";
+  auto hp = ModelHParams::FromMetadata(meta_->metadata());
+  if (!hp.ok()) return hp.status().WithContext("store '" + dir_ + "': model.gguf");
+  const std::string model =
+      hp->arch + " with " + std::to_string(hp->n_layer) + " layers" +
+      (hp->n_expert > 0 ? " and " + std::to_string(hp->n_expert) + " experts" : "");
+  std::set<std::string> model_ops;
+  for (const OpSpec& op :
+       ListOps(*hp, [&](const std::string& n) { return Resolve(n) != kNoTensor; })) {
+    model_ops.insert(op.id);
+    for (const OpTensorRef& t : op.tensors) {
+      const TensorId id = Resolve(t.name);
+      if (id == kNoTensor)
+        return Corruption(what + "model.gguf describes " + model + ", whose op '" + op.id +
+                          "' needs tensor '" + t.name + "', which the manifest does not have");
+      if (t.slice >= 0 && (tensors_[id].info.ne.size() < 2 ||
+                           static_cast<uint64_t>(t.slice) >= tensors_[id].info.outer()))
+        return Corruption(what + "model.gguf describes " + model + ", whose op '" + op.id +
+                          "' needs slice " + std::to_string(t.slice) + " of '" + t.name +
+                          "', which the manifest's shape does not have");
+    }
+  }
+  for (const StoreOp& o : ops_)
+    if (o.id != "misc" && !model_ops.count(o.id))
+      return Corruption(what + "the manifest holds op '" + o.id + "', which " + model +
+                        " (model.gguf) does not have");
   return Status::Ok();
 }
 

@@ -98,6 +98,7 @@ class StoreIndex {
  private:
   StoreIndex() = default;
   Status Parse(const std::string& text);
+  Status CheckMatchesModel() const;
 
   StoreIndexOptions options_;
   std::string dir_;
