@@ -50,7 +50,7 @@ uint64_t ModelFingerprint(const Engine& e) {
   return h;
 }
 
-Status SaveKvSession(const std::string& path, const Engine& e, Session& s) {
+Status SaveKvSession(const std::string& path, const Engine& e, Session& s, Env* env) {
   KvCache& c = s.cache;
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
@@ -60,7 +60,7 @@ Status SaveKvSession(const std::string& path, const Engine& e, Session& s) {
   h.k_row_bytes = c.k_row_bytes();
   h.v_row_bytes = c.v_row_bytes();
   h.n_tokens = static_cast<uint64_t>(c.n_past());
-  ASSIGN_OR_RETURN(auto w, AtomicFileWriter::Create(path));
+  ASSIGN_OR_RETURN(auto w, AtomicFileWriter::Create(path, env));
   uint32_t crc = 0;
   auto put = [&](const void* p, uint64_t n) {
     crc = Crc32c(p, n, crc);
@@ -76,9 +76,9 @@ Status SaveKvSession(const std::string& path, const Engine& e, Session& s) {
   return w->Commit();
 }
 
-Expected<bool> LoadKvSession(const std::string& path, const Engine& e, Session& s,
-                             std::string* why) {
-  ASSIGN_OR_RETURN(auto f, RandomAccessFile::Open(path));
+Expected<bool> LoadKvSession(const std::string& path, const Engine& e, Session& s, std::string* why,
+                             Env* env) {
+  ASSIGN_OR_RETURN(auto f, (env ? env : Env::Default())->NewRandomAccessFile(path, false));
   auto corrupt = [&](const std::string& what) {
     return Corruption("session file '" + path + "': " + what);
   };

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/env.h"
 #include "core/status.h"
 #include "model/engine.h"
 
@@ -16,13 +17,14 @@ namespace substrate {
 // The fingerprint of the model `e` runs.
 uint64_t ModelFingerprint(const Engine& e);
 
-// Writes the tokens of s.cache and their rows to `path` (atomically).
-Status SaveKvSession(const std::string& path, const Engine& e, Session& s);
+// Writes the tokens of s.cache and their rows to `path` (atomically, through env; nullptr:
+// Env::Default()): on any error the previous file at `path` is left as it was.
+Status SaveKvSession(const std::string& path, const Engine& e, Session& s, Env* env = nullptr);
 
 // Restores a session saved by SaveKvSession into `s`. Returns false, with *why set and `s`
 // unchanged, when the file belongs to another model, KV type or a larger context; a damaged
 // or truncated file is a Corruption error naming the file and what is wrong.
-Expected<bool> LoadKvSession(const std::string& path, const Engine& e, Session& s,
-                             std::string* why);
+Expected<bool> LoadKvSession(const std::string& path, const Engine& e, Session& s, std::string* why,
+                             Env* env = nullptr);
 
 }  // namespace substrate

@@ -37,7 +37,7 @@ Expected<std::unique_ptr<StoreIndex>> StoreIndex::Open(const std::string& dir,
                                                        const StoreIndexOptions& options) {
   const std::string mpath = dir + "/manifest.json";
   if (!FileExists(mpath)) return NotFound("store '" + dir + "': no manifest.json");
-  ASSIGN_OR_RETURN(std::string text, ReadFileToString(mpath, 1ull << 31));
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(mpath, 1ull << 31, options.env));
   std::unique_ptr<StoreIndex> ix(new StoreIndex());
   ix->options_ = options;
   ix->options_.max_tier = std::clamp(options.max_tier, 0, 2);
@@ -58,14 +58,21 @@ Status StoreIndex::Parse(const std::string& text) {
   if (!m.is_object() || m.value("format", "") != "substrate-store")
     return Corruption(mpath + ": not a substrate store manifest");
   const int version = m.at("schema_version").get<int>();
-  if (version != kStoreSchemaVersion)
-    return Corruption(mpath + ": schema_version " + std::to_string(version) + ", this build reads " +
-                      std::to_string(kStoreSchemaVersion));
+  if (version < 1 || version > kStoreSchemaVersion)
+    return Corruption(mpath + ": schema_version " + std::to_string(version) +
+                      ", this build reads 1 to " + std::to_string(kStoreSchemaVersion));
   n_tiers_ = static_cast<int>(m.at("tiers").size());
   if (n_tiers_ < 1 || n_tiers_ > 3) return Corruption(mpath + ": 1 to 3 tiers expected");
   for (const json& t : m.at("tiers")) tier_names_.push_back(t.is_string() ? t.get<std::string>() : "?");
 
-  ASSIGN_OR_RETURN(meta_, ModelFile::Open(dir_ + "/" + m.at("model").get<std::string>()));
+  const std::string model_name = m.at("model").get<std::string>();
+  if (model_name.empty() || model_name.find('/') != std::string::npos)
+    return Corruption(mpath + ": bad model file name '" + model_name + "'");
+  if (version >= 2) {
+    RETURN_IF_ERROR(VerifyModelFile(model_name, m.at("model_bytes").get<uint64_t>(),
+                                    m.at("model_crc32c").get<uint32_t>()));
+  }
+  ASSIGN_OR_RETURN(meta_, ModelFile::Open(dir_ + "/" + model_name));
 
   for (const json& t : m.at("tensors")) {
     StoreTensor tensor;
@@ -140,7 +147,8 @@ Status StoreIndex::Parse(const std::string& text) {
 
     auto& fi = files[file];
     if (fi == 0) {
-      ASSIGN_OR_RETURN(auto f, RandomAccessFile::Open(dir_ + "/" + file, options_.direct_io));
+      Env* env = options_.env ? options_.env : Env::Default();
+      ASSIGN_OR_RETURN(auto f, env->NewRandomAccessFile(dir_ + "/" + file, options_.direct_io));
       files_.push_back(std::move(f));
       fi = static_cast<int>(files_.size());
     }
@@ -177,6 +185,26 @@ Status StoreIndex::Parse(const std::string& text) {
         if (o.span[k].file != u.tier[k].file)
           return Corruption(mpath + ": " + u.tier[k].what + ": op '" + o.id + "' is inconsistent");
     }
+  return Status::Ok();
+}
+
+// model.gguf holds only metadata (a few MB of vocabulary at most): read whole and checksummed.
+Status StoreIndex::VerifyModelFile(const std::string& name, uint64_t bytes, uint32_t crc) const {
+  const std::string path = dir_ + "/" + name;
+  Env* env = options_.env ? options_.env : Env::Default();
+  ASSIGN_OR_RETURN(auto f, env->NewRandomAccessFile(path, false));
+  if (f->size() != bytes)
+    return Corruption("store '" + dir_ + "': " + name + " is " + std::to_string(f->size()) +
+                      " bytes, the manifest says " + std::to_string(bytes) +
+                      ": it was changed after pack (repack the store)");
+  if (bytes > (1ull << 32)) return Corruption("store '" + dir_ + "': " + name + " is too large");
+  std::string data(bytes, '\0');
+  RETURN_IF_ERROR(f->Read(0, bytes, data.data()));
+  const uint32_t got = Crc32c(data.data(), data.size());
+  if (got != crc)
+    return Corruption("store '" + dir_ + "': " + name + ": checksum mismatch (crc32c " +
+                      std::to_string(got) + ", manifest says " + std::to_string(crc) +
+                      "): it was changed after pack (repack the store)");
   return Status::Ok();
 }
 

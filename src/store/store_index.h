@@ -59,6 +59,7 @@ struct StoreOp {
 struct StoreIndexOptions {
   int max_tier = 2;        // tiers above it are not opened nor checked
   bool direct_io = false;  // open data files with O_DIRECT (falls back where refused)
+  Env* env = nullptr;      // opens and reads the store's files; nullptr: Env::Default()
 };
 
 class StoreIndex {
@@ -99,6 +100,7 @@ class StoreIndex {
   StoreIndex() = default;
   Status Parse(const std::string& text);
   Status CheckMatchesModel() const;
+  Status VerifyModelFile(const std::string& name, uint64_t bytes, uint32_t crc) const;
 
   StoreIndexOptions options_;
   std::string dir_;
