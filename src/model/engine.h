@@ -90,6 +90,7 @@ class Engine {
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   MemoryLedger& ledger() { return *ledger_; }
   WeightSource& weights() { return *weights_; }
+  const WeightSource& weights() const { return *weights_; }
   ThreadPool& pool() { return *pool_; }
 
   // n_ctx <= 0: the model's training context.

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "format/model_fingerprint.h"
 #include "model/hparams.h"
 #include "model/op_id.h"
 #include "store/crc32c.h"
@@ -239,6 +240,29 @@ Status StoreIndex::CheckMatchesModel() const {
       return Corruption(what + "the manifest holds op '" + o.id + "', which " + model +
                         " (model.gguf) does not have");
   return Status::Ok();
+}
+
+Expected<uint64_t> StoreFingerprint(const std::string& dir, int tier, Env* env) {
+  const std::string mpath = dir + "/manifest.json";
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(mpath, 1ull << 31, env));
+  try {
+    const json m = json::parse(text);
+    uint64_t h = Fnv1a(kFnvOffset, &tier, sizeof tier);
+    const uint64_t model_crc = m.value("model_crc32c", uint64_t{0});
+    h = Fnv1a(h, &model_crc, sizeof model_crc);
+    for (const json& e : m.at("entries")) {
+      if (e.at("tier").get<int>() > tier) continue;
+      const std::string key =
+          e.at("tensor").get<std::string>() + "/" + std::to_string(e.at("slice").get<int>()) + "/" +
+          std::to_string(e.at("tier").get<int>()) + "/" + e.at("type").get<std::string>() + "/" +
+          std::to_string(e.at("bytes").get<uint64_t>()) + "/" +
+          std::to_string(e.at("crc32c").get<uint32_t>());
+      h = Fnv1a(h, key.data(), key.size());
+    }
+    return h;
+  } catch (const json::exception& e) {
+    return Corruption(mpath + ": malformed manifest: " + e.what());
+  }
 }
 
 std::string StoreIndex::LadderText() const {

@@ -62,6 +62,11 @@ struct StoreIndexOptions {
   Env* env = nullptr;      // opens and reads the store's files; nullptr: Env::Default()
 };
 
+// The fingerprint of a store's weights at tiers 0..tier, from its manifest alone (nothing else
+// is read): every entry's tensor, slice, tier, type, size and CRC32C, and model.gguf's checksum.
+// Unlike format/model_fingerprint.h's sampled one, it covers every byte.
+Expected<uint64_t> StoreFingerprint(const std::string& dir, int tier, Env* env = nullptr);
+
 class StoreIndex {
  public:
   // Parses STORE/manifest.json, opens model.gguf (metadata) and the data files, and checks every
