@@ -37,6 +37,22 @@ bool HeadersComplete(const std::string& b) {
   return b.find("\r\n\r\n") != std::string::npos;
 }
 
+// httplib refuses a line over CPPHTTPLIB_HEADER_MAX_LENGTH (8 KB) with a 400; the whole header
+// block is bounded here too. Either is 431, as RFC 6585 has it.
+bool HeadersTooLarge(const std::string& b, size_t max_block) {
+  const size_t end = b.find("\r\n\r\n");
+  const size_t block = end == std::string::npos ? b.size() : end;
+  if (block > max_block) return true;
+  size_t line_start = 0;
+  for (;;) {
+    const size_t nl = b.find("\r\n", line_start);
+    const size_t line_end = std::min(nl == std::string::npos ? b.size() : nl, block);
+    if (line_end - line_start > CPPHTTPLIB_HEADER_MAX_LENGTH - 2) return true;
+    if (nl == std::string::npos || nl >= block) return false;
+    line_start = nl + 2;
+  }
+}
+
 void PeerAddress(int fd, bool local, std::string& ip, int& port) {
   sockaddr_storage a{};
   socklen_t n = sizeof a;
@@ -223,7 +239,15 @@ void ConnectionServer::Reject(Conn& c, const char* status_line) {
   const std::string r =
       std::string("HTTP/1.1 ") + status_line + "\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
   (void)::send(c.fd, r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  CloseSocket(c.fd);
+  Linger(std::move(c));
+}
+
+void ConnectionServer::Linger(Conn c) {
+  ::shutdown(c.fd, SHUT_WR);
+  c.linger = true;
+  c.buf.clear();
+  c.deadline = Clock::now() + std::chrono::milliseconds(2000);
+  Wait(std::move(c));
 }
 
 void ConnectionServer::Dispatch(Conn c) {
@@ -255,11 +279,11 @@ void ConnectionServer::WaiterLoop() {
           adds.swap(adds_);
         }
         for (Conn& c : adds) {
-          if (!c.buf.empty() && HeadersComplete(c.buf)) {  // a pipelined request
+          if (!c.linger && !c.buf.empty() && HeadersComplete(c.buf)) {  // a pipelined request
             Dispatch(std::move(c));
             continue;
           }
-          if (static_cast<int>(waiting_.size()) >= limits_.max_connections) {
+          if (static_cast<int>(waiting_.size()) >= limits_.max_connections && !c.linger) {
             ++counters_.refused;
             CloseSocket(c.fd);
             continue;
@@ -281,6 +305,17 @@ void ConnectionServer::WaiterLoop() {
       Conn& c = it->second;
       bool gone = false;
       char chunk[16384];
+      if (c.linger) {  // drain and drop what the client still sends, until it closes
+        ssize_t got;
+        while ((got = ::recv(fd, chunk, sizeof chunk, MSG_DONTWAIT)) > 0) {
+        }
+        if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+          CloseSocket(fd);
+          waiting_.erase(it);
+        }
+        continue;
+      }
       for (;;) {
         const ssize_t got = ::recv(fd, chunk, sizeof chunk, MSG_DONTWAIT);
         if (got > 0) {
@@ -298,7 +333,13 @@ void ConnectionServer::WaiterLoop() {
         gone = true;  // EOF or an error: the client left before a whole request
         break;
       }
-      if (HeadersComplete(c.buf)) {
+      if (HeadersTooLarge(c.buf, static_cast<size_t>(limits_.max_header_bytes))) {
+        ++counters_.too_large;
+        ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+        Conn rejected = std::move(c);
+        waiting_.erase(it);
+        Reject(rejected, "431 Request Header Fields Too Large");
+      } else if (HeadersComplete(c.buf)) {
         ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
         Conn ready = std::move(c);
         waiting_.erase(it);
@@ -306,11 +347,6 @@ void ConnectionServer::WaiterLoop() {
       } else if (gone) {
         ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
         CloseSocket(fd);
-        waiting_.erase(it);
-      } else if (static_cast<int>(c.buf.size()) > limits_.max_header_bytes) {
-        ++counters_.too_large;
-        ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-        Reject(c, "431 Request Header Fields Too Large");
         waiting_.erase(it);
       }
     }
@@ -323,9 +359,12 @@ void ConnectionServer::WaiterLoop() {
         continue;
       }
       ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
-      if (c.started) {
+      if (c.started && !c.linger) {
         ++counters_.header_timeouts;
-        Reject(c, "408 Request Timeout");
+        Conn late = std::move(c);
+        it = waiting_.erase(it);
+        Reject(late, "408 Request Timeout");
+        continue;
       } else {
         CloseSocket(c.fd);  // idle keep-alive connection
       }
@@ -360,6 +399,7 @@ void ConnectionServer::Serve(Conn c) {
   const bool last = c.served + 1 >= limits_.keep_alive_max;
   const bool ok = process_request(strm, last, closed, nullptr);
   tl_fd = -1;
+  if (tl_close && !strm.broken() && !stopping_.load()) return Linger(std::move(c));
   if (!ok || closed || last || tl_close || strm.broken() || stopping_.load())
     return CloseSocket(c.fd);
   Conn next;

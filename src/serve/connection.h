@@ -71,6 +71,10 @@ class ConnectionServer : public httplib::Server {
     Clock::time_point first_byte{};  // of the request now arriving (set once started)
     bool started = false;
     int served = 0;  // requests answered on this connection
+    // Answered and shut for writing, with input the server did not read (a rejected body): the
+    // input is drained until the client closes or 2 s pass, since closing a socket with unread
+    // input resets the connection and can lose the answer before the client reads it.
+    bool linger = false;
   };
 
   bool process_and_close_socket(socket_t sock) override;
@@ -79,7 +83,8 @@ class ConnectionServer : public httplib::Server {
   void WorkerLoop();
   void Serve(Conn c);
   void Dispatch(Conn c);  // a complete header block: to the workers
-  void Reject(Conn& c, const char* status_line);
+  void Reject(Conn& c, const char* status_line);  // answers, then lingers
+  void Linger(Conn c);
 
   ConnectionLimits limits_;
   ConnectionCounters counters_;
