@@ -42,7 +42,7 @@ Expected<uint64_t> ModelFingerprint(const Engine& e) {
   const size_t slash = path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
   if (e.file().tensors().empty() && Env::Default()->FileExists(dir + "/manifest.json")) {
-    const auto* rm = dynamic_cast<const ResidencyManager*>(&e.weights());
+    const ResidencyManager* rm = e.runtime();
     ASSIGN_OR_RETURN(uint64_t store, StoreFingerprint(dir, rm ? rm->serve_tier() : 2));
     h = Fnv1a(h, &store, sizeof store);
   }

@@ -11,7 +11,7 @@
 
 #include "core/env.h"
 #include "core/status.h"
-#include "model/engine.h"
+#include "runtime/engine.h"
 
 namespace substrate {
 
