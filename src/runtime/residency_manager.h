@@ -27,11 +27,11 @@
 #include <vector>
 
 #include "core/aligned_buffer.h"
+#include "core/env.h"
 #include "core/memory_ledger.h"
 #include "model/hparams.h"
 #include "model/weight_source.h"
 #include "runtime/expert_cache.h"
-#include "runtime/io_reader.h"
 #include "runtime/prefetch_scheduler.h"
 #include "runtime/trace_writer.h"
 #include "store/store_index.h"
@@ -56,6 +56,7 @@ struct ResidencyOptions {
   bool direct_io = true;
   ExpertCache::Policy expert_policy = ExpertCache::Policy::kLru;
   int expert_slots = 0;  // 0: as many as the budget leaves
+  Env* env = nullptr;    // the store's files, reads and trace; nullptr: Env::Default()
 };
 
 struct ResidencyStats {
