@@ -61,6 +61,9 @@ int RunPerplexity(const std::vector<std::string>& args) {
   eo.kv_type = *kv_type;
   eo.n_ctx = *n_ctx;
   if (Status st = ApplyStoreFlags(f, &eo); !st.ok()) return PrintError("perplexity", st);
+  // A quality measure: tiers follow the verifier alone, not this machine's timing (the monitor
+  // would also see the pauses where each chunk is scored as slow tokens).
+  eo.adaptive.monitor = false;
   auto engine = Engine::Load(model_path, eo);
   if (!engine.ok()) return PrintError("perplexity", engine.status());
   Engine& e = **engine;
