@@ -150,10 +150,11 @@ TEST_F(RuntimeFaultTest, LateReadsStallUnderTheStallFallbackAndTheOutputStaysGol
 
 TEST_F(RuntimeFaultTest, LateReadsGoToALowerTierUnderThatFallback) {
   const std::string plan = Plan(compiler::FallbackStrategy::kUseLowerTier);
-  // Every attention read is slow (+50 ms). Whether a healthy disk keeps up with this tiny model
-  // depends on the host, so the contrast is with the stall fallback under the same fault (the
-  // test above: every window waits at the top tier), not with a clean run.
-  env_.Add({Kind::kSlowRead, ".attn.t", 0, -1, 50, 0});
+  // Every attention read is slow (+200 ms: far beyond a token's compute even on a loaded
+  // machine, whose slower ops lengthen the deadlines). Whether a healthy disk keeps up with this
+  // tiny model depends on the host, so the contrast is with the stall fallback under the same
+  // fault (the test above: every window waits at the top tier), not with a clean run.
+  env_.Add({Kind::kSlowRead, ".attn.t", 0, -1, 200, 0});
   ResidencyStats st;
   const Windows slow = RunTraced(plan, /*golden=*/false, &st);
   fs::remove(plan);
