@@ -65,9 +65,10 @@ float QuantizeGroup(const float* xb, const float* weight, uint8_t* Lb) {
   return d;
 }
 
-void Weights(const float* xb, const float* qw, float sigma2, float* weight) {
-  for (int j = 0; j < 32; ++j)
-    weight[j] = qw ? qw[j] * std::sqrt(sigma2 + xb[j] * xb[j]) : xb[j] * xb[j];
+// The search weighs each element's error by x^2, times its importance when one is given (so
+// importance 1 everywhere gives exactly the unweighted result).
+void Weights(const float* xb, const float* imp, float* weight) {
+  for (int j = 0; j < 32; ++j) weight[j] = xb[j] * xb[j] * (imp ? imp[j] : 1.f);
 }
 
 void PackNibbles(const uint8_t* L, uint8_t* q4, int n) {
@@ -82,10 +83,7 @@ void QuantizeIQ4_NL(const float* x, BlockIQ4_NL* y, int64_t n, const float* qw) 
   float weight[32];
   uint8_t L[32];
   for (int64_t ib = 0; ib < n / kQK4_NL; ++ib, x += kQK4_NL) {
-    float sigma2 = 0;
-    for (int j = 0; j < 32; ++j) sigma2 += x[j] * x[j];
-    sigma2 *= 2.f / 32;
-    Weights(x, qw ? qw + ib * kQK4_NL : nullptr, sigma2, weight);
+    Weights(x, qw ? qw + ib * kQK4_NL : nullptr, weight);
     const float d = QuantizeGroup(x, weight, L);
     y[ib].d = Fp32ToFp16(d);
     const float id = d != 0.f ? 1 / d : 0;
@@ -98,12 +96,9 @@ void QuantizeIQ4_XS(const float* x, BlockIQ4_XS* y, int64_t n, const float* qw) 
   float weight[32], scales[kQK_K / 32];
   uint8_t L[kQK_K];
   for (int64_t ibl = 0; ibl < n / kQK_K; ++ibl, x += kQK_K) {
-    float sigma2 = 0;
-    for (int j = 0; j < kQK_K; ++j) sigma2 += x[j] * x[j];
-    sigma2 *= 2.f / kQK_K;
     float max_scale = 0, amax_scale = 0;
     for (int ib = 0; ib < kQK_K / 32; ++ib) {
-      Weights(x + 32 * ib, qw ? qw + ibl * kQK_K + 32 * ib : nullptr, sigma2, weight);
+      Weights(x + 32 * ib, qw ? qw + ibl * kQK_K + 32 * ib : nullptr, weight);
       scales[ib] = QuantizeGroup(x + 32 * ib, weight, L + 32 * ib);
       if (std::fabs(scales[ib]) > amax_scale) {
         amax_scale = std::fabs(scales[ib]);
