@@ -39,6 +39,7 @@ Status Linear(ForwardContext& c, TensorId w, const float* x, int64_t n, float* y
                       " x " + std::to_string(v.cols) + "], expected [" +
                       std::to_string(expect_out) + " x " + std::to_string(expect_in) + "]");
   }
+  if (c.source->ObservesInputs()) c.source->ObserveInput(w, slice, x, n, v.cols);
   MatMul(v, x, n, y, *c.pool);
   return Status::Ok();
 }

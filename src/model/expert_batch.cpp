@@ -193,7 +193,7 @@ int64_t SetBatchedExpertMaxTokens(int64_t n) { return std::exchange(g_batched_ma
 Status RunExperts(ForwardContext& c, int il, const LayerWeights& w, const float* xn,
                   const ExpertRouting& r, float* acc, float* shared_out, bool* shared_done) {
   *shared_done = false;
-  if (r.n_experts > 0 && c.n <= g_batched_max_tokens) {
+  if (r.n_experts > 0 && c.n <= g_batched_max_tokens && !c.source->ObservesInputs()) {
     const bool shared = w.gate_shexp != kNoTensor;
     RETURN_IF_ERROR(RunBatched(c, il, w, xn, r, acc, shared ? shared_out : nullptr));
     *shared_done = shared;
