@@ -12,15 +12,27 @@ namespace {
 constexpr float kGroupMaxEps = 1e-15f;
 constexpr int kNtry = 7;
 
-// Index of the grid level nearest to x (ties go to the upper level).
+// Index of the grid level nearest to x (ties go to the upper level): level j wins over j - 1
+// when 2x >= kIQ4Values[j - 1] + kIQ4Values[j], an integer threshold in [-231, 202], so the
+// answer depends only on floor(2x): a table over floor(2x) in [-256, 255] (the searches call
+// this ~16 times per element).
+struct BestIndexTable {
+  uint8_t idx[512];
+  BestIndexTable() {
+    for (int f = -256; f < 256; ++f) {
+      int i = 0;
+      while (i < 15 && f >= kIQ4Values[i] + kIQ4Values[i + 1]) ++i;
+      idx[f + 256] = static_cast<uint8_t>(i);
+    }
+  }
+};
+const BestIndexTable kBestIndex;
+
 inline int BestIndex(float x) {
   const float x2 = x + x;
-  int idx = 0;
-  for (int step = 8; step > 0; step >>= 1) {
-    const int j = idx + step;
-    if (x2 >= static_cast<float>(kIQ4Values[j - 1] + kIQ4Values[j])) idx = j;
-  }
-  return idx;
+  if (!(x2 >= -256.f)) return 0;  // far below the grid, or NaN
+  if (x2 >= 255.f) return 15;
+  return kBestIndex.idx[static_cast<int>(std::floor(x2)) + 256];
 }
 
 // One group of 32: chooses levels Lb and returns the best scale for the group.
