@@ -107,6 +107,11 @@ Status ModelProfile::Normalize() {
   return Status::Ok();
 }
 
+double ModelProfile::FittedKld(double additive) const {
+  if (additive <= 0) return 0;
+  return kld_fit.scale * (kld_fit.power == 1 ? additive : std::pow(additive, kld_fit.power));
+}
+
 const OpProfile* ModelProfile::Find(const std::string& id) const {
   for (const OpProfile& op : ops)
     if (op.id == id) return &op;
@@ -151,6 +156,8 @@ std::string ProfileToJson(const ModelProfile& p) {
   }
   j["ops"] = std::move(ops);
   if (!p.estimate.empty()) j["estimate"] = p.estimate;
+  if (p.kld_fit.scale != 1 || p.kld_fit.power != 1)
+    j["kld_fit"] = {{"scale", p.kld_fit.scale}, {"power", p.kld_fit.power}};
   if (p.file.alignment != 0)
     j["file"] = {{"alignment", p.file.alignment}, {"header_bytes", p.file.header_bytes},
                  {"fixed_bytes", p.file.fixed_bytes}, {"n_parameters", p.file.n_parameters}};
@@ -252,6 +259,14 @@ Expected<ModelProfile> ReadProfile(const json& j) {
   }
   if (j.contains("estimate")) {
     ASSIGN_OR_RETURN(p.estimate, Str(kDoc, j, "$", "estimate"));
+  }
+  if (j.contains("kld_fit")) {
+    ASSIGN_OR_RETURN(const json* f, Field(kDoc, j, "$", "kld_fit"));
+    ASSIGN_OR_RETURN(p.kld_fit.scale, F64(kDoc, *f, "kld_fit", "scale"));
+    ASSIGN_OR_RETURN(p.kld_fit.power, F64(kDoc, *f, "kld_fit", "power"));
+    if (!(p.kld_fit.scale > 0) || !std::isfinite(p.kld_fit.scale) || !(p.kld_fit.power > 0) ||
+        !std::isfinite(p.kld_fit.power))
+      return Corruption("profile: kld_fit must hold finite positive numbers");
   }
   if (j.contains("file")) {
     ASSIGN_OR_RETURN(const json* f, Field(kDoc, j, "$", "file"));

@@ -86,6 +86,12 @@ struct ModelProfile {
   std::vector<TensorProfile> tensors;  // per-tensor calibration (may be empty)
   FileLayout file;
   std::string estimate;        // how losses were obtained: "measured" (per op), "activation_weighted"
+  // Whole-model KL of a plan against the sum of its tensors' losses, fitted on measured plans:
+  // KL = scale * sum^power (the sum understates it: losses compound).
+  struct KldFit {
+    double scale = 1, power = 1;
+  } kld_fit;
+  double FittedKld(double additive) const;
 
   // Sorts options, drops dominated and unsized ones, checks ids are unique and every op has an
   // option. The error names the op.

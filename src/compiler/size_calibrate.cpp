@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "compiler/calibrate.h"
+#include "compiler/size_plan.h"
 #include "compiler/tensor_loss.h"
 #include "core/file_io.h"
 #include "core/progress.h"
@@ -48,7 +49,9 @@ std::string TypesKey(const std::vector<DType>& types) {
 }
 
 // Groups for the sensitivity measurements: each tensor alone when they fit max_groups, else
-// tensors of one kind over ranges of consecutive layers.
+// tensors of one kind over ranges of consecutive layers, the first and the last layer alone
+// (on tiny-coder a tensor's loss per unit of error is up to 36 times larger in layer 0 than in
+// layer 1, and the ends differ most).
 std::vector<std::pair<std::string, std::vector<size_t>>> MakeGroups(
     const std::vector<TensorProfile>& tensors, int max_groups) {
   std::vector<std::pair<std::string, std::vector<size_t>>> out;
@@ -58,32 +61,91 @@ std::vector<std::pair<std::string, std::vector<size_t>>> MakeGroups(
   }
   std::vector<std::string> kinds;
   std::map<std::string, std::vector<size_t>> by_kind;
-  int max_layer = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (!by_kind.count(tensors[i].kind)) kinds.push_back(tensors[i].kind);
     by_kind[tensors[i].kind].push_back(i);
-    max_layer = std::max(max_layer, tensors[i].layer);
   }
   int block_kinds = 0;
   for (const auto& k : kinds) block_kinds += by_kind[k].size() > 1;
   const int other = static_cast<int>(kinds.size()) - block_kinds;
   const int per_kind = std::max(1, (max_groups - other) / std::max(1, block_kinds));
-  const int span = (max_layer + per_kind) / per_kind;  // layers per range
   for (const auto& k : kinds) {
-    std::map<int, std::vector<size_t>> ranges;
-    for (size_t i : by_kind[k]) ranges[std::max(0, tensors[i].layer) / span].push_back(i);
-    for (auto& [r, idx] : ranges) {
+    std::vector<size_t> idx = by_kind[k];
+    std::stable_sort(idx.begin(), idx.end(),
+                     [&](size_t a, size_t b) { return tensors[a].layer < tensors[b].layer; });
+    const size_t n = idx.size();
+    // Range boundaries over positions in idx.
+    std::vector<size_t> cuts = {0};
+    if (per_kind >= 3 && n >= 3) {
+      const size_t mid = n - 2, parts = std::min<size_t>(static_cast<size_t>(per_kind) - 2, mid);
+      for (size_t r = 0; r < parts; ++r) cuts.push_back(1 + mid * r / parts);
+      cuts.push_back(n - 1);
+    } else {
+      const size_t parts = std::min<size_t>(static_cast<size_t>(per_kind), n);
+      for (size_t r = 1; r < parts; ++r) cuts.push_back(n * r / parts);
+    }
+    cuts.push_back(n);
+    for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+      if (cuts[c] == cuts[c + 1]) continue;
+      std::vector<size_t> g(idx.begin() + static_cast<std::ptrdiff_t>(cuts[c]),
+                            idx.begin() + static_cast<std::ptrdiff_t>(cuts[c + 1]));
       std::string id = k;
-      if (by_kind[k].size() > 1) {
+      if (n > 1) {
         id += ' ';
-        id += std::to_string(r * span);
-        id += '-';
-        id += std::to_string(std::min(max_layer, r * span + span - 1));
+        id += std::to_string(tensors[g.front()].layer);
+        if (g.size() > 1) {
+          id += '-';
+          id += std::to_string(tensors[g.back()].layer);
+        }
       }
-      out.push_back({id, idx});
+      out.push_back({id, std::move(g)});
     }
   }
   return out;
+}
+
+// KL of a tensor at an activation-weighted error E: alpha * e0 * (E / e0)^beta, e0 its error
+// at the first reference type (so beta bends the line through that measured point).
+struct LossLaw {
+  double alpha = 0, e0 = 0, beta = 1;
+  double Loss(double e) const {
+    if (!std::isfinite(e) || e <= 0) return 0;
+    if (e0 <= 0 || beta == 1) return alpha * e;
+    return alpha * e0 * std::pow(e / e0, beta);
+  }
+};
+
+// The candidate types whose blocks fit a row of `cols`; for each that does not, the 32-element
+// type llama.cpp falls back to (rows of 64, as tiny MoE experts have, fit no K-quant); F16
+// when nothing fits.
+std::vector<DType> CandidatesFor(const std::vector<DType>& types, uint64_t cols) {
+  std::vector<DType> out;
+  auto add = [&](DType t) {
+    if (RowBytes(t, cols) && std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
+  };
+  for (DType t : types) {
+    if (RowBytes(t, cols)) {
+      add(t);
+      continue;
+    }
+    switch (t) {
+      case DType::kQ2_K: case DType::kQ3_K: add(DType::kQ4_0); break;
+      case DType::kIQ4_XS: add(DType::kIQ4_NL); break;
+      case DType::kQ4_K: add(DType::kQ5_0); break;
+      case DType::kQ5_K: add(DType::kQ5_1); break;
+      case DType::kQ6_K: add(DType::kQ8_0); break;
+      default: break;
+    }
+  }
+  if (out.empty()) add(DType::kF16);
+  return out;
+}
+
+// The reference type among a tensor's candidates, or its cheapest candidate.
+const PrecisionOption& ReferenceOption(const TensorProfile& t, DType ref) {
+  for (const PrecisionOption& p : t.options)
+    if (p.type == ref) return p;
+  return t.options.front();
 }
 
 }  // namespace
@@ -200,13 +262,7 @@ Expected<EstimateResult> EstimateProfile(const EstimateOptions& o) {
       t.name = name;
       std::tie(t.kind, t.layer) = TensorKindAndLayer(name);
       t.ne = base.info->ne;
-      // Candidates whose blocks fit the rows; a tensor no candidate fits keeps safe fallbacks.
-      std::vector<DType> cand;
-      for (DType ty : types)
-        if (RowBytes(ty, t.ne[0])) cand.push_back(ty);
-      if (cand.empty())
-        for (DType ty : {DType::kQ4_0, DType::kQ5_0, DType::kQ8_0, DType::kF16})
-          if (RowBytes(ty, t.ne[0])) cand.push_back(ty);
+      const std::vector<DType> cand = CandidatesFor(types, t.ne[0]);
       json& e = cache["errors"][name];
       if (!e.is_object() || e.value("types", "") != TypesKey(cand)) {
         TensorErrorRequest req;
@@ -237,28 +293,25 @@ Expected<EstimateResult> EstimateProfile(const EstimateOptions& o) {
   }
   res.seconds_errors = Since(t0);
 
-  // 3. Sensitivity: alpha per group from measured KLs at the reference types.
+  // 3. Sensitivity: per group, KL per unit of error at the first reference type; with a second
+  // reference, the exponent of KL ~ error^beta between them (a tensor's KL grows a little slower
+  // than its error towards the precise types).
   t0 = Clock::now();
   const auto groups = MakeGroups(tensors, max_groups);
-  std::vector<double> alpha_of(tensors.size(), 0.0);
+  std::vector<LossLaw> law(tensors.size());
   {
     std::optional<ProgressBar> bar;
     if (o.progress) bar.emplace("sensitivity", groups.size() * refs.size());
     size_t done = 0;
     for (const auto& [gid, idx] : groups) {
-      double alpha_sum = 0;
-      int alpha_n = 0;
+      std::vector<std::pair<double, double>> points;  // (group error, measured KL) per reference
       for (DType ref : refs) {
         std::map<std::string, DType> assign;
         double err = 0;
         for (size_t i : idx) {
-          // The reference type, or the nearest candidate the tensor has below it.
-          const PrecisionOption* pick = nullptr;
-          for (const PrecisionOption& p : tensors[i].options)
-            if (p.type == ref) pick = &p;
-          if (!pick) pick = &tensors[i].options.front();
-          assign[tensors[i].name] = pick->type;
-          if (std::isfinite(pick->act_error)) err += pick->act_error;
+          const PrecisionOption& pick = ReferenceOption(tensors[i], ref);
+          assign[tensors[i].name] = pick.type;
+          if (std::isfinite(pick.act_error)) err += pick.act_error;
         }
         const std::string key = gid + "|" + DTypeName(ref);
         json& m = cache["kl"][key];
@@ -275,11 +328,20 @@ Expected<EstimateResult> EstimateProfile(const EstimateOptions& o) {
         g.error = err;
         g.alpha = err > 0 ? g.measured_kld / err : 0;
         for (size_t i : idx) g.tensors.push_back(tensors[i].name);
-        if (err > 0) alpha_sum += g.alpha, ++alpha_n;
+        points.emplace_back(err, g.measured_kld);
         res.groups.push_back(std::move(g));
         if (bar) bar->Update(++done, key);
       }
-      for (size_t i : idx) alpha_of[i] = alpha_n ? alpha_sum / alpha_n : 0;
+      double beta = 1;
+      if (points.size() >= 2 && points[0].first > 0 && points[1].first > 0 && points[0].second > 0 &&
+          points[1].second > 0 && std::fabs(std::log(points[1].first / points[0].first)) > 1e-3)
+        beta = std::clamp(std::log(points[1].second / points[0].second) /
+                              std::log(points[1].first / points[0].first), 0.5, 1.5);
+      for (size_t i : idx) {
+        law[i].alpha = points[0].first > 0 ? points[0].second / points[0].first : 0;
+        law[i].e0 = ReferenceOption(tensors[i], refs[0]).act_error;
+        law[i].beta = beta;
+      }
     }
     if (bar) bar->Finish();
   }
@@ -293,8 +355,7 @@ Expected<EstimateResult> EstimateProfile(const EstimateOptions& o) {
   p.estimate = "activation_weighted";
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    for (PrecisionOption& opt : tensors[i].options)
-      opt.quality_loss = std::isfinite(opt.act_error) ? alpha_of[i] * opt.act_error : 0;
+    for (PrecisionOption& opt : tensors[i].options) opt.quality_loss = law[i].Loss(opt.act_error);
     index[tensors[i].name] = i;
   }
   for (OpProfile& op : ops.ops) {
@@ -310,7 +371,9 @@ Expected<EstimateResult> EstimateProfile(const EstimateOptions& o) {
           const double e = pt.slice >= 0 && static_cast<size_t>(pt.slice) < se.size()
                                ? se[static_cast<size_t>(pt.slice)][k]
                                : t.options[k].act_error;
-          if (std::isfinite(e)) loss += alpha_of[it->second] * e;
+          // The tensor's loss at this type, shared among its slices by their errors.
+          const double whole = t.options[k].act_error;
+          if (std::isfinite(e) && whole > 0) loss += t.options[k].quality_loss * e / whole;
         }
       }
       opt.quality_loss = loss;
@@ -319,6 +382,33 @@ Expected<EstimateResult> EstimateProfile(const EstimateOptions& o) {
   p.ops = std::move(ops.ops);
   p.tensors = std::move(tensors);
   RETURN_IF_ERROR(p.Normalize());
+
+  // 5. Whole plans: the KL of plans at two sizes against the sum of their tensors' losses
+  // (losses compound, so the sum runs low); KL = scale * sum^power through both points.
+  if (o.fit_plans) {
+    t0 = Clock::now();
+    ASSIGN_OR_RETURN(FilePlan range, PlanFileSize(p, UINT64_MAX));
+    std::vector<std::pair<double, double>> pts;  // (sum of losses, measured KL)
+    for (double f : {0.25, 0.5}) {
+      const uint64_t target = range.min_file_bytes +
+                              static_cast<uint64_t>(f * static_cast<double>(range.max_file_bytes - range.min_file_bytes));
+      ASSIGN_OR_RETURN(FilePlan plan, PlanFileSize(p, target));
+      json& m = cache["fit"][std::to_string(target)];
+      if (!m.is_object()) {
+        ASSIGN_OR_RETURN(KlMeasurement kl, runner->Measure(plan.tensor_types, 0, measure_chunks, importance));
+        m = {{"kld", kl.mean_kld}, {"additive", plan.additive_kld}};
+        RETURN_IF_ERROR(save());
+      }
+      pts.emplace_back(plan.additive_kld, m["kld"].get<double>());
+    }
+    if (pts[0].first > 0 && pts[1].first > 0 && pts[0].second > 0 && pts[1].second > 0 &&
+        std::fabs(std::log(pts[1].first / pts[0].first)) > 1e-3) {
+      p.kld_fit.power = std::clamp(std::log(pts[1].second / pts[0].second) / std::log(pts[1].first / pts[0].first),
+                                   0.8, 1.25);
+      p.kld_fit.scale = pts[0].second / std::pow(pts[0].first, p.kld_fit.power);
+    }
+    res.seconds_measure += Since(t0);
+  }
   return res;
 }
 

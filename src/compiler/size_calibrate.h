@@ -8,8 +8,11 @@
 //   3. sensitivity: tensors are grouped (each tensor alone for small models; by kind and layer
 //      range for large ones), each group quantized to a reference type in memory and its KL
 //      measured; alpha_g = KL_g / sum_{t in g} E_t(ref);
-//   4. loss of t at a type = alpha_{g(t)} * E_t(type). Op-level options (for `compile
-//      --max-ram`) are the sums over each op's tensors (expert slices by their own errors).
+//   4. loss of t at a type = alpha_{g(t)} * E_t(type) (bent to E^beta with a second reference
+//      type). Op-level options (for `compile --max-ram`) are the sums over each op's tensors
+//      (expert slices by their own errors);
+//   5. two whole plans measured: predicted KL = scale * (sum of losses)^power (the sum alone runs
+//      ~25 % low on tiny-coder: losses compound). The search still minimizes the sum.
 //
 // Everything measured is cached in `<prefix>.partial.json` (resumed when the settings match) and
 // the statistics in `<prefix>.imatrix.gguf`, so an interrupted run continues where it stopped.
@@ -36,6 +39,7 @@ struct EstimateOptions {
   std::vector<DType> types;    // candidates; empty: Q2_K Q3_K IQ4_XS Q4_K Q5_K Q6_K Q8_0
   std::vector<DType> reference_types;  // measured per group; empty: Q3_K
   bool importance = true;      // quantize (and estimate) with importance
+  bool fit_plans = true;       // measure two whole plans to fit KL against the sum of losses
   std::string cache_prefix;    // "" : nothing cached
   int threads = 0;
   bool progress = true;

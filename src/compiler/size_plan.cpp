@@ -63,8 +63,8 @@ std::vector<std::pair<std::string, DType>> Ordered(const ModelProfile& p, const 
   return out;
 }
 
-std::string Summary(const ModelProfile& p, const std::vector<DType>& type_of, double kld) {
-  return MixSummary(Ordered(p, type_of), kld);
+std::string Summary(const ModelProfile& p, const std::vector<DType>& type_of, double additive) {
+  return MixSummary(Ordered(p, type_of), p.FittedKld(additive));
 }
 
 uint64_t FileBytes(const ModelProfile& p, uint64_t data_bytes, const std::string& summary) {
@@ -324,9 +324,11 @@ Expected<FilePlan> PlanFileSize(const ModelProfile& p, uint64_t target) {
   s.CountSummaryAs(0);
   s.Fill(nullptr);
   for (size_t u = 0; u < n; ++u) plan.tensor_types[p.tensors[u].name] = s.types()[u];
-  plan.predicted_kld = s.TotalLoss();
+  plan.additive_kld = s.TotalLoss();
+  plan.predicted_kld = p.FittedKld(plan.additive_kld);
   plan.summary = s.Summary();
   plan.predicted_file_bytes = FileBytes(p, s.data(), plan.summary);
+  for (auto& point : curve) point.second = p.FittedKld(point.second);
   curve.emplace_back(plan.predicted_file_bytes, plan.predicted_kld);
   std::sort(curve.begin(), curve.end());
   const size_t step = std::max<size_t>(1, curve.size() / 256);
@@ -345,7 +347,7 @@ FilePrediction PredictFile(const ModelProfile& p, const std::map<std::string, DT
     if (it == types.end()) {
       ++out.unmatched;
       data += AlignedTensorBytes(t.options.front().bytes, al);
-      out.kld += t.options.front().quality_loss;
+      out.additive_kld += t.options.front().quality_loss;
       continue;
     }
     auto b = TensorBytesAt({ProfileTensor{t.name, -1, t.ne}}, it->second);
@@ -361,8 +363,9 @@ FilePrediction PredictFile(const ModelProfile& p, const std::map<std::string, DT
       if (b && o.bytes <= *b && (!best || o.bytes > best->bytes)) best = &o;
     }
     if (!best || best->type != it->second) ++out.unmatched;
-    out.kld += best ? best->quality_loss : t.options.front().quality_loss;
+    out.additive_kld += best ? best->quality_loss : t.options.front().quality_loss;
   }
+  out.kld = p.FittedKld(out.additive_kld);
   out.file_bytes = p.file.alignment ? FileBytes(p, data, summary) : data;
   return out;
 }
@@ -396,6 +399,7 @@ std::string FilePlanToJson(const FilePlan& plan) {
             {"min_file_bytes", plan.min_file_bytes},
             {"max_file_bytes", plan.max_file_bytes},
             {"predicted_kld", plan.predicted_kld},
+            {"additive_kld", plan.additive_kld},
             {"summary", plan.summary},
             {"curve", std::move(curve)},
             {"tensor_types", std::move(types)}};

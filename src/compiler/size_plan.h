@@ -30,11 +30,12 @@ struct FilePlan {
   uint64_t predicted_file_bytes = 0;
   uint64_t min_file_bytes = 0;  // every tensor at its cheapest type
   uint64_t max_file_bytes = 0;  // every tensor at its most precise type
-  double predicted_kld = 0;     // sum of the tensors' estimated losses
+  double predicted_kld = 0;     // the sum of the tensors' losses through the profile's KLD fit
+  double additive_kld = 0;      // the sum itself (what the search minimizes)
   std::map<std::string, DType> tensor_types;
   std::string summary;  // the value of kPlanSummaryKey
   // (file bytes, predicted KLD) along the greedy path, at most ~256 points: the predicted
-  // rate-distortion curve.
+  // rate-distortion curve (fitted KLD).
   std::vector<std::pair<uint64_t, double>> curve;
 };
 
@@ -46,7 +47,8 @@ Expected<FilePlan> PlanFileSize(const ModelProfile& profile, uint64_t target_fil
 // mix, say); tensors it does not name, or whose type has no calibrated option, count the nearest
 // option at most that size, and `unmatched` counts them.
 struct FilePrediction {
-  double kld = 0;
+  double kld = 0;           // through the profile's KLD fit
+  double additive_kld = 0;
   uint64_t file_bytes = 0;
   int unmatched = 0;
 };
