@@ -36,10 +36,11 @@ struct Auto {
   int64_t stats_chunks, measure_chunks;
   int max_groups;
   int64_t sample_elements;  // per tensor for the error estimate
+  bool fit_plans;
 };
 Auto Defaults(uint64_t n_params) {
-  if (n_params < 200'000'000ull) return {64, 4, 256, int64_t{1} << 24};
-  return {4, 1, 24, int64_t{1} << 22};
+  if (n_params < 200'000'000ull) return {64, 4, 256, int64_t{1} << 24, true};
+  return {4, 1, 30, int64_t{1} << 21, false};
 }
 
 std::string TypesKey(const std::vector<DType>& types) {
@@ -385,7 +386,7 @@ Expected<EstimateResult> EstimateProfile(const EstimateOptions& o) {
 
   // 5. Whole plans: the KL of plans at two sizes against the sum of their tensors' losses
   // (losses compound, so the sum runs low); KL = scale * sum^power through both points.
-  if (o.fit_plans) {
+  if (o.fit_plans > 0 || (o.fit_plans < 0 && def.fit_plans)) {
     t0 = Clock::now();
     ASSIGN_OR_RETURN(FilePlan range, PlanFileSize(p, UINT64_MAX));
     std::vector<std::pair<double, double>> pts;  // (sum of losses, measured KL)

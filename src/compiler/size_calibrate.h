@@ -39,7 +39,9 @@ struct EstimateOptions {
   std::vector<DType> types;    // candidates; empty: Q2_K Q3_K IQ4_XS Q4_K Q5_K Q6_K Q8_0
   std::vector<DType> reference_types;  // measured per group; empty: Q3_K
   bool importance = true;      // quantize (and estimate) with importance
-  bool fit_plans = true;       // measure two whole plans to fit KL against the sum of losses
+  // Measure two whole plans to fit KL against the sum of losses: 1 yes, 0 no, -1 by model size
+  // (each quantizes the whole model in memory: minutes for 8B parameters).
+  int fit_plans = -1;
   std::string cache_prefix;    // "" : nothing cached
   int threads = 0;
   bool progress = true;
