@@ -20,7 +20,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/membw.h"
 #include "kernels/profile.h"
-#include "model/engine.h"
+#include "runtime/engine.h"
 #include "runtime/read_probe.h"
 
 namespace substrate::cli {
@@ -169,8 +169,9 @@ int RunBench(const std::vector<std::string>& args) {
   eo.n_threads = static_cast<int>(*t);
   eo.require_tokenizer = false;
   eo.kv_type = *kv_type;
-  auto store = ApplyStoreFlags(f, *p + *n + 8, &path, &eo, *bw_bytes);
-  if (!store.ok()) return PrintError("bench", store.status());
+  eo.n_ctx = *p + *n + 8;
+  eo.extra_reserve = *bw_bytes;
+  if (Status st = ApplyStoreFlags(f, &eo); !st.ok()) return PrintError("bench", st);
   auto t_load = Clock::now();
   auto engine = Engine::Load(path, eo);
   if (!engine.ok()) return PrintError("bench", engine.status());
@@ -178,7 +179,7 @@ int RunBench(const std::vector<std::string>& args) {
   Engine& e = **engine;
   Model& model = e.model();
   const int64_t n_vocab = model.hparams().n_vocab;
-  ResidencyManager* rm = store->get();
+  ResidencyManager* rm = e.runtime();
   Weights w = CountWeights(e.metadata(), rm ? StoreTensors(rm->index(), rm->serve_tier())
                                             : FileTensors(e.file()));
 
@@ -186,7 +187,7 @@ int RunBench(const std::vector<std::string>& args) {
   auto bw = MeasureReadBandwidth(e.pool(), *bw_bytes, 3);
   if (!bw.ok()) return PrintError("bench", bw.status());
 
-  auto cache = KvCache::Create(model.hparams(), *p + *n + 8, &e.ledger(), *kv_type);
+  auto cache = KvCache::Create(model.hparams(), *p + *n + 8, model.backend(), *kv_type);
   if (!cache.ok()) return PrintError("bench", cache.status());
   std::vector<float> logits;
   Series pp, tg;
@@ -216,7 +217,7 @@ int RunBench(const std::vector<std::string>& args) {
     }
     if (*n > 0) {
       auto tokens = RandomTokens(*n, n_vocab, static_cast<uint32_t>(1000 + rep));
-      const uint64_t read0 = store->get() ? store->get()->stats().stream_bytes_read : 0;
+      const uint64_t read0 = rm ? rm->stats().stream_bytes_read : 0;
       cache->Clear();
       if (profile && rep == *r - 1) {
         ResetKernelProfile();
@@ -228,7 +229,7 @@ int RunBench(const std::vector<std::string>& args) {
         if (!st.ok()) return PrintError("bench", st);
       }
       tg.tps.push_back(static_cast<double>(*n) / Seconds(start));
-      if (store->get()) tg_disk_bytes += store->get()->stats().stream_bytes_read - read0;
+      if (rm) tg_disk_bytes += rm->stats().stream_bytes_read - read0;
       SetKernelProfiling(false);
     }
   }
@@ -253,7 +254,7 @@ int RunBench(const std::vector<std::string>& args) {
   j["weight_bytes_per_token"] = w.per_token_bytes;
   j["ledger"] = {{"cap_bytes", e.ledger().cap()}, {"peak_bytes", e.ledger().peak()}};
   if (rm) {
-    j["store"] = nlohmann::json::parse(StoreStatsJson(*store));
+    j["store"] = nlohmann::json::parse(StoreStatsJson(e));
     double tg_s = 0;
     for (double v : tg.tps) tg_s += static_cast<double>(*n) / v;
     double disk_rate = 0;

@@ -7,17 +7,20 @@
 
 #include "cli/command.h"
 #include "cli/generation_flags.h"
+#include "cli/store_flags.h"
 
 namespace substrate::cli {
 namespace {
 
 constexpr const char* kUsage =
     "usage: substrate chat -m MODEL [-c CTX] [-n N] [--temp T] [--seed S] [--system TEXT]\n"
-    "                      [--kv-type f32|f16] [--draft-max K]  (as for substrate run)\n"
+    "                      [--kv-type f32|f16] [--draft-max K]\n"
+    "                      [--store STORE/ --max-ram SIZE [--plan P] [--tier N] ...]\n"
+    "                      (as for substrate run)\n"
     "  type a message and press enter; /reset starts over, /exit (or end of input) quits\n";
 
 int RunChat(const std::vector<std::string>& args) {
-  Flags f(args, GenerationFlagsWithValue({"--system"}));
+  Flags f(args, StoreFlagsWithValue(GenerationFlagsWithValue({"--system"})));
   if (!f.status().ok()) return PrintError("chat", f.status());
   if (f.Has("-h") || f.Has("--help")) {
     std::fputs(kUsage, stdout);
@@ -27,7 +30,10 @@ int RunChat(const std::vector<std::string>& args) {
   if (!gf.ok()) return PrintError("chat", gf.status());
   if (!f.Has("-n") && !f.Has("--n-predict")) gf->generate.max_tokens = 512;
   if (!f.Has("--temp") && !f.Has("--temperature")) gf->generate.sampling.temperature = 0.7f;
-  auto loaded = LoadForGeneration(*gf);
+  EngineOptions eo;
+  eo.n_ctx = gf->n_ctx;
+  if (Status st = ApplyStoreFlags(f, &eo); !st.ok()) return PrintError("chat", st);
+  auto loaded = LoadForGeneration(*gf, eo);
   if (!loaded.ok()) return PrintError("chat", loaded.status());
   auto& [engine, session] = *loaded;
 

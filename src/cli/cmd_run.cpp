@@ -8,7 +8,7 @@
 #include "cli/command.h"
 #include "cli/generation_flags.h"
 #include "cli/store_flags.h"
-#include "model/engine.h"
+#include "runtime/engine.h"
 
 namespace substrate::cli {
 namespace {
@@ -49,8 +49,8 @@ int RunRun(const std::vector<std::string>& args) {
 
   EngineOptions eo;
   eo.kv_type = gf->kv_type;
-  auto store = ApplyStoreFlags(f, gf->n_ctx, &gf->model, &eo);
-  if (!store.ok()) return PrintError("run", store.status());
+  eo.n_ctx = gf->n_ctx;
+  if (Status st = ApplyStoreFlags(f, &eo); !st.ok()) return PrintError("run", st);
   auto loaded = LoadForGeneration(*gf, eo);
   if (!loaded.ok()) return PrintError("run", loaded.status());
   auto& [engine, session] = *loaded;
@@ -80,7 +80,7 @@ int RunRun(const std::vector<std::string>& args) {
   if (json) {
     nlohmann::json j = StatsJson(*engine, *stats);
     j["text"] = text;
-    if (store->get()) j["store"] = nlohmann::json::parse(StoreStatsJson(*store));
+    if (engine->runtime()) j["store"] = nlohmann::json::parse(StoreStatsJson(*engine));
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\n");

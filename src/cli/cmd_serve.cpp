@@ -6,6 +6,7 @@
 
 #include "cli/command.h"
 #include "cli/generation_flags.h"
+#include "cli/store_flags.h"
 #include "core/log.h"
 #include "serve/model_backend.h"
 #include "serve/server.h"
@@ -18,6 +19,8 @@ const char* kUsage =
     "                       [-c CTX] [--parallel N] [-t THREADS] [--max-queue N]\n"
     "                       [--max-body BYTES] [--alias NAME] [--kv-type f32|f16]\n"
     "                       [--draft-max K]\n"
+    "                       [--store STORE/ --max-ram SIZE [--plan P] [--tier N] [--trace T]\n"
+    "                        [--prefetch-depth N] [--io auto|uring|pread] [--io-threads N]]\n"
     "  endpoints: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,\n"
     "             POST /v1/completions (OpenAI), POST /v1/messages (Anthropic)\n"
     "  --api-key     required as 'Authorization: Bearer KEY' or 'x-api-key: KEY' on /v1/*\n"
@@ -27,21 +30,25 @@ const char* kUsage =
     "  --max-queue N requests waiting for a slot before 503/529 (default 64)\n"
     "  --kv-type T   KV cache rows: f32 (default, exact) or f16 (half the memory per slot)\n"
     "  --draft-max K speculative decoding: up to K tokens drafted from the context (prompt\n"
-    "                lookup) and verified per model pass; same output (default 0: off)\n";
+    "                lookup) and verified per model pass; same output (default 0: off)\n"
+    "  --max-ram SIZE  the RAM budget (weights, every slot's KV cache, scratch)\n"
+    "  --store STORE/  run out of core: weights streamed from a packed store (substrate pack)\n"
+    "                inside --max-ram; /metrics adds the runtime's counters\n";
 
 int RunServe(const std::vector<std::string>& args) {
-  Flags f(args, {"-m", "--model", "--host", "--port", "--api-key", "-c", "--ctx-size",
-                 "--parallel", "-np", "-t", "--threads", "--max-queue", "--max-body", "--alias",
-                 "--kv-type", "--cache-type", "--draft-max"});
+  Flags f(args, StoreFlagsWithValue({"-m", "--model", "--host", "--port", "--api-key", "-c",
+                                     "--ctx-size", "--parallel", "-np", "-t", "--threads",
+                                     "--max-queue", "--max-body", "--alias", "--kv-type",
+                                     "--cache-type", "--draft-max"}));
   if (!f.status().ok()) return PrintError("serve", f.status());
   if (f.Has("-h") || f.Has("--help")) {
     std::fputs(kUsage, stdout);
     return 0;
   }
   const std::string model = f.Get({"-m", "--model"});
-  if (model.empty()) {
+  if (model.empty() && !f.Has("--store")) {
     std::fputs(kUsage, stderr);
-    return PrintError("serve", InvalidArgument("-m MODEL is required"));
+    return PrintError("serve", InvalidArgument("-m MODEL (or --store STORE/) is required"));
   }
   auto port = f.GetInt({"--port"}, 8080);
   auto ctx = f.GetInt({"-c", "--ctx-size"}, 0);
@@ -83,7 +90,10 @@ int RunServe(const std::vector<std::string>& args) {
   mo.model_id = f.Get({"--alias"});
   mo.kv_type = *kv_type;
   mo.draft_max = static_cast<int>(*draft_max);
-  std::fprintf(stderr, "substrate serve: loading %s\n", model.c_str());
+  mo.slots = static_cast<int>(*parallel);
+  if (Status st = ApplyStoreFlags(f, &mo.engine); !st.ok()) return PrintError("serve", st);
+  std::fprintf(stderr, "substrate serve: loading %s\n",
+               model.empty() ? mo.engine.store.c_str() : model.c_str());
   auto backend = serve::ModelBackend::Load(mo);
   if (!backend.ok()) return PrintError("serve", backend.status());
 

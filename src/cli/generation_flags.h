@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
-#include "model/engine.h"
+#include "runtime/engine.h"
 
 namespace substrate::cli {
 

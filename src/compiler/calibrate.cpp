@@ -118,12 +118,13 @@ const char* KindName(OpKind k) {
 }  // namespace
 
 struct CalibrationRunner::Impl {
+  // First, so it is destroyed last: the weights, overrides and model scratch hold charges on it.
+  MemoryLedger ledger;
   std::unique_ptr<ModelFile> file;
   std::unique_ptr<ResidentWeightSource> base;
   std::unique_ptr<OverrideSource> over;
   std::unique_ptr<ThreadPool> own_pool;
   ThreadPool* pool = nullptr;
-  MemoryLedger ledger;
   std::unique_ptr<Model> model;
   std::vector<int32_t> tokens;
   int32_t bos = -1;

@@ -298,7 +298,7 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
   s.win_start = NowUs();
   s.win_stall = 0;
   s.win_hit = true;
-  s.win_tier = s.where == Where::kResident ? s.tier : serve_;
+  s.win_tier = s.where == Where::kResident ? std::min(s.tier, Want(o)) : Want(o);
   op_error_[o] = Status::Ok();
   if (s.layer >= 0) cur_layer_ = s.layer;
   if (s.where == Where::kExpert) {
@@ -307,6 +307,12 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
   }
   if (s.seq >= 0) AdvanceTo(s.seq);
   if (s.where == Where::kStreamed) {
+    if (s.slab >= 0 && s.abs == pos_ && Raised(o, s.asked)) {
+      // Read ahead before its tier was raised: read again at the new tier.
+      sched_->Cancel(&slabs_[s.slab]->ticket);
+      slabs_[s.slab]->op = -1;
+      s.slab = -1;
+    }
     if (s.slab < 0 || s.abs != pos_) {
       // Not read ahead (the first op, or slabs were busy): read now, at the head of the queue.
       if (s.slab < 0) {
@@ -325,9 +331,9 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
         }
         if (free_slab >= 0) {
           s.slab = free_slab;
-          s.tier = serve_;
+          s.tier = s.asked = Want(o);
           slabs_[free_slab]->op = o;
-          Submit(INT64_MIN / 2, o, serve_, slabs_[free_slab]->buf.data(),
+          Submit(INT64_MIN / 2, o, s.tier, slabs_[free_slab]->buf.data(),
                  &slabs_[free_slab]->ticket);
         }
       }
@@ -355,6 +361,12 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
 Status ResidencyManager::BeginExpert(int o) {
   OpState& s = st_[o];
   int slot = experts_->Find(o);
+  if (slot >= 0 && experts_->slot(slot).pins == 0 && experts_->slot(slot).tier < Want(o)) {
+    // Cached at a lower tier than the op now runs at: read it again, in the same slot.
+    sched_->Cancel(&experts_->slot(slot).ticket);
+    experts_->Clear(slot);
+    slot = -1;
+  }
   if (slot >= 0) {
     ExpertCache::Slot& sl = experts_->slot(slot);
     if (sched_->Ready(&sl.ticket)) {
@@ -383,8 +395,8 @@ Status ResidencyManager::BeginExpert(int o) {
       (void)sched_->Wait(&experts_->slot(busy).ticket, &waited);
       s.win_stall += waited;
     }
-    experts_->Assign(slot, o, serve_);
-    Submit(INT64_MIN / 2, o, serve_, experts_->slot(slot).data, &experts_->slot(slot).ticket);
+    experts_->Assign(slot, o, Want(o));
+    Submit(INT64_MIN / 2, o, Want(o), experts_->slot(slot).data, &experts_->slot(slot).ticket);
   }
   ExpertCache::Slot& sl = experts_->slot(slot);
   int64_t waited = 0;
@@ -418,10 +430,10 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
     if (o < 0 || experts_->Find(o) >= 0) continue;
     const int slot = experts_->TakeVictim(pos_ - 2 * ops_per_layer_);
     if (slot < 0) return;
-    experts_->Assign(slot, o, serve_);
+    experts_->Assign(slot, o, Want(o));
     experts_->slot(slot).hint_pos = pos_;
     ++experts_->hinted;
-    Submit(deadline, o, serve_, experts_->slot(slot).data, &experts_->slot(slot).ticket);
+    Submit(deadline, o, Want(o), experts_->slot(slot).data, &experts_->slot(slot).ticket);
     ++busy;
   }
 }
@@ -471,21 +483,22 @@ void ResidencyManager::EndOp(const std::string& op_id) {
 Expected<const uint8_t*> ResidencyManager::DemandLoad(int o, int* tier) {
   for (const auto& d : demand_)
     if (d->op == o) {
-      *tier = serve_;
+      *tier = d->tier;
       return d->buf.data();
     }
   auto d = std::make_unique<Demand>();
   d->op = o;
+  d->tier = Want(o);
   auto buf = AlignedBuffer::Allocate(OpBytes(o), ledger_, "stream");
   if (!buf.ok()) return buf.status().WithContext("reading op '" + index_->ops()[o].id + "' on demand");
   d->buf = std::move(buf).value();
-  Submit(INT64_MIN / 2, o, serve_, d->buf.data(), &d->ticket);
+  Submit(INT64_MIN / 2, o, d->tier, d->buf.data(), &d->ticket);
   int64_t waited = 0;
   Status st = sched_->Wait(&d->ticket, &waited);
   if (cur_op_ >= 0) st_[cur_op_].win_stall += waited;
   RETURN_IF_ERROR(st);
   ++stats_.demand_loads;
-  *tier = serve_;
+  *tier = d->tier;
   demand_.push_back(std::move(d));
   return demand_.back()->buf.data();
 }
@@ -526,11 +539,21 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
     ASSIGN_OR_RETURN(base, DemandLoad(o, &loaded));
   }
   const StoreOp& op = index_->ops()[o];
-  const int use = std::min({std::max(tier, serve_), loaded, u->n_tiers - 1});
+  const int use = std::min({tier < 0 ? serve_ : tier, loaded, u->n_tiers - 1});
   const uint8_t* ptr[3] = {nullptr, nullptr, nullptr};
   for (int k = 0; k <= use; ++k)
     ptr[k] = base + op.SlabOffset(k) + (u->tier[k].offset - op.span[k].offset);
   return WeightHandle(this, index_->MakeView(id, slice, *u, offset_el, use, ptr), 0);
+}
+
+void ResidencyManager::BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) {
+  std::lock_guard<std::mutex> lock(mu_);
+  model_op_.assign(index_->ops().size(), -1);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const int o = index_->FindOp(ops[i].id);
+    if (o >= 0) model_op_[o] = static_cast<int>(i);
+  }
+  tiers_ = tiers;
 }
 
 Status ResidencyManager::FlushTrace() { return trace_ ? trace_->Flush() : Status::Ok(); }

@@ -19,6 +19,7 @@
 // the scheduler's worker thread(s), which shut down when the manager is destroyed.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -90,10 +91,13 @@ class ResidencyManager : public WeightSource {
 
   TensorId Resolve(const std::string& name) const override { return index_->Resolve(name); }
   const TensorInfo& Info(TensorId id) const override { return index_->tensors()[id].info; }
-  Expected<WeightHandle> Acquire(TensorId id, int slice = -1, int tier = 0) override;
+  Expected<WeightHandle> Acquire(TensorId id, int slice = -1,
+                                 int tier = kDefaultTier) override;
+  int DefaultTier() const override { return serve_; }
   void BeginOp(const std::string& op_id) override;
   void EndOp(const std::string& op_id) override;
   void HintExperts(int layer, const int32_t* experts, int n) override;
+  void BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) override;
   // Look-ahead guesses are worth their GEMV only when some experts are not cached.
   bool WantsLookahead() const override { return stats_.n_ops_expert > stats_.expert_slots; }
 
@@ -112,6 +116,7 @@ class ResidencyManager : public WeightSource {
     int slab = -1;          // slab holding it (streamed)
     int64_t abs = -1;       // absolute sequence position it was scheduled for
     int tier = 0;           // tier read / served
+    int asked = 0;          // the tier the op wanted when that read was issued (Want)
     int evict_at = -1;      // op whose EndOp evicts it (default itself)
     // The plan's prefetch: the sequence position whose BeginOp issues this op's read (same token,
     // before the op), or -1 for the depth rule.
@@ -133,6 +138,7 @@ class ResidencyManager : public WeightSource {
   };
   struct Demand {
     int op = -1;
+    int tier = 0;
     AlignedBuffer buf;
     ReadTicket ticket;
   };
@@ -151,6 +157,12 @@ class ResidencyManager : public WeightSource {
   Status BeginExpert(int op);
   Expected<const uint8_t*> DemandLoad(int op, int* tier);
   int64_t NowUs() const;
+  // The tier op o runs at now: the model's per-op table (BindOpTiers), within the served ladder.
+  int Want(int o) const {
+    return tiers_ && model_op_[o] >= 0 ? std::min<int>(tiers_[model_op_[o]], serve_) : serve_;
+  }
+  // Whether op o's buffer, read for tier `asked`, is behind a later raise of its tier.
+  bool Raised(int o, int asked) const { return Want(o) > asked; }
   uint64_t OpBytes(int op) const { return index_->ops()[op].SlabBytes(serve_); }
 
   // Declared before the scheduler, destroyed after it: workers may still write into them.
@@ -160,6 +172,8 @@ class ResidencyManager : public WeightSource {
   ResidencyOptions options_;
   ModelHParams hp_;
   int serve_ = 0;
+  const uint8_t* tiers_ = nullptr;  // the model's per-op tiers (BindOpTiers)
+  std::vector<int> model_op_;       // store op -> index in that table, -1
   std::vector<OpState> st_;
   std::vector<int> seq_;                       // dense ops in forward order
   bool plan_schedules_ = false;                // some op's read follows the plan's start_during

@@ -11,7 +11,8 @@ namespace substrate {
 // queued bytes ahead of it at the measured rate, against the compute time of the ops before it)
 // takes the op's fallback: served at a lower tier when the plan allows, else waited for.
 int ResidencyManager::Admit(int op, int64_t abs) {
-  int tier = serve_;
+  const int want = Want(op);
+  int tier = want;
   const double bw = sched_->bandwidth();
   if (bw <= 0) return tier;
   const int64_t n = static_cast<int64_t>(seq_.size());
@@ -25,7 +26,7 @@ int ResidencyManager::Admit(int op, int64_t abs) {
   ++stats_.predicted_late;
   if (!st_[op].lower_tier_fallback) return tier;
   while (tier > 0 && finish_us(tier) > deadline_us) --tier;
-  if (tier < serve_) ++stats_.demoted;
+  if (tier < want) ++stats_.demoted;
   return tier;
 }
 
@@ -66,6 +67,7 @@ void ResidencyManager::ScheduleAhead() {
     if (s.issue_seq >= 0 && pos_ < q - q % n + s.issue_seq) continue;  // start_during not begun
     const int free_slab = FreeSlab();
     if (free_slab < 0) break;
+    s.asked = Want(o);
     s.tier = Admit(o, q);
     s.slab = free_slab;
     s.abs = q;

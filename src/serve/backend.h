@@ -101,6 +101,9 @@ class InferenceBackend {
 
   // A new slot state; called once per parallel slot when the server starts.
   virtual Expected<std::unique_ptr<Session>> NewSession() = 0;
+  // Counters of the runtime under the model (/metrics: substrate_runtime_<name>): disk reads,
+  // hits and misses of streamed ops and experts, stalls. Empty for a resident model.
+  virtual std::vector<std::pair<std::string, double>> RuntimeCounters() const { return {}; }
 };
 
 }  // namespace substrate::serve

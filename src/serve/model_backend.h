@@ -1,5 +1,6 @@
-// The real InferenceBackend: a model loaded by model/Engine (weights resident, charged to the
-// ledger), its tokenizer and chat template. This is what `substrate serve` runs.
+// The real InferenceBackend: a model opened by the runtime's Engine (weights resident, or
+// streamed from a store inside a RAM budget), its tokenizer and chat template. This is what
+// `substrate serve` runs.
 //
 // Slots share one Engine, whose scratch allows one forward pass at a time: each slot takes the
 // forward lock per step (its prefill, then one decode token), so parallel slots interleave
@@ -14,10 +15,10 @@
 
 #include "core/memory_ledger.h"
 #include "format/dtype.h"
+#include "runtime/engine.h"
 #include "serve/backend.h"
 
 namespace substrate {
-class Engine;
 class ChatTemplate;
 }
 
@@ -31,6 +32,10 @@ struct ModelBackendOptions {
   MemoryLedger* ledger = nullptr; // null: MemoryLedger::Global()
   DType kv_type = DType::kF32;    // each slot's KV cache rows (EngineOptions::kv_type)
   int draft_max = 0;              // prompt-lookup speculative decoding (GenerateOptions)
+  int slots = 1;                  // sessions open at once: their KV caches share the budget
+  // The RAM budget and out-of-core runtime (EngineOptions::max_ram, store, residency); the
+  // fields above fill in the rest of the engine's options.
+  EngineOptions engine;
 };
 
 // A mutex that hands the lock over in arrival order, so that slots take forward passes in
@@ -58,6 +63,7 @@ class ModelBackend : public InferenceBackend {
   Expected<std::vector<int32_t>> EncodeText(const std::string& text) const override;
   Expected<std::vector<int32_t>> EncodeChat(const nlohmann::json& messages) const override;
   Expected<std::unique_ptr<Session>> NewSession() override;
+  std::vector<std::pair<std::string, double>> RuntimeCounters() const override;
 
   Engine& engine() { return *engine_; }
 

@@ -426,6 +426,13 @@ std::string HttpServer::MetricsText() const {
   o << "substrate_memory_ledger_peak_bytes " << ledger.peak() << '\n';
   metric("substrate_memory_ledger_cap_bytes", "gauge", "The ledger's cap (0: none).");
   o << "substrate_memory_ledger_cap_bytes " << ledger.cap() << '\n';
+  // The out-of-core runtime's counters (none for a resident model); totals are counters.
+  for (const auto& [name, value] : backend_->RuntimeCounters()) {
+    const std::string full = "substrate_runtime_" + name;
+    const bool total = name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0;
+    metric(full.c_str(), total ? "counter" : "gauge", "Out-of-core runtime (ResidencyManager).");
+    o << full << ' ' << value << '\n';
+  }
   return o.str();
 }
 

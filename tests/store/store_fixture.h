@@ -77,7 +77,7 @@ inline std::vector<int32_t> GreedyThrough(WeightSource* src, const Metadata& md,
     *err = model.status();
     return {};
   }
-  auto cache = KvCache::Create((*model)->hparams(), 256, ledger);
+  auto cache = KvCache::Create((*model)->hparams(), 256, (*model)->backend());
   if (!cache.ok()) {
     *err = cache.status();
     return {};
