@@ -109,11 +109,17 @@ int QuantizeToSize(const Flags& flags, const ModelFile& in, const std::string& o
     stats = std::move(r->stats);
     Status st = compiler::SaveProfile(profile, profile_path);
     if (!st.ok()) return PrintError(cmd, st);
+    const double secs = r->seconds_stats + r->seconds_errors + r->seconds_measure;
     std::printf("calibrated %s on %s: %zu tensors, %lld tokens of statistics, %zu measured groups "
-                "(%.1f s statistics, %.1f s errors, %.1f s measurements); profile %s\n",
+                "(%s); profile %s\n",
                 in.path().c_str(), text.c_str(), profile.tensors.size(),
-                static_cast<long long>(stats.tokens), r->groups.size(), r->seconds_stats,
-                r->seconds_errors, r->seconds_measure, profile_path.c_str());
+                static_cast<long long>(stats.tokens), r->groups.size(),
+                secs < 0.5 ? "all from the cache"
+                           : (std::to_string(static_cast<int>(r->seconds_stats + 0.5)) + " s statistics, " +
+                              std::to_string(static_cast<int>(r->seconds_errors + 0.5)) + " s errors, " +
+                              std::to_string(static_cast<int>(r->seconds_measure + 0.5)) + " s measurements")
+                                 .c_str(),
+                profile_path.c_str());
   } else if (FileExists(profile_path)) {
     auto p = compiler::LoadProfile(profile_path);
     if (!p.ok()) return PrintError(cmd, p.status());
