@@ -1,5 +1,6 @@
 #include "compiler/quantize_report.h"
 
+#include <algorithm>
 #include <memory>
 
 #include "compiler/calibrate.h"
@@ -11,7 +12,10 @@ Expected<RdChart> BuildRdReport(const ModelFile& model, const ModelProfile& prof
                                 const FilePlan& chosen, const RdReportOptions& o) {
   RdChart chart;
   chart.title = profile.model_id + ": KL divergence against file size";
-  chart.predicted_curve = chosen.curve;
+  // The whole predicted curve, from every tensor at its cheapest type to every one at its most
+  // precise (the chosen plan's own path stops at its target).
+  auto full = PlanFileSize(profile, std::max(chosen.max_file_bytes, chosen.target_file_bytes));
+  chart.predicted_curve = full.ok() ? full->curve : chosen.curve;
   std::unique_ptr<CalibrationRunner> runner;
   if (!o.eval_text.empty()) {
     ASSIGN_OR_RETURN(runner, CalibrationRunner::Open(model.path(), o.eval_text, o.n_ctx, o.threads));
@@ -39,7 +43,7 @@ Expected<RdChart> BuildRdReport(const ModelFile& model, const ModelProfile& prof
     chart.mixes.push_back(mix);
     // The plan at exactly that file's size (when the candidate types can reach it).
     auto plan = PlanFileSize(profile, layout.file_bytes);
-    if (!plan.ok()) continue;
+    if (!plan.ok() || plan->tensor_types == chosen.tensor_types) continue;
     RdPoint at{"plan @" + name, plan->predicted_file_bytes, plan->predicted_kld, -1};
     ASSIGN_OR_RETURN(at.measured, measure(plan->tensor_types, o.importance));
     chart.plans.push_back(at);

@@ -31,9 +31,9 @@ std::string Escape(const std::string& s) {
   return o;
 }
 
-std::string Text(double x, double y, const std::string& s, const char* extra = "") {
-  return "<text x=\"" + F(x) + "\" y=\"" + F(y) + "\" font-family=\"sans-serif\" font-size=\"12\" " +
-         extra + ">" + Escape(s) + "</text>\n";
+std::string Text(double x, double y, const std::string& s, const char* extra = "", int size = 12) {
+  return "<text x=\"" + F(x) + "\" y=\"" + F(y) + "\" font-family=\"sans-serif\" font-size=\"" +
+         std::to_string(size) + "\" " + extra + ">" + Escape(s) + "</text>\n";
 }
 
 }  // namespace
@@ -55,7 +55,7 @@ std::string RateDistortionSvg(const RdChart& c) {
     for (const RdPoint& p : *set) take(p.bytes, p.predicted), take(p.bytes, p.measured);
   std::string s = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"900\" height=\"560\" "
                   "viewBox=\"0 0 900 560\">\n<rect width=\"900\" height=\"560\" fill=\"white\"/>\n";
-  s += Text(L, 22, c.title, "font-weight=\"bold\"");
+  s += Text(8, 16, c.title, "font-weight=\"bold\"");
   s += "<rect x=\"" + F(L) + "\" y=\"" + F(T) + "\" width=\"" + F(w) + "\" height=\"" + F(h) +
        "\" fill=\"none\" stroke=\"#888\"/>\n";
   if (x1 <= 0) return s + Text(L + 10, T + 20, "nothing to draw") + "</svg>\n";
@@ -82,7 +82,7 @@ std::string RateDistortionSvg(const RdChart& c) {
     s += Text(X(v) - 30, T + h + 18, G(v / 1e6, "%.3f") + " MB");
   }
   s += Text(L + w / 2 - 60, H - 8, "file size (bytes)");
-  s += Text(8, T - 8, "mean KLD vs the unquantized model (log)");
+  s += Text(8, T - 10, "mean KLD against the unquantized model (log scale)", "", 11);
 
   if (!c.predicted_curve.empty()) {
     std::string pts;
@@ -110,7 +110,7 @@ std::string RateDistortionSvg(const RdChart& c) {
         s += marker(x, Y(p.measured), color, true, square,
                     p.label + ": measured " + G(p.measured) + ", " + std::to_string(p.bytes) + " bytes");
       const double ly = p.measured > 0 ? Y(p.measured) : Y(p.predicted);
-      if (p.measured > 0 || p.predicted > 0) s += Text(x + 8, ly - 6, p.label, "font-size=\"10\"");
+      if (p.measured > 0 || p.predicted > 0) s += Text(x + 8, ly - 6, p.label, "", 10);
     }
   };
   points(c.mixes, "#d62728", true);
