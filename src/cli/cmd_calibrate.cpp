@@ -202,7 +202,8 @@ int RunCalibrate(const std::vector<std::string>& args) {
     return PrintError("calibrate", InvalidArgument("--from-chunk >= 0, --chunks >= 1, --threads >= 0"));
   if (!f.Get({"--evaluate"}).empty())
     return Evaluate(f, model, text, *n_ctx, *from, *chunks, static_cast<int>(*threads));
-  if (f.Has("--estimate")) return Estimate(f, model, text, *n_ctx, static_cast<int>(*threads));
+  if (f.Has("--estimate"))
+    return Estimate(f, model, text, f.Has("-c") || f.Has("--ctx-size") ? *n_ctx : 0, static_cast<int>(*threads));
   if (!f.Get({"--imatrix"}).empty())
     return Imatrix(f, model, text, *n_ctx, *from, *chunks, static_cast<int>(*threads));
 

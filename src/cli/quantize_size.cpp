@@ -75,12 +75,12 @@ int QuantizeToSize(const Flags& flags, const ModelFile& in, const std::string& o
   }
   auto types = ParseTypes(flags.Get({"--types"}));
   if (!types.ok()) return PrintError(cmd, types.status());
-  auto n_ctx = flags.GetInt({"-c", "--ctx-size"}, 512), stats_chunks = flags.GetInt({"--stats-chunks"}, 0),
+  auto n_ctx = flags.GetInt({"-c", "--ctx-size"}, 0), stats_chunks = flags.GetInt({"--stats-chunks"}, 0),
        measure_chunks = flags.GetInt({"--measure-chunks"}, 0), groups = flags.GetInt({"--groups"}, 0),
        report_chunks = flags.GetInt({"--report-chunks"}, 20);
   for (auto* e : {&n_ctx, &stats_chunks, &measure_chunks, &groups, &report_chunks})
     if (!e->ok()) return PrintError(cmd, e->status());
-  if (*stats_chunks < 0 || *measure_chunks < 0 || *groups < 0 || *groups > 100000 || *report_chunks < 1)
+  if (*n_ctx < 0 || *stats_chunks < 0 || *measure_chunks < 0 || *groups < 0 || *groups > 100000 || *report_chunks < 1)
     return PrintError(cmd, InvalidArgument("--stats-chunks, --measure-chunks, --groups must be >= 0, "
                                            "--report-chunks >= 1"));
 
@@ -178,7 +178,7 @@ int QuantizeToSize(const Flags& flags, const ModelFile& in, const std::string& o
     compiler::RdReportOptions ro;
     ro.eval_text = flags.Get({"--report-text"});
     ro.eval_chunks = *report_chunks;
-    ro.n_ctx = *n_ctx;
+    ro.n_ctx = *n_ctx > 0 ? *n_ctx : 512;
     ro.threads = threads;
     ro.importance = opt.importance;
     auto chart = compiler::BuildRdReport(in, profile, *plan, ro);

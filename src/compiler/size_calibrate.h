@@ -32,7 +32,7 @@ namespace substrate::compiler {
 struct EstimateOptions {
   std::string model_path;
   std::string text_path;
-  int64_t n_ctx = 512;
+  int64_t n_ctx = 0;           // chunk length; 0: by model size (512, or 256 from 200M parameters)
   int64_t stats_chunks = 0;    // chunks for the statistics; 0: by model size (see .cpp)
   int64_t measure_chunks = 0;  // chunks per KL measurement; 0: by model size
   int max_groups = 0;          // sensitivity measurements; 0: by model size
