@@ -19,9 +19,9 @@ constexpr const char* kUsage =
     "  --quality LOSS: the predicted loss (mean KLD) to reach, spending no more RAM than that\n"
     "        needs; --quality min: the least loss the RAM and speed budget allow\n"
     "  --target-file-bytes: per-tensor types for a GGUF of at most BYTES, to the byte (header\n"
-    "        and padding counted), from a per-tensor profile (`substrate quantize --size` or\n"
-    "        `substrate calibrate --estimate`); `substrate quantize IN OUT --plan plan.json`\n"
-    "        writes it\n";
+    "        and padding counted), from a per-tensor profile (what `substrate quantize` to a size\n"
+    "        or `substrate calibrate` with its estimate option writes); `substrate quantize IN OUT`\n"
+    "        given the plan writes the file\n";
 
 int CompileFileSize(const Flags& f, const compiler::ModelProfile& profile, const std::string& out) {
   auto target = ParseBytes(f.Get({"--target-file-bytes"}));
@@ -44,13 +44,14 @@ int CompileFileSize(const Flags& f, const compiler::ModelProfile& profile, const
 }
 
 int RunCompile(const std::vector<std::string>& args) {
-  Flags f(args, {"--max-ram", "--quality", "--tps", "--max-concurrent", "--mem-bw", "--ssd-bw",
-                 "--threshold", "--persistence", "--out", "-o", "--target-file-bytes"});
-  if (!f.status().ok()) return PrintError("compile", f.status());
-  if (f.Has("--help") || f.positional().size() != 1) {
-    std::fputs(kUsage, f.Has("--help") ? stdout : stderr);
-    return f.Has("--help") ? 0 : 2;
-  }
+  Flags f(args, {{"--max-ram", "--quality", "--tps", "--max-concurrent", "--mem-bw", "--ssd-bw",
+                  "--threshold", "--persistence", "--out", "-o", "--target-file-bytes"},
+                 {},
+                 1});
+  if (!f.status().ok()) return UsageError("compile", f.status(), kUsage);
+  if (f.help()) return std::fputs(kUsage, stdout), 0;
+  if (f.positional().size() != 1)
+    return UsageError("compile", InvalidArgument("one PROFILE expected"), kUsage);
   std::string out = f.Get({"--out", "-o"});
   if (out.empty()) return PrintError("compile", InvalidArgument("-o plan.json is required"));
   if (f.Has("--target-file-bytes")) {

@@ -38,14 +38,15 @@ int InspectFilePlan(const Flags& f, const std::string& text) {
 }
 
 int RunInspect(const std::vector<std::string>& args) {
-  Flags f(args, {"--svg", "--ops"});
-  if (!f.status().ok()) return PrintError("inspect", f.status());
-  if (f.Has("--help") || f.positional().size() != 1) {
-    std::printf("usage: substrate inspect plan.json [--ops N (default 40, 0 = all)] [--svg FILE]\n"
-                "  a file plan (compile --target-file-bytes): sizes, predicted KLD, the mix; --svg draws\n"
-                "  the predicted KLD against file size\n");
-    return f.Has("--help") ? 0 : 2;
-  }
+  constexpr const char* kUsage =
+      "usage: substrate inspect plan.json [--ops N (default 40, 0 = all)] [--svg FILE]\n"
+      "  a file plan (compile to a file size): sizes, predicted KLD, the mix; --svg draws\n"
+      "  the predicted KLD against file size\n";
+  Flags f(args, {{"--svg", "--ops"}, {}, 1});
+  if (!f.status().ok()) return UsageError("inspect", f.status(), kUsage);
+  if (f.help()) return std::fputs(kUsage, stdout), 0;
+  if (f.positional().size() != 1)
+    return UsageError("inspect", InvalidArgument("one plan.json expected"), kUsage);
   {
     // A file plan (compile --target-file-bytes): its sizes, predicted KLD and mix.
     auto text = ReadFileToString(f.positional()[0], 1ull << 30);

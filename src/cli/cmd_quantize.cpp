@@ -65,9 +65,6 @@ int QuantizeTypeOrPlan(const Flags& flags, const ModelFile& in, const std::strin
                                                     "'; known:" + names));
     }
     opt.ftype = *ftype;
-  } else if (!flags.Has("--plan")) {
-    std::fputs(kUsage, stderr);
-    return 1;
   }
   std::map<std::string, DType> plan;
   std::string summary;
@@ -133,26 +130,28 @@ int QuantizeTypeOrPlan(const Flags& flags, const ModelFile& in, const std::strin
 }
 
 int RunQuantize(const std::vector<std::string>& args) {
-  Flags flags(args, {"--threads", "-t", "--plan", "--imatrix", "--size", "--bpw", "-f", "--file",
-                     "--profile", "--types", "--stats-chunks", "--measure-chunks", "--groups", "-c",
-                     "--ctx-size", "--report", "--report-text", "--report-chunks"});
-  if (!flags.status().ok()) return PrintError("quantize", flags.status());
-  if (flags.Has("--help") || flags.Has("-h")) {
+  Flags flags(args, {{"--threads", "-t", "--plan", "--imatrix", "--size", "--bpw", "-f", "--file",
+                      "--profile", "--types", "--stats-chunks", "--measure-chunks", "--groups", "-c",
+                      "--ctx-size", "--report", "--report-text", "--report-chunks"},
+                     {"--no-importance"},
+                     3});
+  if (!flags.status().ok()) return UsageError("quantize", flags.status(), kUsage);
+  if (flags.help()) {
     std::fputs(kUsage, stdout);
     return 0;
   }
   const bool by_size = flags.Has("--size") || flags.Has("--bpw");
   const size_t n_pos = flags.positional().size();
-  if (n_pos < 2 || n_pos > 3 || (by_size && n_pos != 2)) {
-    std::fputs(kUsage, stderr);
-    return 1;
-  }
+  if (n_pos < 2)
+    return UsageError("quantize", InvalidArgument("need IN and OUT"), kUsage);
+  if (by_size && n_pos != 2)
+    return UsageError("quantize", InvalidArgument("--size/--bpw take no TYPE"), kUsage);
+  if (!by_size && n_pos == 2 && !flags.Has("--plan"))
+    return UsageError("quantize", InvalidArgument("need TYPE, --plan, --size or --bpw"), kUsage);
   const std::string& in_path = flags.positional()[0];
   const std::string& out_path = flags.positional()[1];
-  auto threads = flags.GetInt({"--threads", "-t"}, 0);
+  auto threads = ThreadsFlag(flags, {"--threads", "-t"});
   if (!threads.ok()) return PrintError("quantize", threads.status());
-  if (*threads < 0 || *threads > 1024)
-    return PrintError("quantize", InvalidArgument("--threads must be in [0, 1024]"));
   if (in_path == out_path)
     return PrintError("quantize", InvalidArgument("input and output are the same file"));
   auto in = ModelFile::Open(in_path);
