@@ -73,6 +73,22 @@ TEST_F(CliQuantizeSize, FileIsThePredictionAndWithinATenthOfAPercentBelowTarget)
   EXPECT_LE(SizeOf(out2), target2);
   EXPECT_GE(SizeOf(out2), target2 - target2 / 1000);
 
+  // --bpw: bits per weight of the whole model, the same rule.
+  {
+    auto bf16 = ModelFile::Open(kBf16);
+    ASSERT_TRUE(bf16.ok());
+    uint64_t params = 0;
+    for (const TensorInfo& t : (*bf16)->tensors()) params += t.n_elements();
+    const uint64_t target_bpw = params * 45 / 80;  // 4.5 bits
+    const std::string out_bpw = TempPath("size_bpw.gguf");
+    r = Substrate("quantize " + kBf16 + " " + out_bpw + " --bpw 4.5 --profile " + profile + " -t 2");
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(SizeOf(out_bpw), PredictedBytesIn(r.output));
+    EXPECT_LE(SizeOf(out_bpw), target_bpw);
+    EXPECT_GE(SizeOf(out_bpw), target_bpw - target_bpw / 1000) << r.output;
+    std::remove(out_bpw.c_str());
+  }
+
   // The same budget through compile + quantize --plan (no TYPE), same statistics: same bytes.
   const std::string plan = TempPath("fileplan.json"), out3 = TempPath("size3.gguf");
   r = Substrate("compile " + profile + " --target-file-bytes " + std::to_string(target) + " -o " + plan);
@@ -95,6 +111,33 @@ TEST_F(CliQuantizeSize, FileIsThePredictionAndWithinATenthOfAPercentBelowTarget)
   }
   EXPECT_TRUE(a == b) << "compile + quantize --plan must write what quantize --size wrote";
 
+  // The rate-distortion report from the cached profile: the predicted curve, this file and
+  // llama.cpp's mixes as points, each measured on the text (one short chunk: quick, not a figure).
+  const std::string out5 = TempPath("size5.gguf"), svg = TempPath("rd.svg");
+  r = Substrate("quantize " + kBf16 + " " + out5 + " --size " + std::to_string(target) + " --profile " +
+                profile + " --report " + svg + " --report-text " + kText + " --report-chunks 1 -c 128 -t 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(SizeOf(out5), written);
+  std::string pic;
+  {
+    FILE* f = std::fopen(svg.c_str(), "rb");
+    ASSERT_TRUE(f) << r.output;
+    char buf[65536];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) pic.append(buf, n);
+    std::fclose(f);
+  }
+  EXPECT_EQ(pic.rfind("<svg", 0), 0u);
+  EXPECT_NE(pic.find("</svg>"), std::string::npos);
+  EXPECT_NE(pic.find("<polyline"), std::string::npos) << "the predicted curve";
+  for (const char* mix : {"Q2_K", "Q4_K_M", "Q6_K"}) {
+    EXPECT_NE(pic.find("<title>" + std::string(mix) + ": measured"), std::string::npos) << mix;
+    // The printed table: each mix at its bytes with a measured KLD (a number, not "-").
+    EXPECT_TRUE(std::regex_search(r.output, std::regex(std::string("\\n  ") + mix +
+                                                        " +\\d+ bytes +predicted KLD \\S+ +measured \\d")))
+        << mix << "\n" << r.output;
+  }
+
   // Below the smallest file: an error naming the minimum, nothing written.
   const std::string out4 = TempPath("tiny.gguf");
   r = Substrate("quantize " + kBf16 + " " + out4 + " --size 1000 --profile " + profile);
@@ -102,7 +145,7 @@ TEST_F(CliQuantizeSize, FileIsThePredictionAndWithinATenthOfAPercentBelowTarget)
   EXPECT_TRUE(std::regex_search(r.output, std::regex("smallest file .*: \\d+ bytes"))) << r.output;
   EXPECT_FALSE(Exists(out4));
 
-  for (const std::string& f : {out, out2, out3, plan, profile, out + ".profile.imatrix.gguf",
+  for (const std::string& f : {out, out2, out3, out5, svg, plan, profile, out + ".profile.imatrix.gguf",
                                out + ".profile.partial.json"})
     std::remove(f.c_str());
 }
