@@ -6,13 +6,18 @@
 //   substrate calibrate -m tiny-coder-bf16.gguf -f heldout.txt --evaluate plan.json
 //       --from-chunk 8 --chunks 20 [--profile profile.json]
 //   substrate calibrate -m tiny-coder-bf16.gguf -f heldout.txt --evaluate tiny-coder-Q4_K_M.gguf ...
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 
 #include "cli/command.h"
 #include "compiler/calibrate.h"
 #include "compiler/hardware.h"
+#include "compiler/size_calibrate.h"
+#include "compiler/size_plan.h"
 #include "core/file_io.h"
 #include "core/memory_ledger.h"
+#include "quant/type_plan.h"
 
 namespace substrate::cli {
 namespace {
@@ -23,8 +28,16 @@ constexpr const char* kUsage =
     "       substrate calibrate -m MODEL -f TEXT --evaluate PLAN.json|FILE.gguf\n"
     "         [--from-chunk N] [--chunks M] [--profile profile.json]\n"
     "       substrate calibrate --measure-hardware PROFILE [--ssd-file FILE]\n"
+    "       substrate calibrate -m MODEL -f TEXT --estimate -o profile.json [--types ...]\n"
+    "         [--stats-chunks N] [--measure-chunks N] [--groups N] [--no-importance] [-t N]\n"
+    "       substrate calibrate -m MODEL -f TEXT --imatrix OUT.gguf [--from-chunk 0] [--chunks N]\n"
     "Calibration resumes from OUT.partial when it exists. Evaluation prints JSON: the mean KL\n"
-    "divergence of the final logits against MODEL, and the additive prediction from --profile.\n";
+    "divergence of the final logits against MODEL, and the additive prediction from --profile\n"
+    "(with --imatrix F, a plan's tensors are quantized with that importance).\n"
+    "--estimate: the per-tensor profile `compile` plans files to a size from: activation\n"
+    "statistics, each tensor's activation-weighted quantization error per type, and measured KLs\n"
+    "of groups of tensors that scale errors into losses (cached in OUT.partial.json and\n"
+    "OUT.imatrix.gguf, OUT without .json). --imatrix alone: the activation statistics only.\n";
 
 int MeasureHardware(const Flags& f) {
   const std::string path = f.Get({"--measure-hardware"});
@@ -56,18 +69,29 @@ int Evaluate(const Flags& f, const std::string& model, const std::string& text, 
   std::string note;
   if (what.size() > 5 && what.substr(what.size() - 5) == ".json") {
     auto plan = compiler::LoadPlan(what);
-    if (!plan.ok()) return PrintError("calibrate", plan.status());
-    auto t = compiler::PlanTensorTypes(*plan, &note);
-    if (!t.ok()) return PrintError("calibrate", t.status());
-    types = *t;
+    if (plan.ok()) {
+      auto t = compiler::PlanTensorTypes(*plan, &note);
+      if (!t.ok()) return PrintError("calibrate", t.status());
+      types = *t;
+    } else {
+      auto t = LoadTensorTypePlan(what);  // a file plan, or a bare tensor -> type table
+      if (!t.ok()) return PrintError("calibrate", plan.status());
+      types = *t;
+    }
   } else {
     auto t = compiler::FileTensorTypes(what);
     if (!t.ok()) return PrintError("calibrate", t.status());
     types = *t;
   }
+  std::unique_ptr<compiler::ActivationStats> stats;
+  if (!f.Get({"--imatrix"}).empty()) {
+    auto s = compiler::LoadActivationStats(f.Get({"--imatrix"}));
+    if (!s.ok()) return PrintError("calibrate", s.status());
+    stats = std::make_unique<compiler::ActivationStats>(std::move(*s));
+  }
   auto runner = compiler::CalibrationRunner::Open(model, text, n_ctx, threads);
   if (!runner.ok()) return PrintError("calibrate", runner.status());
-  auto m = (*runner)->Measure(types, from, chunks);
+  auto m = (*runner)->Measure(types, from, chunks, stats.get());
   if (!m.ok()) return PrintError("calibrate", m.status());
   std::printf("{\"evaluated\": \"%s\", \"chunks\": [%lld, %lld], \"mean_kld\": %.6f, \"kld_err\": %.6f, "
               "\"same_top\": %.4f, \"ppl\": %.4f, \"scored\": %lld",
@@ -77,19 +101,94 @@ int Evaluate(const Flags& f, const std::string& model, const std::string& text, 
   if (!prof.empty()) {
     auto p = compiler::LoadProfile(prof);
     if (!p.ok()) return PrintError("calibrate", p.status());
-    compiler::Prediction pr = compiler::PredictAdditive(*p, types);
-    std::printf(", \"predicted_kld\": %.6f, \"planned_bytes\": %llu, \"unmatched_ops\": %d", pr.loss,
-                static_cast<unsigned long long>(pr.bytes), pr.unmatched_ops);
+    if (!p->tensors.empty()) {
+      compiler::FilePrediction pr = compiler::PredictFile(*p, types);
+      std::printf(", \"predicted_kld\": %.6f, \"unmatched_tensors\": %d", pr.kld, pr.unmatched);
+    } else {
+      compiler::Prediction pr = compiler::PredictAdditive(*p, types);
+      std::printf(", \"predicted_kld\": %.6f, \"planned_bytes\": %llu, \"unmatched_ops\": %d", pr.loss,
+                  static_cast<unsigned long long>(pr.bytes), pr.unmatched_ops);
+    }
   }
   std::printf("}\n");
   if (!note.empty()) std::fprintf(stderr, "%s", note.c_str());
   return 0;
 }
 
+Expected<std::vector<DType>> ParseTypeList(const std::string& types) {
+  std::vector<DType> out;
+  for (size_t pos = 0; !types.empty() && pos <= types.size();) {
+    size_t comma = types.find(',', pos);
+    std::string name = types.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    auto t = DTypeFromName(name);
+    if (!t) return InvalidArgument("--types: unknown type '" + name + "'");
+    out.push_back(*t);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+int Imatrix(const Flags& f, const std::string& model, const std::string& text, int64_t n_ctx,
+            int64_t from, int64_t chunks, int threads) {
+  const std::string out = f.Get({"--imatrix"});
+  auto runner = compiler::CalibrationRunner::Open(model, text, n_ctx, threads);
+  if (!runner.ok()) return PrintError("calibrate", runner.status());
+  if (!f.Has("--chunks")) chunks = std::max<int64_t>(1, (*runner)->n_chunks_available() - from);
+  auto stats = (*runner)->CollectActivationStats(from, chunks);
+  if (!stats.ok()) return PrintError("calibrate", stats.status());
+  stats->text = text;
+  Status st = compiler::SaveActivationStats(*stats, out);
+  if (!st.ok()) return PrintError("calibrate", st);
+  std::printf("wrote %s: activation statistics of %zu tensors over %lld tokens (chunks %lld..%lld of %s)\n",
+              out.c_str(), stats->tensors.size(), static_cast<long long>(stats->tokens),
+              static_cast<long long>(from), static_cast<long long>(from + chunks), text.c_str());
+  return 0;
+}
+
+int Estimate(const Flags& f, const std::string& model, const std::string& text, int64_t n_ctx,
+             int threads) {
+  const std::string out = f.Get({"-o", "--out"});
+  if (out.empty()) return PrintError("calibrate", InvalidArgument("-o profile.json is required"));
+  auto types = ParseTypeList(f.Get({"--types"}));
+  if (!types.ok()) return PrintError("calibrate", types.status());
+  auto sc = f.GetInt({"--stats-chunks"}, 0), mc = f.GetInt({"--measure-chunks"}, 0),
+       g = f.GetInt({"--groups"}, 0);
+  for (auto* e : {&sc, &mc, &g})
+    if (!e->ok()) return PrintError("calibrate", e->status());
+  if (*sc < 0 || *mc < 0 || *g < 0 || *g > 100000)
+    return PrintError("calibrate", InvalidArgument("--stats-chunks, --measure-chunks, --groups must be >= 0"));
+  compiler::EstimateOptions o;
+  o.model_path = model;
+  o.text_path = text;
+  o.n_ctx = n_ctx;
+  o.stats_chunks = *sc;
+  o.measure_chunks = *mc;
+  o.max_groups = static_cast<int>(*g);
+  o.types = *types;
+  o.importance = !f.Has("--no-importance");
+  o.cache_prefix = out.size() > 5 && out.compare(out.size() - 5, 5, ".json") == 0 ? out.substr(0, out.size() - 5) : out;
+  o.threads = threads;
+  auto r = compiler::EstimateProfile(o);
+  if (!r.ok()) return PrintError("calibrate", r.status());
+  Status st = compiler::SaveProfile(r->profile, out);
+  if (!st.ok()) return PrintError("calibrate", st);
+  std::printf("wrote %s: %zu tensors estimated, %zu groups measured (%.1f s statistics over %lld tokens, "
+              "%.1f s errors, %.1f s measurements)\n",
+              out.c_str(), r->profile.tensors.size(), r->groups.size(), r->seconds_stats,
+              static_cast<long long>(r->stats.tokens), r->seconds_errors, r->seconds_measure);
+  for (const auto& grp : r->groups)
+    std::printf("  %-28s %-6s measured KLD %.6g (+- %.2g)  error %.6g  alpha %.6g\n", grp.id.c_str(),
+                DTypeName(grp.type), grp.measured_kld, grp.kld_err, grp.error, grp.alpha);
+  return 0;
+}
+
 int RunCalibrate(const std::vector<std::string>& args) {
   Flags f(args, {{"-m", "--model", "-f", "--file", "--types", "-c", "--ctx-size", "--from-chunk",
                   "--chunks", "-t", "--threads", "-o", "--out", "--evaluate", "--profile",
-                  "--measure-hardware", "--ssd-file"}});
+                  "--measure-hardware", "--ssd-file", "--imatrix", "--stats-chunks",
+                  "--measure-chunks", "--groups"},
+                 {"--estimate", "--no-importance"}});
   if (!f.status().ok()) return UsageError("calibrate", f.status(), kUsage);
   if (f.help()) return std::fputs(kUsage, stdout), 0;
   if (!f.Get({"--measure-hardware"}).empty()) return MeasureHardware(f);
@@ -106,6 +205,10 @@ int RunCalibrate(const std::vector<std::string>& args) {
     return PrintError("calibrate", InvalidArgument("--from-chunk >= 0, --chunks >= 1, --threads >= 0"));
   if (!f.Get({"--evaluate"}).empty())
     return Evaluate(f, model, text, *n_ctx, *from, *chunks, static_cast<int>(*threads));
+  if (f.Has("--estimate"))
+    return Estimate(f, model, text, f.Has("-c") || f.Has("--ctx-size") ? *n_ctx : 0, static_cast<int>(*threads));
+  if (!f.Get({"--imatrix"}).empty())
+    return Imatrix(f, model, text, *n_ctx, *from, *chunks, static_cast<int>(*threads));
 
   compiler::CalibrationOptions o;
   o.model_path = model;
@@ -114,16 +217,9 @@ int RunCalibrate(const std::vector<std::string>& args) {
   o.first_chunk = *from;
   o.n_chunks = *chunks;
   o.threads = static_cast<int>(*threads);
-  std::string types = f.Get({"--types"});
-  for (size_t pos = 0; !types.empty() && pos <= types.size();) {
-    size_t comma = types.find(',', pos);
-    std::string name = types.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    auto t = DTypeFromName(name);
-    if (!t) return PrintError("calibrate", InvalidArgument("--types: unknown type '" + name + "'"));
-    o.types.push_back(*t);
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
+  auto types = ParseTypeList(f.Get({"--types"}));
+  if (!types.ok()) return PrintError("calibrate", types.status());
+  o.types = *types;
   const std::string out = f.Get({"-o", "--out"});
   if (out.empty()) return PrintError("calibrate", InvalidArgument("-o profile.json is required"));
   o.partial_path = out + ".partial";

@@ -1,8 +1,11 @@
 // substrate compile PROFILE --max-ram 36G --quality 0.05 --tps 4 --max-concurrent 6 -o plan.json
+// substrate compile PROFILE --target-file-bytes 4786880 -o plan.json   (for quantize --plan)
 #include <cstdio>
 
 #include "cli/command.h"
 #include "compiler/planner.h"
+#include "compiler/size_plan.h"
+#include "core/file_io.h"
 #include "core/memory_ledger.h"
 
 namespace substrate::cli {
@@ -11,11 +14,38 @@ namespace {
 constexpr const char* kUsage =
     "usage: substrate compile PROFILE --max-ram BYTES --quality LOSS|min [--tps T]\n"
     "         [--max-concurrent K] [--mem-bw B/S] [--ssd-bw B/S] [--threshold 0.15]\n"
-    "         [--persistence 32] -o plan.json\n";
+    "         [--persistence 32] -o plan.json\n"
+    "       substrate compile PROFILE --target-file-bytes BYTES -o plan.json\n"
+    "  --quality LOSS: the predicted loss (mean KLD) to reach, spending no more RAM than that\n"
+    "        needs; --quality min: the least loss the RAM and speed budget allow\n"
+    "  --target-file-bytes: per-tensor types for a GGUF of at most BYTES, to the byte (header\n"
+    "        and padding counted), from a per-tensor profile (what `substrate quantize` to a size\n"
+    "        or `substrate calibrate` with its estimate option writes); `substrate quantize IN OUT`\n"
+    "        given the plan writes the file\n";
+
+int CompileFileSize(const Flags& f, const compiler::ModelProfile& profile, const std::string& out) {
+  auto target = ParseBytes(f.Get({"--target-file-bytes"}));
+  if (!target.ok()) return PrintError("compile", target.status().WithContext("--target-file-bytes"));
+  auto plan = compiler::PlanFileSize(profile, *target);
+  if (!plan.ok()) return PrintError("compile", plan.status());
+  Status st = WriteFileAtomic(out, compiler::FilePlanToJson(*plan));
+  if (!st.ok()) return PrintError("compile", st);
+  std::printf("wrote %s: %zu tensors, file %llu bytes for a target of %llu (%.4f %% below), "
+              "predicted KLD %.6g\n",
+              out.c_str(), plan->tensor_types.size(),
+              static_cast<unsigned long long>(plan->predicted_file_bytes),
+              static_cast<unsigned long long>(*target),
+              100.0 * static_cast<double>(*target - plan->predicted_file_bytes) / static_cast<double>(*target),
+              plan->predicted_kld);
+  std::vector<std::pair<std::string, DType>> ordered;
+  for (const auto& t : profile.tensors) ordered.emplace_back(t.name, plan->tensor_types.at(t.name));
+  for (const std::string& line : compiler::MixLines(ordered)) std::printf("  %s\n", line.c_str());
+  return 0;
+}
 
 int RunCompile(const std::vector<std::string>& args) {
   Flags f(args, {{"--max-ram", "--quality", "--tps", "--max-concurrent", "--mem-bw", "--ssd-bw",
-                  "--threshold", "--persistence", "--out", "-o"},
+                  "--threshold", "--persistence", "--out", "-o", "--target-file-bytes"},
                  {},
                  1});
   if (!f.status().ok()) return UsageError("compile", f.status(), kUsage);
@@ -24,6 +54,14 @@ int RunCompile(const std::vector<std::string>& args) {
     return UsageError("compile", InvalidArgument("one PROFILE expected"), kUsage);
   std::string out = f.Get({"--out", "-o"});
   if (out.empty()) return PrintError("compile", InvalidArgument("-o plan.json is required"));
+  if (f.Has("--target-file-bytes")) {
+    if (f.Has("--max-ram") || f.Has("--quality"))
+      return PrintError("compile", InvalidArgument("--target-file-bytes plans a file; it takes no "
+                                                   "--max-ram or --quality"));
+    auto profile = compiler::LoadProfile(f.positional()[0]);
+    if (!profile.ok()) return PrintError("compile", profile.status());
+    return CompileFileSize(f, *profile, out);
+  }
   if (f.Get({"--max-ram"}).empty()) return PrintError("compile", InvalidArgument("--max-ram is required"));
   if (f.Get({"--quality"}).empty()) return PrintError("compile", InvalidArgument("--quality is required"));
   auto profile = compiler::LoadProfile(f.positional()[0]);

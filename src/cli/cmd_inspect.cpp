@@ -1,25 +1,57 @@
 // substrate inspect plan.json [--ops N] [--svg FILE]: loads (and so re-validates) a plan and
-// prints its budget, footprint and tier ladders.
+// prints its budget, footprint and tier ladders; a file plan's sizes, KLD and mix.
 #include <cstdio>
 #include <map>
 
 #include "cli/command.h"
 #include "compiler/plan_bundle.h"
 #include "compiler/plan_svg.h"
+#include "compiler/rd_svg.h"
+#include "compiler/size_plan.h"
 #include "core/file_io.h"
 #include "core/memory_ledger.h"
 
 namespace substrate::cli {
 namespace {
 
+int InspectFilePlan(const Flags& f, const std::string& text) {
+  auto plan = compiler::FilePlanFromJson(text);
+  if (!plan.ok()) return PrintError("inspect", plan.status());
+  std::printf("file plan for %s: %llu bytes for a target of %llu (the candidate types allow %llu to %llu), "
+              "predicted KLD %.6g\n",
+              plan->model_id.c_str(), static_cast<unsigned long long>(plan->predicted_file_bytes),
+              static_cast<unsigned long long>(plan->target_file_bytes),
+              static_cast<unsigned long long>(plan->min_file_bytes),
+              static_cast<unsigned long long>(plan->max_file_bytes), plan->predicted_kld);
+  std::printf("%s\n", plan->summary.c_str());
+  const std::string svg = f.Get({"--svg"});
+  if (!svg.empty()) {
+    compiler::RdChart chart;
+    chart.title = plan->model_id + ": predicted KL divergence against file size";
+    chart.predicted_curve = plan->curve;
+    chart.plans.push_back({"this plan", plan->predicted_file_bytes, plan->predicted_kld, -1});
+    Status st = WriteFileAtomic(svg, compiler::RateDistortionSvg(chart));
+    if (!st.ok()) return PrintError("inspect", st);
+    std::printf("wrote %s\n", svg.c_str());
+  }
+  return 0;
+}
+
 int RunInspect(const std::vector<std::string>& args) {
   constexpr const char* kUsage =
-      "usage: substrate inspect plan.json [--ops N (default 40, 0 = all)] [--svg FILE]\n";
+      "usage: substrate inspect plan.json [--ops N (default 40, 0 = all)] [--svg FILE]\n"
+      "  a file plan (compile to a file size): sizes, predicted KLD, the mix; --svg draws\n"
+      "  the predicted KLD against file size\n";
   Flags f(args, {{"--svg", "--ops"}, {}, 1});
   if (!f.status().ok()) return UsageError("inspect", f.status(), kUsage);
   if (f.help()) return std::fputs(kUsage, stdout), 0;
   if (f.positional().size() != 1)
     return UsageError("inspect", InvalidArgument("one plan.json expected"), kUsage);
+  {
+    // A file plan (compile --target-file-bytes): its sizes, predicted KLD and mix.
+    auto text = ReadFileToString(f.positional()[0], 1ull << 30);
+    if (text.ok() && text->find("\"substrate.file_plan\"") != std::string::npos) return InspectFilePlan(f, *text);
+  }
   auto plan = compiler::LoadPlan(f.positional()[0]);
   if (!plan.ok()) return PrintError("inspect", plan.status());
   auto max_ops = f.GetInt({"--ops"}, 40);

@@ -46,7 +46,16 @@ class OverrideSource : public WeightSource {
     return WeightHandle(this, v, 0);
   }
 
-  Status Set(const std::string& name, DType type, ThreadPool& pool, MemoryLedger* ledger) {
+  // Calibration passes: report every product's input to `stats` (null: off).
+  void Observe(ActivationStats* stats) { stats_ = stats; }
+  bool ObservesInputs() const override { return stats_ != nullptr; }
+  void ObserveInput(TensorId id, int slice, const float* x, int64_t n, int64_t cols) override {
+    const TensorInfo& info = base_->Info(id);
+    stats_->Add(info.name, info.ne.size() == 3 ? static_cast<int64_t>(info.ne[2]) : 1, slice, x, n, cols);
+  }
+
+  Status Set(const std::string& name, DType type, ThreadPool& pool, MemoryLedger* ledger,
+             const ImportanceSource* importance) {
     TensorId id = base_->Resolve(name);
     if (id == kNoTensor) return NotFound("calibrate: model has no tensor '" + name + "'");
     const TensorInfo& info = base_->Info(id);
@@ -64,8 +73,20 @@ class OverrideSource : public WeightSource {
     e.info.bytes = *row * static_cast<uint64_t>(rows);
     ASSIGN_OR_RETURN(e.data, AlignedBuffer::Allocate(e.info.bytes, ledger, "weights"));
     ASSIGN_OR_RETURN(WeightHandle src, base_->Acquire(id, -1, 0));
-    RETURN_IF_ERROR(ConvertRows(info.type, src->data, type, e.data.data(), rows,
-                                static_cast<int64_t>(cols), pool));
+    // Slice by slice (experts), each with its own importance, as `substrate quantize` writes.
+    const int64_t slices = info.ne.size() == 3 ? static_cast<int64_t>(info.ne[2]) : 1;
+    const int64_t slice_rows = rows / slices;
+    auto in_row = RowBytes(info.type, cols);
+    if (!in_row) return Corruption("calibrate: rows of '" + name + "' do not fit their type");
+    for (int64_t k = 0; k < slices; ++k) {
+      std::vector<float> imp;
+      if (importance)
+        imp = importance->ColumnImportance(name, slices > 1 ? static_cast<int>(k) : -1,
+                                           static_cast<int64_t>(cols));
+      RETURN_IF_ERROR(ConvertRows(info.type, src->data + k * slice_rows * *in_row, type,
+                                  e.data.data() + k * slice_rows * *row, slice_rows,
+                                  static_cast<int64_t>(cols), pool, imp.empty() ? nullptr : imp.data()));
+    }
     over_[id] = std::move(e);
     return Status::Ok();
   }
@@ -78,6 +99,7 @@ class OverrideSource : public WeightSource {
   };
   WeightSource* base_;
   std::unordered_map<TensorId, Entry> over_;
+  ActivationStats* stats_ = nullptr;
 };
 
 const char* KindName(OpKind k) {
@@ -96,12 +118,13 @@ const char* KindName(OpKind k) {
 }  // namespace
 
 struct CalibrationRunner::Impl {
+  // First, so it is destroyed last: the weights, overrides and model scratch hold charges on it.
+  MemoryLedger ledger;
   std::unique_ptr<ModelFile> file;
   std::unique_ptr<ResidentWeightSource> base;
   std::unique_ptr<OverrideSource> over;
   std::unique_ptr<ThreadPool> own_pool;
   ThreadPool* pool = nullptr;
-  MemoryLedger ledger;
   std::unique_ptr<Model> model;
   std::vector<int32_t> tokens;
   int32_t bos = -1;
@@ -160,14 +183,51 @@ int64_t CalibrationRunner::n_chunks_available() const {
   return static_cast<int64_t>(impl_->tokens.size()) / impl_->n_ctx;
 }
 
-Expected<KlMeasurement> CalibrationRunner::Measure(const std::map<std::string, DType>& types,
-                                                   int64_t first_chunk, int64_t n_chunks) {
-  Impl& m = *impl_;
+Status CalibrationRunner::CheckChunks(int64_t first_chunk, int64_t n_chunks) const {
   if (first_chunk < 0 || n_chunks <= 0 || first_chunk + n_chunks > n_chunks_available())
     return InvalidArgument("calibrate: chunks " + std::to_string(first_chunk) + ".." +
                            std::to_string(first_chunk + n_chunks) + " are not in the text (" +
                            std::to_string(n_chunks_available()) + " chunks of " +
-                           std::to_string(m.n_ctx) + " tokens)");
+                           std::to_string(impl_->n_ctx) + " tokens)");
+  return Status::Ok();
+}
+
+Expected<ActivationStats> CalibrationRunner::CollectActivationStats(int64_t first_chunk,
+                                                                    int64_t n_chunks) {
+  Impl& m = *impl_;
+  RETURN_IF_ERROR(CheckChunks(first_chunk, n_chunks));
+  ActivationStats stats;
+  PerplexityOptions opt;
+  opt.n_ctx = m.n_ctx;
+  opt.max_chunks = n_chunks;
+  opt.bos = m.bos;
+  m.over->Clear();
+  m.over->Observe(&stats);
+  auto r = ComputePerplexity(*m.model, m.Range(first_chunk, n_chunks), &m.ledger, opt);
+  m.over->Observe(nullptr);
+  if (!r.ok()) return r.status();
+  stats.tokens = r->n_chunks * m.n_ctx;
+  stats.RoundToStored();
+  return stats;
+}
+
+Expected<CalibrationRunner::BaseTensor> CalibrationRunner::Base(const std::string& name) const {
+  TensorId id = impl_->base->Resolve(name);
+  if (id == kNoTensor) return NotFound("calibrate: model has no tensor '" + name + "'");
+  BaseTensor t;
+  t.info = &impl_->base->Info(id);
+  ASSIGN_OR_RETURN(t.handle, impl_->base->Acquire(id, -1, 0));
+  return t;
+}
+
+const ModelFile& CalibrationRunner::file() const { return *impl_->file; }
+ThreadPool& CalibrationRunner::pool() const { return *impl_->pool; }
+
+Expected<KlMeasurement> CalibrationRunner::Measure(const std::map<std::string, DType>& types,
+                                                   int64_t first_chunk, int64_t n_chunks,
+                                                   const ImportanceSource* importance) {
+  Impl& m = *impl_;
+  RETURN_IF_ERROR(CheckChunks(first_chunk, n_chunks));
   const auto key = std::make_pair(first_chunk, n_chunks);
   const std::vector<int32_t> toks = m.Range(first_chunk, n_chunks);
   PerplexityOptions opt;
@@ -185,7 +245,7 @@ Expected<KlMeasurement> CalibrationRunner::Measure(const std::map<std::string, D
   }
   Status st;
   for (const auto& [name, type] : types) {
-    st = m.over->Set(name, type, *m.pool, &m.ledger);
+    st = m.over->Set(name, type, *m.pool, &m.ledger, importance);
     if (!st.ok()) break;
   }
   Expected<PerplexityResult> r = st;

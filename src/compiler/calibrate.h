@@ -12,10 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "compiler/activation_stats.h"
 #include "compiler/plan_bundle.h"
 #include "compiler/profile.h"
 #include "core/status.h"
 #include "format/dtype.h"
+#include "format/model_file.h"
+#include "model/weight_source.h"
 
 namespace substrate::compiler {
 
@@ -35,10 +38,23 @@ class CalibrationRunner {
                                                            int64_t n_ctx, int threads);
   ~CalibrationRunner();
 
-  // KL of the model with `types` applied (tensor name -> type; others untouched) against the
-  // unquantized model, over chunks [first_chunk, first_chunk + n_chunks) of the text.
+  // KL of the model with `types` applied (tensor name -> type; others untouched; quantized with
+  // `importance` when given) against the unquantized model, over chunks
+  // [first_chunk, first_chunk + n_chunks) of the text.
   Expected<KlMeasurement> Measure(const std::map<std::string, DType>& types, int64_t first_chunk,
-                                  int64_t n_chunks);
+                                  int64_t n_chunks, const ImportanceSource* importance = nullptr);
+
+  // Forward passes of the unquantized model over the chunks, recording every product's input.
+  Expected<ActivationStats> CollectActivationStats(int64_t first_chunk, int64_t n_chunks);
+
+  // A tensor of the unquantized model, resident for the runner's lifetime.
+  struct BaseTensor {
+    const TensorInfo* info = nullptr;
+    WeightHandle handle;  // handle->data: the stored bytes (plain row layout)
+  };
+  Expected<BaseTensor> Base(const std::string& name) const;
+  const ModelFile& file() const;
+  ThreadPool& pool() const;
 
   int64_t n_chunks_available() const;
   // The profile's ops (no measurements yet): quantizable weight tensors of each op, each tensor
@@ -52,6 +68,7 @@ class CalibrationRunner {
 
  private:
   explicit CalibrationRunner(std::unique_ptr<Impl> impl);
+  Status CheckChunks(int64_t first_chunk, int64_t n_chunks) const;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <set>
 #include <unordered_set>
@@ -36,6 +37,53 @@ std::optional<uint64_t> TensorBytesAt(const std::vector<ProfileTensor>& tensors,
   return total;
 }
 
+std::pair<std::string, int> TensorKindAndLayer(const std::string& name) {
+  std::string kind = name;
+  int layer = -1;
+  if (name.rfind("blk.", 0) == 0) {
+    const size_t dot = name.find('.', 4);
+    if (dot != std::string::npos) {
+      layer = std::atoi(name.substr(4, dot - 4).c_str());
+      kind = name.substr(dot + 1);
+    }
+  }
+  const std::string suffix = ".weight";
+  if (kind.size() > suffix.size() && kind.compare(kind.size() - suffix.size(), suffix.size(), suffix) == 0)
+    kind.resize(kind.size() - suffix.size());
+  return {kind, layer};
+}
+
+namespace {
+
+// Sizes each option from the tensors (when known), drops options no type fits and dominated
+// ones (more bytes, no less loss), sorts the rest by bytes.
+Status NormalizeOptions(const std::string& what, const std::vector<ProfileTensor>& tensors,
+                        std::vector<PrecisionOption>* options) {
+  std::vector<PrecisionOption> kept;
+  for (PrecisionOption o : *options) {
+    if (!std::isfinite(o.quality_loss) || o.quality_loss < 0)
+      return InvalidArgument(std::string("profile: ") + what + ": quality loss of " +
+                             DTypeName(o.type) + " is not a finite number >= 0");
+    if (!tensors.empty()) {
+      auto b = TensorBytesAt(tensors, o.type);
+      if (!b) continue;  // the type cannot store these rows
+      o.bytes = *b;
+    }
+    if (o.bytes == 0) continue;
+    kept.push_back(o);
+  }
+  std::sort(kept.begin(), kept.end(), [](const PrecisionOption& a, const PrecisionOption& b) {
+    return a.bytes != b.bytes ? a.bytes < b.bytes : a.quality_loss < b.quality_loss;
+  });
+  options->clear();
+  for (const PrecisionOption& o : kept)
+    if (options->empty() || o.quality_loss < options->back().quality_loss) options->push_back(o);
+  if (options->empty()) return InvalidArgument("profile: " + what + " has no usable precision option");
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ModelProfile::Normalize() {
   if (ops.empty()) return InvalidArgument("profile '" + model_id + "': no ops");
   std::unordered_set<std::string> seen;
@@ -46,29 +94,22 @@ Status ModelProfile::Normalize() {
       return InvalidArgument("profile: op '" + op.id + "': activation_prob not in [0, 1]");
     if (!std::isfinite(op.sensitivity) || op.sensitivity < 0)
       return InvalidArgument("profile: op '" + op.id + "': sensitivity must be >= 0");
-    std::vector<PrecisionOption> kept;
-    for (PrecisionOption o : op.options) {
-      if (!std::isfinite(o.quality_loss) || o.quality_loss < 0)
-        return InvalidArgument(std::string("profile: op '") + op.id + "': quality loss of " +
-                               DTypeName(o.type) + " is not a finite number >= 0");
-      if (!op.tensors.empty()) {
-        auto b = TensorBytesAt(op.tensors, o.type);
-        if (!b) continue;  // the type cannot store these rows
-        o.bytes = *b;
-      }
-      if (o.bytes == 0) continue;
-      kept.push_back(o);
-    }
-    std::sort(kept.begin(), kept.end(), [](const PrecisionOption& a, const PrecisionOption& b) {
-      return a.bytes != b.bytes ? a.bytes < b.bytes : a.quality_loss < b.quality_loss;
-    });
-    op.options.clear();
-    for (const PrecisionOption& o : kept)
-      if (op.options.empty() || o.quality_loss < op.options.back().quality_loss) op.options.push_back(o);
-    if (op.options.empty())
-      return InvalidArgument("profile: op '" + op.id + "' has no usable precision option");
+    RETURN_IF_ERROR(NormalizeOptions("op '" + op.id + "'", op.tensors, &op.options));
   }
+  seen.clear();
+  for (TensorProfile& t : tensors) {
+    if (t.name.empty() || t.ne.empty()) return InvalidArgument("profile: a tensor has no name or shape");
+    if (!seen.insert(t.name).second) return InvalidArgument("profile: tensor '" + t.name + "' appears twice");
+    RETURN_IF_ERROR(NormalizeOptions("tensor '" + t.name + "'", {ProfileTensor{t.name, -1, t.ne}}, &t.options));
+  }
+  if (file.alignment != 0 && (file.alignment & (file.alignment - 1)) != 0)
+    return InvalidArgument("profile: file alignment must be a power of two");
   return Status::Ok();
+}
+
+double ModelProfile::FittedKld(double additive) const {
+  if (additive <= 0) return 0;
+  return kld_fit.scale * (kld_fit.power == 1 ? additive : std::pow(additive, kld_fit.power));
 }
 
 const OpProfile* ModelProfile::Find(const std::string& id) const {
@@ -76,6 +117,20 @@ const OpProfile* ModelProfile::Find(const std::string& id) const {
     if (op.id == id) return &op;
   return nullptr;
 }
+
+namespace {
+
+json PrecisionsJson(const std::vector<PrecisionOption>& options) {
+  json prec = json::array();
+  for (const PrecisionOption& o : options) {
+    json e = {{"type", DTypeName(o.type)}, {"bytes", o.bytes}, {"quality_loss", o.quality_loss}};
+    if (o.act_error > 0) e["act_error"] = o.act_error;
+    prec.push_back(std::move(e));
+  }
+  return prec;
+}
+
+}  // namespace
 
 std::string ProfileToJson(const ModelProfile& p) {
   json j;
@@ -95,18 +150,60 @@ std::string ProfileToJson(const ModelProfile& p) {
       if (t.slice >= 0) jt["slice"] = t.slice;
       tensors.push_back(std::move(jt));
     }
-    json prec = json::array();
-    for (const PrecisionOption& o : op.options)
-      prec.push_back({{"type", DTypeName(o.type)}, {"bytes", o.bytes}, {"quality_loss", o.quality_loss}});
     ops.push_back({{"id", op.id}, {"kind", op.kind}, {"layer", op.layer},
                    {"activation_prob", op.activation_prob}, {"sensitivity", op.sensitivity},
-                   {"tensors", std::move(tensors)}, {"precisions", std::move(prec)}});
+                   {"tensors", std::move(tensors)}, {"precisions", PrecisionsJson(op.options)}});
   }
   j["ops"] = std::move(ops);
+  if (!p.estimate.empty()) j["estimate"] = p.estimate;
+  if (p.kld_fit.scale != 1 || p.kld_fit.power != 1)
+    j["kld_fit"] = {{"scale", p.kld_fit.scale}, {"power", p.kld_fit.power}};
+  if (p.file.alignment != 0)
+    j["file"] = {{"alignment", p.file.alignment}, {"header_bytes", p.file.header_bytes},
+                 {"fixed_bytes", p.file.fixed_bytes}, {"n_parameters", p.file.n_parameters}};
+  if (!p.tensors.empty()) {
+    json ts = json::array();
+    for (const TensorProfile& t : p.tensors)
+      ts.push_back({{"name", t.name}, {"kind", t.kind}, {"layer", t.layer}, {"ne", t.ne},
+                    {"precisions", PrecisionsJson(t.options)}});
+    j["tensors"] = std::move(ts);
+  }
   return j.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 namespace {
+
+Expected<std::vector<uint64_t>> ReadShape(const json& j, const std::string& path) {
+  ASSIGN_OR_RETURN(const json* ne, Arr(kDoc, j, path, "ne"));
+  if (ne->empty() || ne->size() > 4) return Corruption("profile: " + path + ".ne must have 1 to 4 dimensions");
+  std::vector<uint64_t> out;
+  for (const json& d : *ne) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() == 0 || d.get<uint64_t>() > (1ull << 40))
+      return Corruption("profile: " + path + ".ne: dimensions must be integers in 1..2^40");
+    out.push_back(d.get<uint64_t>());
+  }
+  return out;
+}
+
+Expected<std::vector<PrecisionOption>> ReadPrecisions(const json& j, const std::string& path) {
+  ASSIGN_OR_RETURN(const json* prec, Arr(kDoc, j, path, "precisions"));
+  std::vector<PrecisionOption> out;
+  for (size_t k = 0; k < prec->size(); ++k) {
+    const std::string pp = path + ".precisions[" + std::to_string(k) + "]";
+    PrecisionOption o;
+    ASSIGN_OR_RETURN(std::string tname, Str(kDoc, (*prec)[k], pp, "type"));
+    auto type = DTypeFromName(tname);
+    if (!type) return Corruption("profile: " + pp + ".type: unknown type '" + tname + "'");
+    o.type = *type;
+    ASSIGN_OR_RETURN(o.bytes, U64(kDoc, (*prec)[k], pp, "bytes"));
+    ASSIGN_OR_RETURN(o.quality_loss, F64(kDoc, (*prec)[k], pp, "quality_loss"));
+    if ((*prec)[k].contains("act_error")) {
+      ASSIGN_OR_RETURN(o.act_error, F64(kDoc, (*prec)[k], pp, "act_error"));
+    }
+    out.push_back(o);
+  }
+  return out;
+}
 
 Expected<ModelProfile> ReadProfile(const json& j) {
   ModelProfile p;
@@ -153,29 +250,45 @@ Expected<ModelProfile> ReadProfile(const json& j) {
           if (s < 0 || s > (1 << 24)) return Corruption("profile: " + tp + ".slice out of range");
           t.slice = static_cast<int>(s);
         }
-        ASSIGN_OR_RETURN(const json* ne, Arr(kDoc, (*ts)[k], tp, "ne"));
-        if (ne->empty() || ne->size() > 4) return Corruption("profile: " + tp + ".ne must have 1 to 4 dimensions");
-        for (const json& d : *ne) {
-          if (!d.is_number_unsigned() || d.get<uint64_t>() == 0 || d.get<uint64_t>() > (1ull << 40))
-            return Corruption("profile: " + tp + ".ne: dimensions must be integers in 1..2^40");
-          t.ne.push_back(d.get<uint64_t>());
-        }
+        ASSIGN_OR_RETURN(t.ne, ReadShape((*ts)[k], tp));
         op.tensors.push_back(std::move(t));
       }
     }
-    ASSIGN_OR_RETURN(const json* prec, Arr(kDoc, jo, path, "precisions"));
-    for (size_t k = 0; k < prec->size(); ++k) {
-      const std::string pp = path + ".precisions[" + std::to_string(k) + "]";
-      PrecisionOption o;
-      ASSIGN_OR_RETURN(std::string tname, Str(kDoc, (*prec)[k], pp, "type"));
-      auto type = DTypeFromName(tname);
-      if (!type) return Corruption("profile: " + pp + ".type: unknown type '" + tname + "'");
-      o.type = *type;
-      ASSIGN_OR_RETURN(o.bytes, U64(kDoc, (*prec)[k], pp, "bytes"));
-      ASSIGN_OR_RETURN(o.quality_loss, F64(kDoc, (*prec)[k], pp, "quality_loss"));
-      op.options.push_back(o);
-    }
+    ASSIGN_OR_RETURN(op.options, ReadPrecisions(jo, path));
     p.ops.push_back(std::move(op));
+  }
+  if (j.contains("estimate")) {
+    ASSIGN_OR_RETURN(p.estimate, Str(kDoc, j, "$", "estimate"));
+  }
+  if (j.contains("kld_fit")) {
+    ASSIGN_OR_RETURN(const json* f, Field(kDoc, j, "$", "kld_fit"));
+    ASSIGN_OR_RETURN(p.kld_fit.scale, F64(kDoc, *f, "kld_fit", "scale"));
+    ASSIGN_OR_RETURN(p.kld_fit.power, F64(kDoc, *f, "kld_fit", "power"));
+    if (!(p.kld_fit.scale > 0) || !std::isfinite(p.kld_fit.scale) || !(p.kld_fit.power > 0) ||
+        !std::isfinite(p.kld_fit.power))
+      return Corruption("profile: kld_fit must hold finite positive numbers");
+  }
+  if (j.contains("file")) {
+    ASSIGN_OR_RETURN(const json* f, Field(kDoc, j, "$", "file"));
+    ASSIGN_OR_RETURN(p.file.alignment, U64(kDoc, *f, "file", "alignment"));
+    ASSIGN_OR_RETURN(p.file.header_bytes, U64(kDoc, *f, "file", "header_bytes"));
+    ASSIGN_OR_RETURN(p.file.fixed_bytes, U64(kDoc, *f, "file", "fixed_bytes"));
+    ASSIGN_OR_RETURN(p.file.n_parameters, U64(kDoc, *f, "file", "n_parameters"));
+  }
+  if (j.contains("tensors")) {
+    ASSIGN_OR_RETURN(const json* ts, Arr(kDoc, j, "$", "tensors"));
+    for (size_t i = 0; i < ts->size(); ++i) {
+      const json& jt = (*ts)[i];
+      const std::string path = "tensors[" + std::to_string(i) + "]";
+      TensorProfile t;
+      ASSIGN_OR_RETURN(t.name, Str(kDoc, jt, path, "name"));
+      ASSIGN_OR_RETURN(t.kind, Str(kDoc, jt, path, "kind"));
+      ASSIGN_OR_RETURN(int64_t layer, I64(kDoc, jt, path, "layer"));
+      t.layer = static_cast<int>(std::clamp<int64_t>(layer, -1, 1 << 20));
+      ASSIGN_OR_RETURN(t.ne, ReadShape(jt, path));
+      ASSIGN_OR_RETURN(t.options, ReadPrecisions(jt, path));
+      p.tensors.push_back(std::move(t));
+    }
   }
   RETURN_IF_ERROR(p.Normalize());
   return p;

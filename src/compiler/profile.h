@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -33,6 +34,7 @@ struct PrecisionOption {
   DType type = DType::kBF16;
   uint64_t bytes = 0;         // all tensors of the op at this type
   double quality_loss = 0.0;  // calibrated loss when only this op is at this type
+  double act_error = 0.0;     // estimated profiles: the activation-weighted error behind the loss
 };
 
 struct OpProfile {
@@ -47,6 +49,28 @@ struct OpProfile {
   std::vector<PrecisionOption> options;
 };
 
+// One GGUF tensor that a file-size plan gives a type (per-tensor calibration; the unit of
+// `compile --target-file-bytes` and `quantize --size`). A 3-D expert tensor is one unit: a GGUF
+// tensor has one type.
+struct TensorProfile {
+  std::string name;          // "blk.5.attn_q.weight"
+  std::string kind;          // the name without "blk.N." and ".weight": "attn_q", "ffn_down_exps"
+  int layer = -1;            // -1 outside the blocks
+  std::vector<uint64_t> ne;  // ggml order
+  // As OpProfile::options after Normalize(): ascending bytes (of this tensor, unpadded),
+  // strictly falling loss.
+  std::vector<PrecisionOption> options;
+};
+
+// What a quantized GGUF of this model holds besides the planned tensors, so that a plan's file
+// size is known to the byte (quant/quantize_model.h's layout).
+struct FileLayout {
+  uint64_t alignment = 0;     // 0: unknown (a profile made without the model file at hand)
+  uint64_t header_bytes = 0;  // serialized header without the plan summary key
+  uint64_t fixed_bytes = 0;   // the other tensors, each padded to the alignment
+  uint64_t n_parameters = 0;  // elements of every tensor (bits per weight = 8 * bytes / this)
+};
+
 struct HardwareProfile {
   double memory_read_bw = 0;  // bytes/s, measured by a streaming read of a large buffer
   double ssd_read_bw = 0;     // bytes/s, measured by direct-I/O reads of a file
@@ -59,12 +83,24 @@ struct ModelProfile {
   uint64_t overhead_bytes = 0;  // always resident and not planned: KV cache, scratch, norms
   HardwareProfile hardware;
   std::vector<OpProfile> ops;  // topological order
+  std::vector<TensorProfile> tensors;  // per-tensor calibration (may be empty)
+  FileLayout file;
+  std::string estimate;        // how losses were obtained: "measured" (per op), "activation_weighted"
+  // Whole-model KL of a plan against the sum of its tensors' losses, fitted on measured plans:
+  // KL = scale * sum^power (the sum understates it: losses compound).
+  struct KldFit {
+    double scale = 1, power = 1;
+  } kld_fit;
+  double FittedKld(double additive) const;
 
   // Sorts options, drops dominated and unsized ones, checks ids are unique and every op has an
   // option. The error names the op.
   Status Normalize();
   const OpProfile* Find(const std::string& id) const;
 };
+
+// A tensor's kind and layer from its GGUF name ("blk.5.attn_q.weight" -> "attn_q", 5).
+std::pair<std::string, int> TensorKindAndLayer(const std::string& name);
 
 // Bytes of `tensors` at `type`; nullopt when a row length is not a multiple of the block size.
 std::optional<uint64_t> TensorBytesAt(const std::vector<ProfileTensor>& tensors, DType type);

@@ -50,6 +50,8 @@ Status Linear(ForwardContext& c, int op, TensorId w, const Tensor& x, const Tens
                       " x " + std::to_string(v.cols) + "], expected [" +
                       std::to_string(y.cols) + " x " + std::to_string(x.cols) + "]");
   }
+  // Calibration sources read the input rows (CPU backends: host memory).
+  if (c.source->ObservesInputs()) c.source->ObserveInput(w, slice, x.data, x.rows, x.cols);
   c.be->MatMul(v, x, y);
   return Status::Ok();
 }

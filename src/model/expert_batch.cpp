@@ -176,7 +176,7 @@ Status RunExperts(ForwardContext& c, int il, const LayerWeights& w, const Tensor
                   const ExpertRouting& r, const Tensor& acc, const Tensor& shared_out,
                   bool* shared_done) {
   *shared_done = false;
-  if (r.n_experts > 0 && c.n <= g_batched_max_tokens) {
+  if (r.n_experts > 0 && c.n <= g_batched_max_tokens && !c.source->ObservesInputs()) {
     const bool shared = w.gate_shexp != kNoTensor;
     RETURN_IF_ERROR(RunBatched(c, il, w, xn, r, acc, shared ? &shared_out : nullptr));
     *shared_done = shared;

@@ -97,6 +97,12 @@ class WeightSource {
   // resident runs pay nothing.
   virtual bool WantsLookahead() const { return false; }
 
+  // Calibration: when ObservesInputs(), every matrix product reports its input rows before it
+  // runs (n rows of `cols` floats meeting tensor `id`, expert `slice` or -1), so a source can
+  // gather activation statistics; such passes run experts one by one. Off by default: free.
+  virtual bool ObservesInputs() const { return false; }
+  virtual void ObserveInput(TensorId id, int slice, const float* x, int64_t n, int64_t cols) {}
+
  protected:
   friend class WeightHandle;
   virtual void ReleaseView(const WeightView& view, uint64_t token) {}

@@ -82,7 +82,9 @@ float MakeQxQuants(int n, int nmax, const float* x, int8_t* L, int rmse_type, co
   return scale;
 }
 
-float MakeQ3Quants(int n, int nmax, const float* x, int8_t* L, bool do_rmse) {
+float MakeQ3Quants(int n, int nmax, const float* x, int8_t* L, bool do_rmse,
+                   const float* weights) {
+  auto weight = [&](int i) { return weights ? weights[i] : x[i] * x[i]; };
   float max = 0, amax = 0;
   for (int i = 0; i < n; ++i) {
     const float ax = std::fabs(x[i]);
@@ -102,14 +104,14 @@ float MakeQ3Quants(int n, int nmax, const float* x, int8_t* L, bool do_rmse) {
       int l = NearestInt(iscale * x[i]);
       l = std::max(-nmax, std::min(nmax - 1, l));
       L[i] = static_cast<int8_t>(l);
-      const float w = x[i] * x[i];
+      const float w = weight(i);
       sumlx += w * x[i] * static_cast<float>(l);
       suml2 += w * static_cast<float>(l) * static_cast<float>(l);
     }
     for (int itry = 0; itry < 5; ++itry) {
       int n_changed = 0;
       for (int i = 0; i < n; ++i) {
-        const float w = x[i] * x[i];
+        const float w = weight(i);
         float slx = sumlx - w * x[i] * static_cast<float>(L[i]);
         if (slx > 0) {
           float sl2 = suml2 - w * static_cast<float>(L[i]) * static_cast<float>(L[i]);

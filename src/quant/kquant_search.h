@@ -11,8 +11,9 @@ namespace substrate::quant_internal {
 // Symmetric levels in [-nmax, nmax-1], stored offset by nmax in L. rmse_type 0: plain
 // round-to-nearest; 1: search 19 scales weighting by qw (or x^2 when qw is null).
 float MakeQxQuants(int n, int nmax, const float* x, int8_t* L, int rmse_type, const float* qw);
-// Q3_K's symmetric variant with a coordinate-descent refinement (weights x^2).
-float MakeQ3Quants(int n, int nmax, const float* x, int8_t* L, bool do_rmse);
+// Q3_K's symmetric variant with a coordinate-descent refinement; weights null means x^2.
+float MakeQ3Quants(int n, int nmax, const float* x, int8_t* L, bool do_rmse,
+                   const float* weights = nullptr);
 // Asymmetric levels in [0, nmax] with a min (returned negated in *the_min): a grid of nstep
 // scales from (nmax + rmin) to (nmax + rmin + nstep*rdelta), each refit by least squares.
 float MakeQkx2Quants(int n, int nmax, const float* x, const float* weights, uint8_t* L,

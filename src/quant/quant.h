@@ -24,8 +24,12 @@ bool CanQuantize(DType type);
 void DequantizeRow(DType type, const void* src, float* dst, int64_t n);
 
 // Quantizes n floats (n a multiple of the block size) into dst (RowBytes(type, n) bytes).
-// `importance`, if given, holds n per-element weights for the error the quantizer minimizes
-// (an importance matrix); nullptr means uniform. Precondition: CanQuantize(type).
+// `importance`, if given, holds n per-element weights (finite, >= 0) for the error the quantizer
+// minimizes, typically the mean square of the activation each weight column meets. For the
+// K-quants and IQ4 types each weight multiplies the error weight of the default search, so
+// all-ones importance writes the same bytes as none. Q4_0/Q4_1/Q5_0/Q5_1 switch to a weighted
+// scale search (their default is round-to-nearest); Q8_0 ignores it. Precondition:
+// CanQuantize(type).
 void QuantizeRow(DType type, const float* src, void* dst, int64_t n,
                  const float* importance = nullptr);
 

@@ -12,15 +12,27 @@ namespace {
 constexpr float kGroupMaxEps = 1e-15f;
 constexpr int kNtry = 7;
 
-// Index of the grid level nearest to x (ties go to the upper level).
+// Index of the grid level nearest to x (ties go to the upper level): level j wins over j - 1
+// when 2x >= kIQ4Values[j - 1] + kIQ4Values[j], an integer threshold in [-231, 202], so the
+// answer depends only on floor(2x): a table over floor(2x) in [-256, 255] (the searches call
+// this ~16 times per element).
+struct BestIndexTable {
+  uint8_t idx[512];
+  BestIndexTable() {
+    for (int f = -256; f < 256; ++f) {
+      int i = 0;
+      while (i < 15 && f >= kIQ4Values[i] + kIQ4Values[i + 1]) ++i;
+      idx[f + 256] = static_cast<uint8_t>(i);
+    }
+  }
+};
+const BestIndexTable kBestIndex;
+
 inline int BestIndex(float x) {
   const float x2 = x + x;
-  int idx = 0;
-  for (int step = 8; step > 0; step >>= 1) {
-    const int j = idx + step;
-    if (x2 >= static_cast<float>(kIQ4Values[j - 1] + kIQ4Values[j])) idx = j;
-  }
-  return idx;
+  if (!(x2 >= -256.f)) return 0;  // far below the grid, or NaN
+  if (x2 >= 255.f) return 15;
+  return kBestIndex.idx[static_cast<int>(std::floor(x2)) + 256];
 }
 
 // One group of 32: chooses levels Lb and returns the best scale for the group.
@@ -65,9 +77,10 @@ float QuantizeGroup(const float* xb, const float* weight, uint8_t* Lb) {
   return d;
 }
 
-void Weights(const float* xb, const float* qw, float sigma2, float* weight) {
-  for (int j = 0; j < 32; ++j)
-    weight[j] = qw ? qw[j] * std::sqrt(sigma2 + xb[j] * xb[j]) : xb[j] * xb[j];
+// The search weighs each element's error by x^2, times its importance when one is given (so
+// importance 1 everywhere gives exactly the unweighted result).
+void Weights(const float* xb, const float* imp, float* weight) {
+  for (int j = 0; j < 32; ++j) weight[j] = xb[j] * xb[j] * (imp ? imp[j] : 1.f);
 }
 
 void PackNibbles(const uint8_t* L, uint8_t* q4, int n) {
@@ -82,10 +95,7 @@ void QuantizeIQ4_NL(const float* x, BlockIQ4_NL* y, int64_t n, const float* qw) 
   float weight[32];
   uint8_t L[32];
   for (int64_t ib = 0; ib < n / kQK4_NL; ++ib, x += kQK4_NL) {
-    float sigma2 = 0;
-    for (int j = 0; j < 32; ++j) sigma2 += x[j] * x[j];
-    sigma2 *= 2.f / 32;
-    Weights(x, qw ? qw + ib * kQK4_NL : nullptr, sigma2, weight);
+    Weights(x, qw ? qw + ib * kQK4_NL : nullptr, weight);
     const float d = QuantizeGroup(x, weight, L);
     y[ib].d = Fp32ToFp16(d);
     const float id = d != 0.f ? 1 / d : 0;
@@ -98,12 +108,9 @@ void QuantizeIQ4_XS(const float* x, BlockIQ4_XS* y, int64_t n, const float* qw) 
   float weight[32], scales[kQK_K / 32];
   uint8_t L[kQK_K];
   for (int64_t ibl = 0; ibl < n / kQK_K; ++ibl, x += kQK_K) {
-    float sigma2 = 0;
-    for (int j = 0; j < kQK_K; ++j) sigma2 += x[j] * x[j];
-    sigma2 *= 2.f / kQK_K;
     float max_scale = 0, amax_scale = 0;
     for (int ib = 0; ib < kQK_K / 32; ++ib) {
-      Weights(x + 32 * ib, qw ? qw + ibl * kQK_K + 32 * ib : nullptr, sigma2, weight);
+      Weights(x + 32 * ib, qw ? qw + ibl * kQK_K + 32 * ib : nullptr, weight);
       scales[ib] = QuantizeGroup(x + 32 * ib, weight, L + 32 * ib);
       if (std::fabs(scales[ib]) > amax_scale) {
         amax_scale = std::fabs(scales[ib]);

@@ -1,9 +1,10 @@
-// Reference K-quant quantizers (Q2_K..Q6_K). Without an importance matrix they follow
-// llama-quantize's default path (ggml's quantize_row_*_ref); with one, its importance-weighted
-// path (quantize_row_*_impl). Float operations are kept in ggml's order for identical output.
+// Reference K-quant quantizers (Q2_K..Q6_K). They follow llama-quantize's default path (ggml's
+// quantize_row_*_ref), float operations in ggml's order for identical output; an importance
+// vector reweights the errors those searches minimize (see below).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "quant/kquant_search.h"
 #include "quant/quant_internal.h"
@@ -81,58 +82,46 @@ void QuantizeScalesK4Ref(const float* scales, const float* mins, BlockQ4_K* yq4,
 
 }  // namespace
 
-void QuantizeQ2_K(const float* x, BlockQ2_K* y, int64_t n, const float* qw) {
+// Importance (imp, per element, may be null): every error weight the default search uses is
+// multiplied by the element's importance, so the search minimizes the importance-weighted error
+// and importance 1 everywhere gives exactly the default result. The super-block scale steps are
+// the default ones (they carry no per-element weights).
+namespace {
+inline float Imp(const float* imp, int64_t i) { return imp ? imp[i] : 1.f; }
+}  // namespace
+
+void QuantizeQ2_K(const float* x, BlockQ2_K* y, int64_t n, const float* imp) {
   uint8_t L[kQK_K], Laux[16];
   float weights[16], mins[kQK_K / 16], scales[kQK_K / 16];
+  constexpr float q4scale = 15.f;
   for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
-    if (!qw) {
-      constexpr float q4scale = 15.f;
-      float max_scale = 0, max_min = 0;
-      for (int j = 0; j < kQK_K / 16; ++j) {
-        for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * j + l]);
-        scales[j] = MakeQkx2Quants(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux,
-                                   -0.5f, 0.1f, 15, true);
-        max_scale = std::max(max_scale, scales[j]);
-        max_min = std::max(max_min, mins[j]);
-      }
-      if (max_scale > 0) {
-        const float iscale = q4scale / max_scale;
-        for (int j = 0; j < kQK_K / 16; ++j)
-          y[i].scales[j] = static_cast<uint8_t>(NearestInt(iscale * scales[j]));
-        y[i].d = Fp32ToFp16(max_scale / q4scale);
-      } else {
-        std::memset(y[i].scales, 0, sizeof(y[i].scales));
-        y[i].d = Fp32ToFp16(0.f);
-      }
-      if (max_min > 0) {
-        const float iscale = q4scale / max_min;
-        for (int j = 0; j < kQK_K / 16; ++j)
-          y[i].scales[j] =
-              static_cast<uint8_t>(y[i].scales[j] | (NearestInt(iscale * mins[j]) << 4));
-        y[i].dmin = Fp32ToFp16(max_min / q4scale);
-      } else {
-        y[i].dmin = Fp32ToFp16(0.f);
-      }
-    } else {
-      float sw[kQK_K / 16] = {};
-      uint8_t Ls[kQK_K / 16], Lm[kQK_K / 16];
-      float sumx2 = 0;
-      for (int j = 0; j < kQK_K; ++j) sumx2 += x[j] * x[j];
-      const float sigma2 = sumx2 / kQK_K;
-      for (int j = 0; j < kQK_K / 16; ++j) {
-        const float* q = qw + kQK_K * i + 16 * j;
-        for (int l = 0; l < 16; ++l)
-          weights[l] = q[l] * std::sqrt(sigma2 + x[16 * j + l] * x[16 * j + l]);
-        for (int l = 0; l < 16; ++l) sw[j] += weights[l];
-        scales[j] = MakeQkx3Quants(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux,
-                                   -0.9f, 0.05f, 36, false);
-      }
-      const float dm = MakeQpQuants(kQK_K / 16, 15, scales, Ls, sw);
-      const float mm = MakeQpQuants(kQK_K / 16, 15, mins, Lm, sw);
-      y[i].d = Fp32ToFp16(dm);
-      y[i].dmin = Fp32ToFp16(mm);
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < kQK_K / 16; ++j) {
+      for (int l = 0; l < 16; ++l) weights[l] = std::fabs(x[16 * j + l]);
+      if (imp)
+        for (int l = 0; l < 16; ++l) weights[l] *= imp[kQK_K * i + 16 * j + l];
+      scales[j] = MakeQkx2Quants(16, 3, x + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f,
+                                 0.1f, 15, true);
+      max_scale = std::max(max_scale, scales[j]);
+      max_min = std::max(max_min, mins[j]);
+    }
+    if (max_scale > 0) {
+      const float iscale = q4scale / max_scale;
       for (int j = 0; j < kQK_K / 16; ++j)
-        y[i].scales[j] = static_cast<uint8_t>(Ls[j] | (Lm[j] << 4));
+        y[i].scales[j] = static_cast<uint8_t>(NearestInt(iscale * scales[j]));
+      y[i].d = Fp32ToFp16(max_scale / q4scale);
+    } else {
+      std::memset(y[i].scales, 0, sizeof(y[i].scales));
+      y[i].d = Fp32ToFp16(0.f);
+    }
+    if (max_min > 0) {
+      const float iscale = q4scale / max_min;
+      for (int j = 0; j < kQK_K / 16; ++j)
+        y[i].scales[j] =
+            static_cast<uint8_t>(y[i].scales[j] | (NearestInt(iscale * mins[j]) << 4));
+      y[i].dmin = Fp32ToFp16(max_min / q4scale);
+    } else {
+      y[i].dmin = Fp32ToFp16(0.f);
     }
     for (int j = 0; j < kQK_K / 16; ++j) {
       const float d = Fp16ToFp32(y[i].d) * static_cast<float>(y[i].scales[j] & 0xF);
@@ -147,9 +136,9 @@ void QuantizeQ2_K(const float* x, BlockQ2_K* y, int64_t n, const float* qw) {
   }
 }
 
-void QuantizeQ3_K(const float* x, BlockQ3_K* y, int64_t n, const float* qw) {
+void QuantizeQ3_K(const float* x, BlockQ3_K* y, int64_t n, const float* imp) {
   int8_t L[kQK_K];
-  float scales[kQK_K / 16];
+  float scales[kQK_K / 16], weights[16];
   for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
     std::memset(y[i].scales, 0, 12);
     auto put_scale = [&](int j, int l) {  // l in [0, 63]
@@ -160,44 +149,26 @@ void QuantizeQ3_K(const float* x, BlockQ3_K* y, int64_t n, const float* qw) {
       y[i].scales[j % 4 + 8] =
           static_cast<uint8_t>(y[i].scales[j % 4 + 8] | ((l >> 4) << (2 * (j / 4))));
     };
-    if (!qw) {
-      float max_scale = 0, amax = 0;
+    float max_scale = 0, amax = 0;
+    for (int j = 0; j < kQK_K / 16; ++j) {
+      const float* xj = x + 16 * j;
+      for (int l = 0; l < 16; ++l) weights[l] = xj[l] * xj[l] * Imp(imp, kQK_K * i + 16 * j + l);
+      scales[j] = MakeQ3Quants(16, 4, xj, L + 16 * j, true, weights);
+      const float scale = std::fabs(scales[j]);
+      if (scale > amax) {
+        amax = scale;
+        max_scale = scales[j];
+      }
+    }
+    if (max_scale != 0.f) {
+      const float iscale = -32.f / max_scale;
       for (int j = 0; j < kQK_K / 16; ++j) {
-        scales[j] = MakeQ3Quants(16, 4, x + 16 * j, L + 16 * j, true);
-        const float scale = std::fabs(scales[j]);
-        if (scale > amax) {
-          amax = scale;
-          max_scale = scales[j];
-        }
+        int l = static_cast<int8_t>(NearestInt(iscale * scales[j]));
+        put_scale(j, std::max(-32, std::min(31, l)) + 32);
       }
-      if (max_scale != 0.f) {
-        const float iscale = -32.f / max_scale;
-        for (int j = 0; j < kQK_K / 16; ++j) {
-          int l = static_cast<int8_t>(NearestInt(iscale * scales[j]));
-          put_scale(j, std::max(-32, std::min(31, l)) + 32);
-        }
-        y[i].d = Fp32ToFp16(1 / iscale);
-      } else {
-        y[i].d = Fp32ToFp16(0.f);
-      }
+      y[i].d = Fp32ToFp16(1 / iscale);
     } else {
-      float weight[16], sw[kQK_K / 16];
-      int8_t Ls[kQK_K / 16];
-      float sumx2 = 0;
-      for (int j = 0; j < kQK_K; ++j) sumx2 += x[j] * x[j];
-      const float sigma2 = 2 * sumx2 / kQK_K;
-      for (int j = 0; j < kQK_K / 16; ++j) {
-        const float* q = qw + kQK_K * i + 16 * j;
-        for (int l = 0; l < 16; ++l)
-          weight[l] = q[l] * std::sqrt(sigma2 + x[16 * j + l] * x[16 * j + l]);
-        float sumw = 0;
-        for (int l = 0; l < 16; ++l) sumw += weight[l];
-        sw[j] = sumw;
-        scales[j] = MakeQxQuants(16, 4, x + 16 * j, L + 16 * j, 1, weight);
-      }
-      const float d_block = MakeQxQuants(kQK_K / 16, 32, scales, Ls, 1, sw);
-      for (int j = 0; j < kQK_K / 16; ++j) put_scale(j, Ls[j]);
-      y[i].d = Fp32ToFp16(d_block);
+      y[i].d = Fp32ToFp16(0.f);
     }
     for (int j = 0; j < kQK_K / 16; ++j) {
       const float d = Fp16ToFp32(y[i].d) * static_cast<float>(Q3KScale(y[i].scales, j));
@@ -222,94 +193,35 @@ void QuantizeQ3_K(const float* x, BlockQ3_K* y, int64_t n, const float* qw) {
   }
 }
 
-void QuantizeQ4_K(const float* x, BlockQ4_K* y, int64_t n, const float* qw) {
+namespace {
+
+// Q4_K and Q5_K share the sub-block search (levels 0..nmax with a min per 32 elements).
+template <typename Block>
+void SearchK4(const float* x, const float* imp, int nmax, float rmin, int nstep, Block* y) {
   uint8_t L[kQK_K], Laux[32];
   float weights[32], mins[kQK_K / 32], scales[kQK_K / 32];
-  for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
-    if (!qw) {
-      for (int j = 0; j < kQK_K / 32; ++j) {
-        float sum_x2 = 0;
-        for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
-        const float av_x = std::sqrt(sum_x2 / 32);
-        for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
-        scales[j] = MakeQkx2Quants(32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
-                                   -1.f, 0.1f, 20, false);
-      }
-      QuantizeScalesK4Ref(scales, mins, &y[i], nullptr);
-    } else {
-      float sw[kQK_K / 32];
-      uint8_t Ls[kQK_K / 32], Lm[kQK_K / 32];
-      float sum_x2 = 0;
-      for (int l = 0; l < kQK_K; ++l) sum_x2 += x[l] * x[l];
-      const float sigma2 = 2 * sum_x2 / kQK_K;
-      for (int j = 0; j < kQK_K / 32; ++j) {
-        const float* q = qw + kQK_K * i + 32 * j;
-        for (int l = 0; l < 32; ++l)
-          weights[l] = q[l] * std::sqrt(sigma2 + x[32 * j + l] * x[32 * j + l]);
-        float sumw = 0;
-        for (int l = 0; l < 32; ++l) sumw += weights[l];
-        sw[j] = sumw;
-        scales[j] = MakeQkx3Quants(32, 15, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
-                                   -0.9f, 0.05f, 36, false);
-      }
-      const float d_block = MakeQpQuants(kQK_K / 32, 63, scales, Ls, sw);
-      const float m_block = MakeQpQuants(kQK_K / 32, 63, mins, Lm, sw);
-      std::memset(y[i].scales, 0, kKScaleBytes);
-      PackScalesK4(Ls, Lm, y[i].scales);
-      y[i].d = Fp32ToFp16(d_block);
-      y[i].dmin = Fp32ToFp16(m_block);
-    }
-    RequantizeK4(x, y[i].scales, y[i].d, y[i].dmin, 15, L);
-    uint8_t* q = y[i].qs;
+  for (int j = 0; j < kQK_K / 32; ++j) {
+    float sum_x2 = 0;
+    for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
+    const float av_x = std::sqrt(sum_x2 / 32);
+    for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
+    if (imp)
+      for (int l = 0; l < 32; ++l) weights[l] *= imp[32 * j + l];
+    scales[j] = MakeQkx2Quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j], Laux, rmin,
+                               0.1f, nstep, false);
+  }
+  if constexpr (std::is_same_v<Block, BlockQ4_K>)
+    QuantizeScalesK4Ref(scales, mins, y, nullptr);
+  else
+    QuantizeScalesK4Ref(scales, mins, nullptr, y);
+  RequantizeK4(x, y->scales, y->d, y->dmin, nmax, L);
+  if constexpr (std::is_same_v<Block, BlockQ4_K>) {
+    uint8_t* q = y->qs;
     for (int j = 0; j < kQK_K; j += 64, q += 32)
       for (int l = 0; l < 32; ++l) q[l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
-  }
-}
-
-void QuantizeQ5_K(const float* x, BlockQ5_K* y, int64_t n, const float* qw) {
-  uint8_t L[kQK_K], Laux[32];
-  float weights[32], mins[kQK_K / 32], scales[kQK_K / 32];
-  for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
-    if (!qw) {
-      for (int j = 0; j < kQK_K / 32; ++j) {
-        float sum_x2 = 0;
-        for (int l = 0; l < 32; ++l) sum_x2 += x[32 * j + l] * x[32 * j + l];
-        const float av_x = std::sqrt(sum_x2 / 32);
-        for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(x[32 * j + l]);
-        scales[j] = MakeQkx2Quants(32, 31, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
-                                   -0.5f, 0.1f, 15, false);
-      }
-      QuantizeScalesK4Ref(scales, mins, nullptr, &y[i]);
-    } else {
-      float sw[kQK_K / 32];
-      uint8_t Ls[kQK_K / 32], Lm[kQK_K / 32];
-      float sum_x2 = 0;
-      for (int l = 0; l < kQK_K; ++l) sum_x2 += x[l] * x[l];
-      const float sigma2 = 2 * sum_x2 / kQK_K;
-      for (int j = 0; j < kQK_K / 32; ++j) {
-        const float* q = qw + kQK_K * i + 32 * j;
-        for (int l = 0; l < 32; ++l)
-          weights[l] = q[l] * std::sqrt(sigma2 + x[32 * j + l] * x[32 * j + l]);
-        float sumw = 0;
-        for (int l = 0; l < 32; ++l) sumw += weights[l];
-        sw[j] = sumw;
-        scales[j] = MakeQkx3Quants(32, 31, x + 32 * j, weights, L + 32 * j, &mins[j], Laux,
-                                   -0.9f, 0.05f, 36, false);
-      }
-      const float d_block = MakeQpQuants(kQK_K / 32, 63, scales, Ls, sw);
-      const float m_block = MakeQpQuants(kQK_K / 32, 63, mins, Lm, sw);
-      for (int j = 0; j < 8; ++j) {
-        Ls[j] = std::min<uint8_t>(63, Ls[j]);
-        Lm[j] = std::min<uint8_t>(63, Lm[j]);
-      }
-      std::memset(y[i].scales, 0, kKScaleBytes);
-      PackScalesK4(Ls, Lm, y[i].scales);
-      y[i].d = Fp32ToFp16(d_block);
-      y[i].dmin = Fp32ToFp16(m_block);
-    }
-    RequantizeK4(x, y[i].scales, y[i].d, y[i].dmin, 31, L);
-    uint8_t* qh = y[i].qh;
-    uint8_t* ql = y[i].qs;
+  } else {
+    uint8_t* qh = y->qh;
+    uint8_t* ql = y->qs;
     std::memset(qh, 0, kQK_K / 8);
     uint8_t m1 = 1, m2 = 2;
     for (int b = 0; b < kQK_K; b += 64, ql += 32) {
@@ -331,14 +243,29 @@ void QuantizeQ5_K(const float* x, BlockQ5_K* y, int64_t n, const float* qw) {
   }
 }
 
-void QuantizeQ6_K(const float* x, BlockQ6_K* y, int64_t n, const float* qw) {
+}  // namespace
+
+void QuantizeQ4_K(const float* x, BlockQ4_K* y, int64_t n, const float* imp) {
+  for (int64_t i = 0; i < n / kQK_K; ++i)
+    SearchK4(x + kQK_K * i, imp ? imp + kQK_K * i : nullptr, 15, -1.f, 20, &y[i]);
+}
+
+void QuantizeQ5_K(const float* x, BlockQ5_K* y, int64_t n, const float* imp) {
+  for (int64_t i = 0; i < n / kQK_K; ++i)
+    SearchK4(x + kQK_K * i, imp ? imp + kQK_K * i : nullptr, 31, -0.5f, 15, &y[i]);
+}
+
+void QuantizeQ6_K(const float* x, BlockQ6_K* y, int64_t n, const float* imp) {
   int8_t L[kQK_K];
-  float scales[kQK_K / 16];
+  float scales[kQK_K / 16], weights[16];
   for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
     float max_scale = 0, max_abs_scale = 0;
     for (int ib = 0; ib < kQK_K / 16; ++ib) {
-      const float* q = qw ? qw + kQK_K * i + 16 * ib : nullptr;
-      const float scale = MakeQxQuants(16, 32, x + 16 * ib, L + 16 * ib, 1, q);
+      const float* xb = x + 16 * ib;
+      // Without importance the search weights by x^2 itself; with it, by x^2 * importance.
+      if (imp)
+        for (int l = 0; l < 16; ++l) weights[l] = xb[l] * xb[l] * imp[kQK_K * i + 16 * ib + l];
+      const float scale = MakeQxQuants(16, 32, xb, L + 16 * ib, 1, imp ? weights : nullptr);
       scales[ib] = scale;
       if (std::fabs(scale) > max_abs_scale) {
         max_abs_scale = std::fabs(scale);

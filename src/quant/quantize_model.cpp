@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "core/memory_ledger.h"
@@ -78,6 +79,10 @@ Expected<std::vector<TensorInfo>> PlanQuantizedTensors(const ModelFile& in,
   for (const auto& t : src) mix.push_back({t.name, t.ne, t.type});
   ASSIGN_OR_RETURN(std::vector<TensorChoice> chosen,
                    ChooseTensorTypes(info, mix, options.ftype, options.overrides));
+  if (options.copy_unlisted)
+    for (size_t i = 0; i < src.size(); ++i)
+      if (!options.overrides || !options.overrides->count(src[i].name))
+        chosen[i] = TensorChoice{src[i].type, false, false};
 
   // llama-quantize writes non-block tensors first, then blocks by number, names sorted.
   std::vector<size_t> order(src.size());
@@ -112,7 +117,7 @@ Expected<std::vector<TensorInfo>> PlanQuantizedTensors(const ModelFile& in,
 }
 
 Status ConvertRows(DType src_type, const void* src, DType dst_type, void* dst, int64_t rows,
-                   int64_t cols, ThreadPool& pool) {
+                   int64_t cols, ThreadPool& pool, const float* importance) {
   auto in_row = RowBytes(src_type, static_cast<uint64_t>(cols));
   auto out_row = RowBytes(dst_type, static_cast<uint64_t>(cols));
   if (!in_row || !out_row)
@@ -129,29 +134,69 @@ Status ConvertRows(DType src_type, const void* src, DType dst_type, void* dst, i
       const auto* s = static_cast<const uint8_t*>(src) + static_cast<uint64_t>(r) * *in_row;
       auto* d = static_cast<uint8_t*>(dst) + static_cast<uint64_t>(r) * *out_row;
       DequantizeRow(src_type, s, f32.data(), cols);
-      QuantizeRow(dst_type, f32.data(), d, cols);
+      QuantizeRow(dst_type, f32.data(), d, cols, importance);
     }
   });
   return Status::Ok();
 }
 
+uint64_t StringMetadataEntryBytes(const std::string& key, const std::string& value) {
+  return 8 + key.size() + 4 + 8 + value.size();  // key (u64 length + bytes), type, value
+}
+
+Expected<QuantizedLayout> LayoutQuantizedFile(const ModelFile& in, const QuantizeOptions& options) {
+  QuantizedLayout l;
+  ASSIGN_OR_RETURN(l.tensors, PlanQuantizedTensors(in, options, &l.choices, &l.source_index));
+  l.metadata = in.metadata();
+  l.metadata.Erase(kQuantizePlanKey);
+  l.metadata.Set("general.quantization_version", MetaValue::U32(kQuantizationVersion));
+  l.metadata.Set("general.file_type", MetaValue::U32(options.file_type_id == UINT32_MAX
+                                                         ? options.ftype.id
+                                                         : options.file_type_id));
+  for (const auto& [key, value] : options.extra_metadata) {
+    l.metadata.Erase(key);  // a key the input already has moves to the end
+    l.metadata.Set(key, value);
+  }
+  // The writer's own layout, never started: the sizes are the ones it will write.
+  GgufWriter layout("");
+  layout.SetMetadata(l.metadata);
+  for (const auto& t : l.tensors) RETURN_IF_ERROR(layout.AddTensor(t.name, t.ne, t.type));
+  ASSIGN_OR_RETURN(std::string header, layout.HeaderBytes());
+  l.alignment = layout.alignment();
+  l.header_bytes = header.size();
+  l.file_bytes = AlignedTensorBytes(l.header_bytes, l.alignment);
+  for (const auto& t : l.tensors) l.file_bytes += AlignedTensorBytes(t.bytes, l.alignment);
+  return l;
+}
+
+Expected<FileType> NearestFileType(const ModelFile& in, uint64_t file_bytes) {
+  std::optional<FileType> best;
+  uint64_t best_gap = 0;
+  for (const char* name : {"Q2_K", "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S",
+                           "Q5_K_M", "Q6_K", "Q8_0"}) {
+    QuantizeOptions o;
+    o.ftype = *FileTypeFromName(name);
+    ASSIGN_OR_RETURN(QuantizedLayout l, LayoutQuantizedFile(in, o));
+    const uint64_t gap = l.file_bytes > file_bytes ? l.file_bytes - file_bytes : file_bytes - l.file_bytes;
+    if (!best || gap < best_gap) best = o.ftype, best_gap = gap;
+  }
+  return *best;
+}
+
 Expected<QuantizeReport> QuantizeModel(const ModelFile& in, const QuantizeOptions& options,
                                        TensorSink& sink) {
   const auto start = std::chrono::steady_clock::now();
-  std::vector<TensorChoice> choices;
-  std::vector<size_t> source;
-  ASSIGN_OR_RETURN(std::vector<TensorInfo> out, PlanQuantizedTensors(in, options, &choices, &source));
-
-  Metadata md = in.metadata();
-  md.Set("general.quantization_version", MetaValue::U32(kQuantizationVersion));
-  md.Set("general.file_type", MetaValue::U32(options.ftype.id));
-  RETURN_IF_ERROR(sink.Begin(md, out));
+  ASSIGN_OR_RETURN(QuantizedLayout layout, LayoutQuantizedFile(in, options));
+  const std::vector<TensorInfo>& out = layout.tensors;
+  const std::vector<TensorChoice>& choices = layout.choices;
+  const std::vector<size_t>& source = layout.source_index;
+  RETURN_IF_ERROR(sink.Begin(layout.metadata, out));
 
   ThreadPool& pool = options.pool ? *options.pool : ThreadPool::Default();
   uint64_t total = 0;
   for (const auto& t : out) total += t.bytes;
   std::optional<ProgressBar> bar;
-  if (options.progress) bar.emplace(std::string("quantize ") + options.ftype.name, total);
+  if (options.progress) bar.emplace("quantize", total);
   QuantizeReport report;
   uint64_t done = 0;
   std::vector<uint8_t> src_buf, dst_buf;
@@ -184,7 +229,13 @@ Expected<QuantizeReport> QuantizeModel(const ModelFile& in, const QuantizeOption
         continue;
       }
       dst_buf.resize(out_bytes);
-      Status st = ConvertRows(s.type, src_buf.data(), o.type, dst_buf.data(), rows, cols, pool);
+      std::vector<float> importance;
+      if (options.importance)
+        importance = options.importance->ColumnImportance(s.name, sliced ? static_cast<int>(i) : -1, cols);
+      if (!importance.empty() && importance.size() != static_cast<size_t>(cols))
+        return Internal("quantize: importance of '" + s.name + "' has the wrong length");
+      Status st = ConvertRows(s.type, src_buf.data(), o.type, dst_buf.data(), rows, cols, pool,
+                              importance.empty() ? nullptr : importance.data());
       if (!st.ok()) return st.WithContext("tensor '" + s.name + "'");
       RETURN_IF_ERROR(sink.WriteTensorData(k, dst_buf.data(), out_bytes));
     }

@@ -2,14 +2,13 @@
 // bad input (unknown type, missing file, bad plan, a plan naming no tensor) fails with a message
 // and a non-zero exit without leaving an output file behind.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
 
+#include "quant/cli_util.h"
 #include "quant/gguf_fixture.h"
 
 namespace substrate {
@@ -17,30 +16,10 @@ namespace {
 
 const std::string kDir = std::string(SUBSTRATE_SHARED_DIR) + "/gguf/";
 
-struct CmdResult {
-  int code;
-  std::string output;
-};
-
-CmdResult Substrate(const std::string& args) {
-  const std::string cmd = std::string(SUBSTRATE_BINARY) + " " + args + " 2>&1";
-  CmdResult r{-1, {}};
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TMPDIR");
-  return std::string(dir ? dir : "/tmp") + "/substrate_quant_" + std::to_string(getpid()) + "_" + name;
-}
-
-bool Exists(const std::string& path) { return std::ifstream(path).good(); }
+using testing::CmdResult;
+using testing::Exists;
+using testing::Substrate;
+using testing::TempPath;
 
 class CliQuantize : public ::testing::Test {
  protected:
