@@ -180,11 +180,13 @@ void Engine::AfterToken(bool decode_step) {
       const bool critical = monitor_->state() != RuntimeState::kNormal;
       if (critical) controller_->ForceDemoteAll();
       controller_->set_hold(critical);
-      char fields[160];
-      std::snprintf(
-          fields, sizeof fields, "\"state\":\"%s\",\"latency_ratio\":%.3f,\"bw_ratio\":%.3f",
-          RuntimeStateName(monitor_->state()), monitor_->latency_ratio(), monitor_->bw_ratio());
-      runtime_->TraceRuntime("monitor", fields);
+      if (runtime_->tracing()) {  // formatting allocates: only when tracing
+        char fields[160];
+        std::snprintf(
+            fields, sizeof fields, "\"state\":\"%s\",\"latency_ratio\":%.3f,\"bw_ratio\":%.3f",
+            RuntimeStateName(monitor_->state()), monitor_->latency_ratio(), monitor_->bw_ratio());
+        runtime_->TraceRuntime("monitor", fields);
+      }
     }
     last_token_ = decode_step ? now : std::chrono::steady_clock::time_point{};
     last_read_bytes_ = rs.stream_bytes_read;

@@ -186,6 +186,8 @@ TEST(Adaptive, ASlowingDiskForcesEveryEscalationDown) {
   eo.adaptive.controller.persistence = 1;
   eo.adaptive.monitor_options.window = 8;
   eo.adaptive.monitor_options.min_window_bytes = 64 << 10;
+  eo.adaptive.monitor_options.latency_enter = 1e9;  // the disk alone (a loaded test machine's
+                                                    // jitter must not trip latency first)
   eo.adaptive.script["block_1.ffn"] = std::vector<float>(200, 1.0f);
   eo.adaptive.script["block_4.attn"] = std::vector<float>(200, 1.0f);
   auto e = Engine::Load("", eo);
@@ -232,6 +234,11 @@ TEST(Adaptive, AThousandTokensAllocateNothingOnceWarmAndKeepTheCap) {
   eo.adaptive.verifier = AdaptiveOptions::Verifier::kResidual;
   eo.adaptive.controller.threshold = 0.04f;
   eo.adaptive.controller.persistence = 1;
+  // A monitor on a hair trigger (2-token windows, enter and leave at 1x the prediction): it
+  // flips with the timing's jitter, so its transitions, forced demotions and holds run too.
+  eo.adaptive.monitor_options.window = 2;
+  eo.adaptive.monitor_options.latency_enter = 1.0;
+  eo.adaptive.monitor_options.latency_exit = 1.0;
   auto e = Engine::Load("", eo);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   Engine& a = **e;
@@ -260,6 +267,8 @@ TEST(Adaptive, AThousandTokensAllocateNothingOnceWarmAndKeepTheCap) {
   EXPECT_GT(st.escalations, 10u) << "the run must actually escalate";
   EXPECT_GT(st.decays, 10u);
   EXPECT_LE(st.pool_peak, a.tier_controller()->options().pool_bytes);
+  EXPECT_GT(a.runtime_monitor()->stats().transitions, 10u);
+  EXPECT_GT(st.force_demotes, 0u);
   EXPECT_LE(c.ledger.peak(), c.cap);
 }
 
