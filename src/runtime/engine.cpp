@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/backend_factory.h"
 #include "model/prompt_lookup.h"
 
 namespace substrate {
@@ -48,7 +48,11 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
   } else {
     e->pool_ = &ThreadPool::Default();
   }
-  e->backend_ = std::make_unique<CpuBackend>(e->pool_, e->ledger_);
+  {
+    auto backend = CreateBackend({opt.device, opt.gpu}, e->pool_, e->ledger_);
+    if (!backend.ok()) return backend.status();
+    e->backend_ = std::move(backend).value();
+  }
   auto file = ModelFile::Open(path);
   if (!file.ok()) return file.status().WithContext("opening model '" + path + "'");
   e->file_ = std::move(file).value();

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <random>
@@ -15,6 +16,9 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#ifdef SUBSTRATE_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "backend/reference_backend.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
@@ -48,6 +52,20 @@ std::vector<Candidate> Backends() {
     out.push_back({std::string("cpu/") + IsaName(isa),
                    [] { return std::make_unique<CpuBackend>(&Pool(), &Ledger()); }, isa});
   }
+#ifdef SUBSTRATE_HAVE_CUDA
+  // A CUDA build runs the GPU too when the machine has one (a build machine without a GPU
+  // checks the CPU tiers only, and says so).
+  if (CudaDeviceCount() > 0) {
+    out.push_back({"cuda", [] {
+                     auto b = NewCudaBackend({});
+                     EXPECT_TRUE(b.ok()) << b.status().ToString();
+                     return std::move(b).value();
+                   },
+                   DetectedIsa()});
+  } else {
+    std::printf("note: CUDA build without a CUDA device: the cuda backend is not checked here\n");
+  }
+#endif
   return out;
 }
 
@@ -620,6 +638,110 @@ TEST(BackendOps, RoutingGatherScatter) {
     ScopedIsa isa(c.isa);
     auto be = c.make();
     for (const std::string& m : CheckMoeOps(*be)) ADD_FAILURE() << c.name << ": " << m;
+  }
+}
+
+// Weights handed to the backend as resident (AdoptResidentBytes: a GPU backend keeps device
+// copies and finds views, expert slices and residuals in them by address) give the products
+// and rows of weights it has not seen (uploaded per op). A fresh backend per weight: the
+// adopted bytes must outlive it.
+TEST(BackendOps, MatMulAndEmbedOverAdoptedWeights) {
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    ReferenceBackend ref(&Ledger());
+    std::mt19937 rng(11);
+    for (DType type : WeightTypes()) {
+      const Weight w = MakeWeight(type, 2 * 37, 256, rng);  // two "experts" of 37 rows
+      auto be = c.make();
+      be->AdoptResidentBytes(w.skeleton.data(), w.skeleton.size());
+      be->AdoptResidentBytes(w.res1.data(), w.res1.size());
+      be->AdoptResidentBytes(w.res2.data(), w.res2.size());
+      for (int tier : {0, 2}) {
+        for (int64_t n : {1, 3, 70}) {
+          const std::vector<float> x = Random(n * 256, rng);
+          Tensors tb(*be), tr(ref);
+          const Tensor yb = tb.Zeros(n, 2 * 37), yr = tr.Zeros(n, 2 * 37);
+          be->MatMul(w.View(tier), tb.Make(n, 256, x), yb);
+          ref.MatMul(w.View(tier), tr.Make(n, 256, x), yr);
+          const double e = ProductError(tb.Read(yb), tr.Read(yr), RowNorms2(w, tier), x, n, 256);
+          EXPECT_LE(e, 4e-6) << c.name << " " << DTypeName(type) << " tier " << tier << " n=" << n;
+          // The second expert's slice: a view into the middle of the adopted bytes.
+          WeightView s = w.View(tier);
+          const size_t half = w.skeleton.size() / 2;
+          s.data += half;
+          s.bytes = half;
+          s.rows = 37;
+          s.residual[0] += w.res1.size() / 2;
+          s.residual[1] += w.res2.size() / 2;
+          const Tensor sb = tb.Zeros(n, 37), sr = tr.Zeros(n, 37);
+          be->MatMul(s, tb.Make(n, 256, x), sb);
+          ref.MatMul(s, tr.Make(n, 256, x), sr);
+          const std::vector<double> all = RowNorms2(w, tier);
+          const std::vector<double> second(all.begin() + 37, all.end());
+          EXPECT_LE(ProductError(tb.Read(sb), tr.Read(sr), second, x, n, 256), 4e-6)
+              << c.name << " slice " << DTypeName(type) << " tier " << tier << " n=" << n;
+        }
+        const int32_t ids[3] = {73, 0, 40};
+        Tensors tb(*be), tr(ref);
+        const Tensor eb = tb.Zeros(3, 256), er = tr.Zeros(3, 256);
+        be->EmbedRows(w.View(tier), ids, 3, eb);
+        ref.EmbedRows(w.View(tier), ids, 3, er);
+        EXPECT_LE(Nmse(tb.Read(eb), tr.Read(er)), 1e-12) << c.name << " embed " << DTypeName(type);
+      }
+    }
+  }
+}
+
+// The same run of ops repeated with new token ids and positions, as decode steps repeat (a GPU
+// backend replays such a run as a graph from its second time): every repetition reads its own
+// ids and positions, not those of the run it replays.
+TEST(BackendOps, RepeatedRunsReadTheirOwnIdsAndPositions) {
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    auto be = c.make();
+    ReferenceBackend ref(&Ledger());
+    std::mt19937 rng(12);
+    const int64_t d = 256, qd = 128, vocab = 50;  // 4 query heads and 2 KV heads of 32
+    const AttentionShape shape{4, 2, 32, 32, 0.17f};
+    const Weight emb = MakeWeight(DType::kQ8_0, vocab, d, rng), wq = MakeWeight(DType::kQ4_0, qd, d, rng),
+                 wk = MakeWeight(DType::kQ4_K, 64, d, rng), wv = MakeWeight(DType::kQ6_K, 64, d, rng),
+                 wo = MakeWeight(DType::kQ8_0, d, qd, rng), norm = MakeWeight(DType::kF32, 1, d, rng);
+    for (const Weight* w : {&emb, &wq, &wk, &wv, &wo, &norm})
+      be->AdoptResidentBytes(w->skeleton.data(), w->skeleton.size());
+    Tensors tb(*be), tr(ref);
+    struct Side {
+      Tensor x, xn, q, k, v, a, o;
+      KvLayer kv;
+    };
+    auto make = [&](Tensors& t) {
+      return Side{t.Zeros(1, d), t.Zeros(1, d), t.Zeros(1, qd), t.Zeros(1, 64), t.Zeros(1, 64),
+                  t.Zeros(1, qd), t.Zeros(1, d), t.Kv(DType::kF16, 16, 64, 64)};
+    };
+    const Side sb = make(tb), sr = make(tr);
+    RopeParams rope;
+    rope.n_rot = 32;
+    auto step = [&](Backend& b, const Side& s, int32_t id, int32_t pos) {
+      b.EmbedRows(emb.View(0), &id, 1, s.x);
+      b.RmsNorm(s.x, norm.View(0), 1e-5f, s.xn);
+      b.MatMul(wq.View(0), s.xn, s.q);
+      b.MatMul(wk.View(0), s.xn, s.k);
+      b.MatMul(wv.View(0), s.xn, s.v);
+      b.Rope(s.q, 4, 32, 0, &pos, rope);
+      b.Rope(s.k, 2, 32, 0, &pos, rope);
+      b.StoreKv(s.kv, pos, s.k, s.v);
+      b.Attention(shape, s.q, s.kv, pos, s.a);
+      b.MatMul(wo.View(0), s.a, s.o);
+      b.Add(s.x, s.o);
+    };
+    for (int32_t pos = 0; pos < 8; ++pos) {
+      const int32_t id = static_cast<int32_t>((pos * 7 + 3) % vocab);
+      step(*be, sb, id, pos);
+      step(ref, sr, id, pos);
+      // Activations are rounded to 8 bits for the quantized products: 1e-3 leaves room for
+      // that, while a stale id or position changes these outputs entirely.
+      EXPECT_LE(Nmse(tb.Read(sb.a), tr.Read(sr.a)), 1e-3) << c.name << " attention, step " << pos;
+      EXPECT_LE(Nmse(tb.Read(sb.x), tr.Read(sr.x)), 1e-3) << c.name << " output, step " << pos;
+    }
   }
 }
 
