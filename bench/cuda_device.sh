@@ -2,24 +2,36 @@
 # The CUDA backend's checks and benchmarks on a GPU machine, in one go (device time is scarce:
 # build elsewhere, run this there). Usage:
 #   bench/cuda_device.sh DIR OUT PHASE...
-# DIR holds the binaries (substrate, test_backend, test_model, optionally llama-bench) and lib/
-# (shared libraries the machine may lack); OUT receives logs and JSON. Phases:
-#   info                         the GPU, driver and cuBLAS found
-#   tests                        the differential op test, then the golden/greedy model tests
-#                                with SUBSTRATE_TEST_DEVICE=cuda (fixtures under DIR/shared)
-#   bench:PRESET:TYPE[:ARGS]     synth a file (deleted after), `substrate bench --device cuda`
-#                                on it, then llama-bench (-ngl 99) when DIR has it
+# DIR holds the binaries (substrate, test_backend, test_model) and lib/ (shared libraries the
+# machine may lack); OUT receives logs and JSON; synth files live in $SYNTH_DIR (/tmp/synth).
+# Phases, run in order:
+#   info                   the GPU, driver and CUDA libraries found
+#   tests                  the differential op test, then the model tests on the GPU
+#                          (SUBSTRATE_TEST_DEVICE=cuda; fixtures under DIR/shared)
+#   synth:PRESET:TYPE      `substrate synth` a file (kept for the phases after)
+#   sub:PRESET:TYPE        `substrate bench --device cuda -p 512 -n 128 -r 3` on it
+#   ab:PRESET:TYPE         on it: decode without programmatic dependent launch, without
+#                          graphs, and per-kernel times (decode, prefill)
+#   llama-build            build llama-bench for sm_90 from DIR/llama-min.tar.xz (a llama.cpp
+#                          source tree) in the background
+#   llama-wait             wait for that build
+#   llama:PRESET:TYPE      `llama-bench -ngl 99 -p 512 -n 128 -r 3` on the file
+#   rm:PRESET:TYPE         delete the file
 set -uo pipefail
 DIR=$(cd "$1" && pwd)
 OUT=$2
 shift 2
 export LD_LIBRARY_PATH="$DIR/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 SYNTH=${SYNTH_DIR:-/tmp/synth}
+LLAMA=/tmp/llama
 mkdir -p "$OUT" "$SYNTH"
 log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
 
 for phase in "$@"; do
-  case "$phase" in
+  IFS=: read -r what preset type <<< "$phase"
+  f="$SYNTH/$preset-$type.gguf"
+  name="$preset-$type"
+  case "$what" in
     info)
       log info
       { nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit \
@@ -33,48 +45,88 @@ for phase in "$@"; do
         | tee -a "$OUT/summary.txt"
       log "model tests on cuda"
       SUBSTRATE_TEST_DEVICE=cuda "$DIR/test_model" --gtest_filter='*GoldenLogits*:Greedy.*:MoeHints.*' \
-        2>&1 | tee "$OUT/model_test.log" | grep -E '^\[  (PASSED|FAILED)|FAILED|SKIPPED \]|rel err' \
-        | head -80 | tee -a "$OUT/summary.txt"
+        2>&1 | tee "$OUT/model_test.log" | grep -E '^\[  (PASSED|FAILED)|FAILED' \
+        | head -40 | tee -a "$OUT/summary.txt"
       ;;
-    bench:*)
-      IFS=: read -r _ preset type extra <<< "$phase"
-      f="$SYNTH/$preset-$type.gguf"
-      name="$preset-$type"
+    synth)
       log "synth $name"
       /usr/bin/time -f "synth %e s" "$DIR/substrate" synth --preset "$preset" --type "$type" -o "$f" \
         -t "$(nproc)" > "$OUT/synth-$name.log" 2>&1
       tail -1 "$OUT/synth-$name.log" | tee -a "$OUT/summary.txt"
+      ;;
+    sub)
       log "substrate bench $name"
-      # shellcheck disable=SC2086
-      "$DIR/substrate" bench -m "$f" --device cuda -p 512 -n 128 -r 3 --json ${extra//,/ } \
+      "$DIR/substrate" bench -m "$f" --device cuda -p 512 -n 128 -r 3 --json \
         > "$OUT/substrate-$name.json" 2> "$OUT/substrate-$name.err"
       python3 - "$OUT/substrate-$name.json" <<'EOF' | tee -a "$OUT/summary.txt"
 import json, sys
 try:
     j = json.load(open(sys.argv[1]))
-    print("substrate pp512 %.1f tg128 %.1f (runs %s) bytes/token %.3g GB bw %.0f GB/s ratio %.3f"
-          % (j["pp"]["tokens_per_s"], j["tg"]["tokens_per_s"], [round(x, 1) for x in j["tg"]["runs"]],
-             j["weight_bytes_per_token"] / 1e9, j["mem_bw"]["bytes_per_s"] / 1e9, j["bw_ratio"]))
+    print("substrate pp512 %.1f %s tg128 %.1f %s bytes/token %.4g GB bw %.0f GB/s ratio %.3f"
+          % (j["pp"]["tokens_per_s"], [round(x) for x in j["pp"]["runs"]], j["tg"]["tokens_per_s"],
+             [round(x, 1) for x in j["tg"]["runs"]], j["weight_bytes_per_token"] / 1e9,
+             j["mem_bw"]["bytes_per_s"] / 1e9, j["bw_ratio"]))
 except Exception as e:
     print("substrate bench failed:", e)
 EOF
       tail -3 "$OUT/substrate-$name.err" >> "$OUT/summary.txt"
-      if [ -x "$DIR/llama-bench" ]; then
-        log "llama-bench $name"
-        "$DIR/llama-bench" -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o json \
-          > "$OUT/llama-$name.json" 2> "$OUT/llama-$name.err"
-        python3 - "$OUT/llama-$name.json" <<'EOF' | tee -a "$OUT/summary.txt"
+      ;;
+    ab)
+      for v in SUBSTRATE_CUDA_PDL=0 SUBSTRATE_CUDA_GRAPHS=0; do
+        log "$v $name"
+        env "$v" "$DIR/substrate" bench -m "$f" --device cuda -p 0 -n 128 -r 2 --json \
+          > "$OUT/ab-${v%%=*}-$name.json" 2> "$OUT/ab-${v%%=*}-$name.err"
+        python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("tg128 %.1f %s" % (j["tg"]["tokens_per_s"], j["tg"]["runs"]))' \
+          "$OUT/ab-${v%%=*}-$name.json" 2>&1 | tee -a "$OUT/summary.txt"
+      done
+      log "profile decode $name"
+      SUBSTRATE_CUDA_PROFILE=1 "$DIR/substrate" bench -m "$f" --device cuda -p 0 -n 32 -r 1 \
+        > /dev/null 2> "$OUT/profile-decode-$name.txt"
+      head -16 "$OUT/profile-decode-$name.txt" | tee -a "$OUT/summary.txt"
+      log "profile prefill $name"
+      SUBSTRATE_CUDA_PROFILE=1 "$DIR/substrate" bench -m "$f" --device cuda -p 512 -n 0 -r 2 \
+        > /dev/null 2> "$OUT/profile-prefill-$name.txt"
+      head -12 "$OUT/profile-prefill-$name.txt" | tee -a "$OUT/summary.txt"
+      ;;
+    llama-build)
+      log "llama.cpp build (background)"
+      rm -rf "$LLAMA" && mkdir -p "$LLAMA" && tar -xJf "$DIR/llama-min.tar.xz" -C "$LLAMA"
+      ( cd "$LLAMA/llama-min" && CUDACXX=/usr/local/cuda/bin/nvcc cmake -S . -B build -G Ninja \
+          -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+          -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DGGML_CUDA_NCCL=OFF \
+          -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+          -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > "$LLAMA/build.log" 2>&1 &&
+        nice -n 19 cmake --build build --target llama-bench -j "$(nproc)" >> "$LLAMA/build.log" 2>&1;
+        echo $? > "$LLAMA/done" ) &
+      ;;
+    llama-status)
+      log "llama.cpp build so far"
+      tail -2 "$LLAMA/build.log" | tee -a "$OUT/summary.txt"
+      ;;
+    llama-wait)
+      log "waiting for the llama.cpp build"
+      while [ ! -f "$LLAMA/done" ]; do sleep 2; done
+      log "llama.cpp build rc $(cat "$LLAMA/done")"
+      cp "$LLAMA/build.log" "$OUT/llama_build.log"
+      tail -2 "$OUT/llama_build.log" | tee -a "$OUT/summary.txt"
+      ;;
+    llama)
+      log "llama-bench $name"
+      "$LLAMA/llama-min/build/bin/llama-bench" -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o json \
+        > "$OUT/llama-$name.json" 2> "$OUT/llama-$name.err"
+      python3 - "$OUT/llama-$name.json" <<'EOF' | tee -a "$OUT/summary.txt"
 import json, sys
 try:
     for r in json.load(open(sys.argv[1])):
-        print("llama.cpp n_prompt %d n_gen %d: %.1f t/s (fa %s)" % (r["n_prompt"], r["n_gen"], r["avg_ts"], r.get("flash_attn")))
+        print("llama.cpp n_prompt %d n_gen %d: %.1f t/s %s (fa %s, %s)" % (r["n_prompt"], r["n_gen"],
+              r["avg_ts"], [round(x, 1) for x in r.get("samples_ts", [])], r.get("flash_attn"),
+              r.get("build_commit")))
 except Exception as e:
     print("llama-bench failed:", e)
 EOF
-        tail -2 "$OUT/llama-$name.err" >> "$OUT/summary.txt"
-      fi
-      [ "${KEEP_SYNTH:-0}" = 1 ] || rm -f "$f"
+      tail -2 "$OUT/llama-$name.err" >> "$OUT/summary.txt"
       ;;
+    rm) rm -f "$f" ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

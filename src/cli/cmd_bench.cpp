@@ -202,9 +202,16 @@ int RunBench(const std::vector<std::string>& args) {
   Series pp, tg;
   uint64_t tg_disk_bytes = 0;  // --store: bytes read from the store during timed decode
   nlohmann::json prefill_profile;
-  // Untimed tokens warm caches, page tables and the pool (a GPU backend also captures the
-  // decode step's graph on its second token).
+  // Untimed tokens warm caches, page tables and the pool. A GPU backend also loads its
+  // libraries' kernels on first use (an untimed prompt, as llama-bench's warm-up run) and
+  // captures the decode step's graph on its second token.
   {
+    if (device_bw && *p > 0) {
+      auto warm = RandomTokens(*p, n_vocab, 98);
+      Status st = model.Forward(warm.data(), *p, *cache, false, &logits);
+      if (!st.ok()) return PrintError("bench", st);
+      cache->Clear();
+    }
     auto warm = RandomTokens(device_bw ? 3 : 1, n_vocab, 99);
     for (int32_t& tok : warm) {
       Status st = model.Forward(&tok, 1, *cache, false, &logits);

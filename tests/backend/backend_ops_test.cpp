@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -319,6 +320,72 @@ TEST(BackendOps, MatMulEveryTypeTierAndTokenCount) {
     ScopedIsa isa(c.isa);
     auto be = c.make();
     for (const std::string& m : CheckMatMul(*be)) ADD_FAILURE() << c.name << ": " << m;
+  }
+}
+
+// Expert-sized products over many tokens (a prefill's experts: slices of a 3-D tensor with
+// narrow rows, 65..150 tokens each, where a GPU backend switches to its GEMM), as a MoE layer
+// issues them: gather, gate and up, SwiGLU, down, weighted scatter, expert after expert.
+TEST(BackendOps, ExpertSizedProductsOverManyTokens) {
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    ReferenceBackend ref(&Ledger());
+    std::mt19937 rng(13);
+    for (DType type : {DType::kF32, DType::kQ8_0}) {
+      const int64_t d = 64, ff = 32, experts = 4;
+      const Weight gate = MakeWeight(type, experts * ff, d, rng), up = MakeWeight(type, experts * ff, d, rng);
+      const Weight down = MakeWeight(type, experts * d, ff, rng);
+      auto be = c.make();
+      for (const Weight* w : {&gate, &up, &down})
+        be->AdoptResidentBytes(w->skeleton.data(), w->skeleton.size());
+      auto slice = [](const Weight& w, int e, int64_t rows) {
+        WeightView v = w.View(0);
+        v.rows = rows;
+        v.bytes = w.skeleton.size() / 4;
+        v.data += v.bytes * e;
+        return v;
+      };
+      const int64_t n = 300;
+      const std::vector<float> x = Random(n * d, rng);
+      Tensors tb(*be), tr(ref);
+      const Tensor xb = tb.Make(n, d, x), xr = tr.Make(n, d, x);
+      // The router first: 8 narrow rows over every token.
+      const Weight router = MakeWeight(type, 8, d, rng);
+      const Tensor lb = tb.Zeros(n, 8), lr = tr.Zeros(n, 8);
+      be->MatMul(router.View(0), xb, lb);
+      ref.MatMul(router.View(0), xr, lr);
+      EXPECT_LE(ProductError(tb.Read(lb), tr.Read(lr), RowNorms2(router, 0), x, n, d),
+                type == DType::kF32 ? 1e-12 : 4e-6)
+          << c.name << " router " << DTypeName(type);
+      const Tensor accb = tb.Zeros(n, d), accr = tr.Zeros(n, d);
+      const Tensor gb = tb.Zeros(n, d), gr = tr.Zeros(n, d);
+      const Tensor hb = tb.Zeros(n, ff), hr = tr.Zeros(n, ff), ub = tb.Zeros(n, ff), ur = tr.Zeros(n, ff);
+      const Tensor ob = tb.Zeros(n, d), orr = tr.Zeros(n, d);
+      for (int e = 0; e < experts; ++e) {
+        std::vector<int32_t> rows;
+        std::vector<float> wts;
+        for (int64_t t = 0; t < n; ++t)
+          if ((t * 7 + e * 3) % 5 < 2 + e % 2) {  // 120..180 of the 300 tokens
+            rows.push_back(static_cast<int32_t>(t));
+            wts.push_back(0.25f + 0.1f * static_cast<float>(e));
+          }
+        const int64_t m = static_cast<int64_t>(rows.size());
+        for (auto [be_, g_, h_, u_, o_, acc_, x_] :
+             {std::tuple<Backend*, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>{be.get(), gb, hb, ub, ob, accb, xb},
+              std::tuple<Backend*, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>{&ref, gr, hr, ur, orr, accr, xr}}) {
+          const Tensor g = g_.Rows(0, m), h = h_.Rows(0, m), u = u_.Rows(0, m), o = o_.Rows(0, m);
+          be_->GatherRows(x_, rows.data(), m, g);
+          const WeightView wg = slice(gate, e, ff), wu = slice(up, e, ff), wd = slice(down, e, d);
+          be_->MatMul(wg, g, h);
+          be_->MatMul(wu, g, u);
+          be_->SwiGlu(h, u, h);
+          be_->MatMul(wd, h, o);
+          be_->ScatterAddRows(o, rows.data(), wts.data(), m, acc_);
+        }
+      }
+      EXPECT_LE(Nmse(tb.Read(accb), tr.Read(accr)), type == DType::kF32 ? 1e-10 : 1e-3)
+          << c.name << " " << DTypeName(type);
+    }
   }
 }
 

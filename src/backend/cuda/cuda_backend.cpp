@@ -233,6 +233,8 @@ class CudaBackend final : public Backend {
   const float* VectorOf(const WeightView& w, int64_t n);  // work ensured for n floats
 
   void RecordGemm(const MatMulOp& op, const DevPart* parts, int n_parts);
+  // Whether a product goes to cuBLAS (when it loads): enough tokens to pay for dequantizing.
+  static bool UseGemm(const MatMulOp& op) { return op.x.rows >= kGemmMinTokens; }
   void AddGemvJob(int type, bool fast, const Tensor& x, const void* xq, const float2* xs,
                   const Tensor& y, const DevPart& part, bool accumulate);
   void SetDevice() const { CK(cudaSetDevice(opt_.device)); }
@@ -294,7 +296,7 @@ class CudaBackend final : public Backend {
   };
   std::vector<Timed> timed_;
   std::vector<cudaEvent_t> event_pool_;
-  std::map<std::string, std::pair<int64_t, double>> profile_table_;  // name -> calls, ms
+  std::map<std::string, std::vector<float>> profile_table_;  // name -> each call's ms
 
   struct Graph {
     std::vector<Rec> recs;
@@ -718,9 +720,7 @@ void CudaBackend::ProfileCollect() {
   for (Timed& t : timed_) {
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, t.a, t.b));
-    auto& e = profile_table_[t.name];
-    e.first += 1;
-    e.second += ms;
+    profile_table_[t.name].push_back(ms);
     event_pool_.push_back(t.a);
     event_pool_.push_back(t.b);
   }
@@ -728,18 +728,25 @@ void CudaBackend::ProfileCollect() {
 }
 
 void CudaBackend::ProfilePrint() {
-  std::vector<std::pair<std::string, std::pair<int64_t, double>>> rows(profile_table_.begin(),
-                                                                      profile_table_.end());
-  std::sort(rows.begin(), rows.end(),
-            [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  struct Row {
+    std::string name;
+    size_t calls;
+    double ms, median_us;
+  };
+  std::vector<Row> rows;
   double total = 0;
-  for (const auto& r : rows) total += r.second.second;
+  for (auto& [name, v] : profile_table_) {
+    double ms = 0;
+    for (float x : v) ms += x;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    rows.push_back({name, v.size(), ms, 1000.0 * v[v.size() / 2]});
+    total += ms;
+  }
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.ms > b.ms; });
   std::fprintf(stderr, "cuda profile (kernel time with events, graphs off): %.3f ms total\n", total);
-  for (const auto& r : rows)
-    std::fprintf(stderr, "  %-36s %9lld calls %10.3f ms %8.2f us/call %5.1f %%\n", r.first.c_str(),
-                 static_cast<long long>(r.second.first), r.second.second,
-                 1000.0 * r.second.second / static_cast<double>(r.second.first),
-                 100.0 * r.second.second / std::max(total, 1e-9));
+  for (const Row& r : rows)
+    std::fprintf(stderr, "  %-36s %7zu calls %9.3f ms %5.1f %% median %8.2f us\n", r.name.c_str(),
+                 r.calls, r.ms, 100.0 * r.ms / std::max(total, 1e-9), r.median_us);
 }
 
 void CudaBackend::Flush() {
@@ -837,7 +844,8 @@ void CudaBackend::AddGemvJob(int type, bool fast, const Tensor& x, const void* x
   job.accumulate = accumulate ? 1 : 0;
   const size_t y_bytes = static_cast<size_t>(y.size()) * 4;
   const size_t x_bytes = static_cast<size_t>(x.size()) * 4;
-  const int blocks = static_cast<int>((y.cols + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock);
+  const int per_block = fast ? kGemvFastRowsPerBlock : kGemvRowsPerBlock;
+  const int blocks = static_cast<int>((y.cols + per_block - 1) / per_block);
   // Join the previous launch when it is a product of the same kind and neither reads what the
   // other writes.
   if (n_recs_ > 0 && recs_[n_recs_ - 1].fn == &LaunchGemv) {
@@ -919,7 +927,7 @@ void CudaBackend::MatMulBatch(const MatMulOp* ops, int n_ops) {
   for (int i = 0; i < n_ops; ++i) {
     const MatMulOp& op = ops[i];
     stage += StagingBytes(*op.w);
-    const bool gemm = op.x.rows >= kGemmMinTokens && LoadCublas();
+    const bool gemm = UseGemm(op) && LoadCublas();
     any_gemm |= gemm;
     // Worst case: the activations converted (int8 + scales, or half + row scales).
     work += gemm ? static_cast<size_t>(op.x.size()) * 2 + static_cast<size_t>(op.x.rows) * 4 + 512
@@ -952,7 +960,7 @@ void CudaBackend::MatMulBatch(const MatMulOp* ops, int n_ops) {
   spans.clear();
   for (int i = 0; i < n_ops; ++i) {
     const MatMulOp& op = ops[i];
-    if (op.x.rows == 0 || (op.x.rows >= kGemmMinTokens && cublas_)) continue;
+    if (op.x.rows == 0 || (UseGemm(op) && cublas_)) continue;
     bool fast = false;
     for (int k = 0; k < n_parts[i]; ++k) {
       const DevPart& pt = parts[static_cast<size_t>(i) * kMaxParts + k];
@@ -985,7 +993,7 @@ void CudaBackend::MatMulBatch(const MatMulOp* ops, int n_ops) {
       const MatMulOp& op = ops[i];
       if (op.x.rows == 0 || k >= n_parts[i]) continue;
       const DevPart* pp = &parts[static_cast<size_t>(i) * kMaxParts];
-      if (op.x.rows >= kGemmMinTokens && cublas_) {
+      if (UseGemm(op) && cublas_) {
         if (k == 0) RecordGemm(op, pp, n_parts[i]);
         continue;
       }
@@ -1211,10 +1219,15 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
   const int hb = std::max(1, std::min(group, 128 * kAttentionMaxAcc / s.dv));
   const int chunks = (group + hb - 1) / hb;
   const int64_t cells = q.rows * s.n_head_kv * chunks;
-  int splits = 1;
-  if (q.rows <= 8 && cells <= kCounterCells)
+  int splits = 1, qb = 1;
+  if (q.rows <= 8 && cells <= kCounterCells) {
+    // Decode: few tokens, so each one's positions are split over blocks.
     splits = static_cast<int>(std::clamp<int64_t>(sm_count_ / std::max<int64_t>(cells, 1), 1, 8));
-  const int smem = AttentionSmemBytes(hb, s.dk, s.dv);
+  } else {
+    // Prefill: several tokens per block share each K/V tile it loads.
+    qb = std::max(1, std::min(8, 128 * kAttentionMaxAcc / s.dv / hb));
+  }
+  const int smem = AttentionSmemBytes(qb * hb, s.dk, s.dv);
   if (smem > attn_smem_allowed_) {
     AllowAttentionSmem(smem);
     attn_smem_allowed_ = smem;
@@ -1236,12 +1249,14 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
   p->dk = s.dk;
   p->dv = s.dv;
   p->heads_per_block = hb;
+  p->q_per_block = qb;
   p->splits = splits;
   p->scale = s.scale;
   p->pos0 = Pos0(pos0);
   p->partial = splits > 1 ? static_cast<float*>(Carve(partial)) : nullptr;
   p->counters = counters_;
   p->smem_bytes = smem;
+  p->vec = s.dk % 8 == 0 && s.dv % 8 == 0 && kv.k_stride % 8 == 0 && kv.v_stride % 8 == 0 ? 1 : 0;
   Wrote(out);
 }
 

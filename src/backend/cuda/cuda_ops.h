@@ -27,7 +27,8 @@ bool PdlEnabled();
 // ---- matrix-vector products (decode: a few tokens) ----
 
 constexpr int kGemvMaxJobs = 8;
-constexpr int kGemvRowsPerBlock = 4;  // one warp per row
+constexpr int kGemvRowsPerBlock = 4;      // float path: one warp per row
+constexpr int kGemvFastRowsPerBlock = 4;  // int8 path: one row per warp (two measured slower)
 
 // One product y[t, :rows] (=|+=) W[rows, cols] . x[t, :cols] for the pass's tokens.
 struct GemvJob {
@@ -186,20 +187,23 @@ struct AttentionParams {
   int64_t k_stride = 0, v_stride = 0;
   int32_t f16 = 0;
   int32_t n_tok = 0, n_head = 0, n_head_kv = 0, dk = 0, dv = 0;
-  int32_t heads_per_block = 0;  // query heads of one KV head per block (gridDim.z chunks)
-  int32_t splits = 1;           // blocks sharing one (token, head chunk)'s positions
+  int32_t heads_per_block = 0;  // query heads of one KV head per block (gridDim.y chunks)
+  int32_t q_per_block = 1;      // query tokens per block (gridDim.x = ceil(n_tok / it))
+  int32_t splits = 1;           // blocks sharing one (token, head chunk)'s positions (then
+                                // q_per_block == 1)
   float scale = 1;
   const int64_t* pos0 = nullptr;  // device
   float* partial = nullptr;       // splits > 1: per block (m, l, acc) of its positions
   uint32_t* counters = nullptr;   // splits > 1: per (token, kv head, chunk), zero between uses
   int32_t smem_bytes = 0;
+  int32_t vec = 0;  // 16-byte cache loads (dk, dv, strides and head offsets multiples of 8)
 };
 void LaunchAttention(const void* params, cudaStream_t stream);
-// Dynamic shared memory an attention launch needs; launches above 48 KiB need
-// AllowAttentionSmem(bytes) first.
-int AttentionSmemBytes(int heads_per_block, int dk, int dv);
+// Dynamic shared memory an attention launch of `rows` (q_per_block * heads_per_block) rows
+// needs; launches above 48 KiB need AllowAttentionSmem(bytes) first.
+int AttentionSmemBytes(int rows, int dk, int dv);
 void AllowAttentionSmem(int bytes);
-constexpr int kAttentionMaxAcc = 16;  // accumulators per thread: heads_per_block * dv <= 2048
+constexpr int kAttentionMaxAcc = 16;  // accumulators per thread: rows * dv <= 2048
 
 // ---- mixture of experts ----
 

@@ -28,7 +28,7 @@ template <int T> struct FastDot;
 
 // Q4_0: lane s holds qs bytes [4s, 4s + 4): elements 4s.. (low nibbles) and 16 + 4s.. (high).
 template <> struct FastDot<kTypeQ4_0> {
-  static constexpr int kLanes = 4;
+  static constexpr int kLanes = 4, kBatch = 8;
   struct W { int q; float d; };
   __device__ static W Load(const uint8_t* b, int s) {
     return {static_cast<int>(U32A2(b + 2 + 4 * s)), HalfToFloat(U16(b))};
@@ -44,7 +44,7 @@ template <> struct FastDot<kTypeQ4_0> {
 
 // Q8_0: lane s holds qs[8s, 8s + 8).
 template <> struct FastDot<kTypeQ8_0> {
-  static constexpr int kLanes = 4;
+  static constexpr int kLanes = 4, kBatch = 8;
   struct W { int a, b; float d; };
   __device__ static W Load(const uint8_t* b, int s) {
     return {static_cast<int>(U32A2(b + 2 + 8 * s)), static_cast<int>(U32A2(b + 6 + 8 * s)),
@@ -59,7 +59,7 @@ template <> struct FastDot<kTypeQ8_0> {
 // Q4_K: lane s = 2p + h holds qs[32p + 16h, +16): elements 64p + 16h.. (low nibbles, sub-block
 // 2p) and 64p + 32 + 16h.. (high nibbles, sub-block 2p + 1). Blocks are 16-byte aligned.
 template <> struct FastDot<kTypeQ4_K> {
-  static constexpr int kLanes = 8;
+  static constexpr int kLanes = 8, kBatch = 4;
   struct W { uint4 q; float dl0, ml0, dl1, ml1; };
   __device__ static int ScaleByte(uint32_t s0, uint32_t s1, uint32_t s2, int j) {
     const uint32_t w = j < 4 ? s0 : (j < 8 ? s1 : s2);
@@ -113,7 +113,7 @@ template <> struct FastDot<kTypeQ4_K> {
 
 // Q6_K: lane s = 8h + i holds, for l0 = 4i, elements 128h + 32k + l0.. (k = 0..3).
 template <> struct FastDot<kTypeQ6_K> {
-  static constexpr int kLanes = 16;
+  static constexpr int kLanes = 16, kBatch = 4;
   struct W { int q[4]; float d[4]; };
   __device__ static W Load(const uint8_t* b, int s) {
     const int h = s >> 3, l0 = 4 * (s & 7);
@@ -170,37 +170,97 @@ __device__ __forceinline__ void WriteRows(const GemvJob& job, int row, int t0, i
   }
 }
 
+// A warp streams kFastRows rows at once in chunks of kIters warp-iterations' blocks: 16-byte
+// loads cover each chunk's bytes exactly once (GGUF blocks are 18, 34, 144 or 210 bytes, so
+// lanes reading their own blocks from global memory would request each sector several times),
+// staged through shared memory, and the next chunks' loads are in flight while these are
+// computed. (Larger chunks and two rows per warp, tried on the H200, were slower.)
+template <int T> struct Chunking;
+template <> struct Chunking<kTypeQ4_0> { static constexpr int kIters = 8; };  // 1152 bytes
+template <> struct Chunking<kTypeQ8_0> { static constexpr int kIters = 4; };  // 1088 bytes
+template <> struct Chunking<kTypeQ4_K> { static constexpr int kIters = 2; };  // 1152 bytes
+template <> struct Chunking<kTypeQ6_K> { static constexpr int kIters = 4; };  // 1680 bytes
+constexpr int kFastRows = kGemvFastRowsPerBlock / 4;  // rows per warp
+
 template <int T, int NT>
 __global__ void __launch_bounds__(128) GemvFastKernel(const __grid_constant__ GemvParams p) {
   PdlStart();
-  int j, row;
-  if (!LocateRow(p, &j, &row)) return;
-  const GemvJob& job = p.jobs[j];
   using D = FastDot<T>;
   constexpr int kQK = Fmt<T>::kQK, kBytes = Fmt<T>::kBytes, kPer = 32 / D::kLanes;
-  const int lane = threadIdx.x & 31, sub = lane % D::kLanes;
+  constexpr int kBlocksPerChunk = Chunking<T>::kIters * kPer;
+  constexpr int kChunk = kBlocksPerChunk * kBytes;  // bytes, a multiple of 16
+  static_assert(kChunk % 16 == 0, "chunks of whole 16-byte words");
+  constexpr int kVecs = kChunk / 16, kPerLane = (kVecs + 31) / 32;
+  __shared__ uint4 stage[4][kFastRows][kVecs];
+  int j = 0;
+  while (j + 1 < p.n_jobs && static_cast<int>(blockIdx.x) >= p.block_start[j + 1]) ++j;
+  const GemvJob& job = p.jobs[j];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % D::kLanes;
+  const int row0 = ((static_cast<int>(blockIdx.x) - p.block_start[j]) * 4 + warp) * kFastRows;
+  if (row0 >= job.rows) return;
+  const int nr = min(kFastRows, job.rows - row0);
   const int t0 = blockIdx.y * NT, nt = min(NT, p.ntok - t0);
   const int64_t cols = p.cols, groups = cols / 32;
   const int nb = static_cast<int>(cols / kQK);
-  const uint8_t* w = job.w + static_cast<int64_t>(row) * job.row_bytes;
+  const int64_t row_bytes = job.row_bytes;  // a multiple of 16 (GemvFastType)
+  const uint8_t* w[kFastRows];
+#pragma unroll
+  for (int r = 0; r < kFastRows; ++r)  // a missing last row reads the one before (unused)
+    w[r] = job.w + static_cast<int64_t>(row0 + min(r, nr - 1)) * row_bytes;
   const int8_t* xq = static_cast<const int8_t*>(job.x) + t0 * cols;
   const float2* xs = job.xs + t0 * groups;
-  float acc[NT];
+  float acc[kFastRows][NT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-  // Eight blocks' loads in flight per lane: a row's bytes stream at HBM rate only with many
-  // requests outstanding per multiprocessor.
-#pragma unroll 8
-  for (int b = lane / D::kLanes; b < nb; b += kPer) {
-    const typename D::W wr = D::Load(w + static_cast<int64_t>(b) * kBytes, sub);
+  for (int r = 0; r < kFastRows; ++r)
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      if (t < nt)
-        acc[t] += D::Dot(wr, sub, xq + t * cols + static_cast<int64_t>(b) * kQK,
-                         xs + t * groups + static_cast<int64_t>(b) * (kQK / 32));
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  const int n_chunks = static_cast<int>((row_bytes + kChunk - 1) / kChunk);
+  uint4 next[kFastRows][kPerLane];
+  auto fetch = [&](int c) {
+#pragma unroll
+    for (int r = 0; r < kFastRows; ++r) {
+#pragma unroll
+      for (int v = 0; v < kPerLane; ++v) {
+        const int i = lane + 32 * v;
+        const int64_t off = static_cast<int64_t>(c) * kChunk + 16 * i;
+        next[r][v] = (i < kVecs && off < row_bytes)
+                         ? __ldcs(reinterpret_cast<const uint4*>(w[r] + off))
+                         : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  fetch(0);
+  for (int c = 0; c < n_chunks; ++c) {
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < kFastRows; ++r)
+#pragma unroll
+      for (int v = 0; v < kPerLane; ++v)
+        if (lane + 32 * v < kVecs) stage[warp][r][lane + 32 * v] = next[r][v];
+    __syncwarp();
+    if (c + 1 < n_chunks) fetch(c + 1);
+#pragma unroll 4
+    for (int it = 0; it < Chunking<T>::kIters; ++it) {
+      const int bl = it * kPer + lane / D::kLanes;  // block within the chunk
+      const int b = c * kBlocksPerChunk + bl;
+      if (b < nb) {
+#pragma unroll
+        for (int r = 0; r < kFastRows; ++r) {
+          const typename D::W wr =
+              D::Load(reinterpret_cast<const uint8_t*>(stage[warp][r]) + bl * kBytes, sub);
+#pragma unroll
+          for (int t = 0; t < NT; ++t) {
+            if (t < nt)
+              acc[r][t] += D::Dot(wr, sub, xq + t * cols + static_cast<int64_t>(b) * kQK,
+                                  xs + t * groups + static_cast<int64_t>(b) * (kQK / 32));
+          }
+        }
+      }
     }
   }
-  WriteRows<NT>(job, row, t0, nt, acc);
+#pragma unroll
+  for (int r = 0; r < kFastRows; ++r)
+    if (r < nr) WriteRows<NT>(job, row0 + r, t0, nt, acc[r]);
 }
 
 template <int T, int NT>
@@ -266,15 +326,15 @@ void LaunchTyped(const GemvParams& p, cudaStream_t stream) {
 }  // namespace
 
 bool GemvFastType(int type, int64_t cols, int64_t row_bytes, const void* w) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(w);
+  // Rows are streamed in 16-byte words: whole words per row, from a 16-byte aligned start.
+  if (row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) return false;
   switch (type) {
     case kTypeQ4_0:
     case kTypeQ8_0:
       return cols % 32 == 0;
+    case kTypeQ4_K:
     case kTypeQ6_K:
       return cols % 256 == 0;
-    case kTypeQ4_K:  // 16-byte loads of the quants
-      return cols % 256 == 0 && row_bytes % 16 == 0 && a % 16 == 0;
     default:
       return false;
   }

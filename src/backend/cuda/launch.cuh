@@ -30,6 +30,14 @@ __device__ __forceinline__ void PdlStart() {
 #endif
 }
 
+// For a kernel whose output a kernel launched by a library (cuBLAS) reads next: waits for the
+// kernel before it but lets nothing launch early, since a library kernel may not wait.
+__device__ __forceinline__ void PdlWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 template <typename... KArgs, typename... Args>
 inline void LaunchKernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                          cudaStream_t stream, Args... args) {

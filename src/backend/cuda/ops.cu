@@ -54,7 +54,7 @@ __device__ float FloatElemAny(int type, const uint8_t* row, int64_t j) {
 }
 
 __global__ void DequantKernel(const __grid_constant__ DequantParams p) {
-  PdlStart();
+  PdlWait();  // its output may feed cuBLAS, whose kernels must not start before it is written
   const int64_t i = blockIdx.y;
   const int64_t j0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
   if (j0 >= p.cols) return;
@@ -80,6 +80,31 @@ __global__ void DequantKernel(const __grid_constant__ DequantParams p) {
   }
 }
 
+// The prefill GEMM's operand: one weight part to half, 32 elements per thread (four
+// Dequant8 of one sub-block, so the type is known at compile time) written as four 16-byte
+// stores. Rows of a multiple of 32 elements, ldo a multiple of 8.
+template <int T>
+__global__ void DequantHalfKernel(const __grid_constant__ DequantParams p) {
+  PdlWait();  // feeds cuBLAS, as DequantKernel
+  const int64_t groups = p.cols / 32;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= p.n * groups) return;
+  const int64_t i = g / groups, j0 = (g % groups) * 32;
+  const uint8_t* row = p.parts[0].w + (p.r0 + i) * p.parts[0].row_bytes;
+  uint4 out[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    float v[8];
+    Dequant8<T>(row, j0 + 8 * k, v);
+    __half2* h = reinterpret_cast<__half2*>(&out[k]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) h[e] = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
+  }
+  uint4* o = reinterpret_cast<uint4*>(static_cast<__half*>(p.out) + i * p.ldo + j0);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) o[k] = out[k];
+}
+
 template <typename T>
 __device__ T BlockReduceSum(T v, T* shared) {
 #pragma unroll
@@ -94,7 +119,7 @@ __device__ T BlockReduceSum(T v, T* shared) {
 }
 
 __global__ void ToHalfKernel(const __grid_constant__ ToHalfParams p) {
-  PdlStart();
+  PdlWait();  // feeds cuBLAS, as DequantKernel
   __shared__ float smax[kThreads / 32];
   __shared__ int sbad;
   const int64_t t = blockIdx.x;
@@ -130,22 +155,43 @@ __global__ void ScaleRowsKernel(const __grid_constant__ ScaleRowsParams p) {
   if (s != 1.0f) p.y[t * p.ld + c] *= s;
 }
 
+// One block per row, each thread holding VPT elements in registers: the row is read once with
+// all of a thread's loads in flight, then scaled (one block does a whole decode row, so the
+// kernel is as long as its chain of dependent memory accesses).
+template <int VPT>
 __global__ void RmsNormKernel(const __grid_constant__ RmsNormParams p) {
   PdlStart();
-  __shared__ double shared[kThreads / 32];
+  __shared__ double shared[32];
   const int64_t t = blockIdx.x;
   const float* x = p.x + t * p.cols;
   float* y = p.y + t * p.cols;
+  float v[VPT];
   double ss = 0;
-  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x)
-    ss += static_cast<double>(x[c]) * x[c];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    v[k] = c < p.cols ? x[c] : 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) ss += static_cast<double>(v[k]) * v[k];
   ss = BlockReduceSum(ss, shared);
   const float scale =
       static_cast<float>(1.0 / sqrt(ss / static_cast<double>(p.cols) + static_cast<double>(p.eps)));
-  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) {
-    const float v = x[c] * scale * p.w[c];
-    y[c] = v;
-    if (p.xq) QuantizeWarpStore(v, t * p.cols + c, p.xq, p.xs);  // whole warps: cols % 32 == 0
+  float w[VPT];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    w[k] = c < p.cols ? p.w[c] : 0.0f;
+  }
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+    // With xq, cols % 32 == 0: a warp's 32 columns are all in the row or all past it.
+    if (c < p.cols) {
+      const float o = v[k] * scale * w[k];
+      y[c] = o;
+      if (p.xq) QuantizeWarpStore(o, t * p.cols + c, p.xq, p.xs);
+    }
   }
 }
 
@@ -184,13 +230,16 @@ __global__ void CopyColumnsKernel(const __grid_constant__ CopyColumnsParams p) {
   p.dst[t * p.dst_stride + p.dst_col + c] = p.src[t * p.src_stride + p.src_col + c];
 }
 
+// One thread per (row, head, pair): the angle in double as the reference computes it.
 __global__ void RopeKernel(const __grid_constant__ RopeParamsDev p) {
   PdlStart();
   const int half = p.n_rot / 2;
+  const int heads = p.n_heads + p.n_heads2;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= p.rows * half) return;
-  const int64_t t = idx / half;
+  if (idx >= p.rows * heads * half) return;
   const int i = static_cast<int>(idx % half);
+  const int h = static_cast<int>((idx / half) % heads);
+  const int64_t t = idx / (static_cast<int64_t>(half) * heads);
   const double position = p.pos[t];
   const double inv_freq = pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
   double theta = position * inv_freq;
@@ -205,13 +254,11 @@ __global__ void RopeKernel(const __grid_constant__ RopeParamsDev p) {
   const float c = static_cast<float>(cos(theta)) * p.attn_factor;
   const float s = static_cast<float>(sin(theta)) * p.attn_factor;
   const int a = p.neox ? i : 2 * i, b = p.neox ? i + half : 2 * i + 1;
-  for (int h = 0; h < p.n_heads + p.n_heads2; ++h) {
-    float* xh = h < p.n_heads ? p.x + (t * p.n_heads + h) * p.head_dim
-                              : p.x2 + (t * p.n_heads2 + (h - p.n_heads)) * p.head_dim;
-    const float x0 = xh[a], x1 = xh[b];
-    xh[a] = x0 * c - x1 * s;
-    xh[b] = x0 * s + x1 * c;
-  }
+  float* xh = h < p.n_heads ? p.x + (t * p.n_heads + h) * p.head_dim
+                            : p.x2 + (t * p.n_heads2 + (h - p.n_heads)) * p.head_dim;
+  const float x0 = xh[a], x1 = xh[b];
+  xh[a] = x0 * c - x1 * s;
+  xh[b] = x0 * s + x1 * c;
 }
 
 __global__ void GatherKernel(const __grid_constant__ GatherParams p) {
@@ -274,6 +321,13 @@ bool PdlEnabled() {
 
 void LaunchDequant(const void* params, cudaStream_t stream) {
   const DequantParams& p = *static_cast<const DequantParams*>(params);
+  if (p.out_half && p.n_parts == 1 && p.cols % 32 == 0 && p.ldo % 8 == 0 && !p.ids) {
+    const int64_t threads = p.n * (p.cols / 32);
+    const bool typed = DispatchType(p.parts[0].type, [&]<int T>() {
+      LaunchKernel(DequantHalfKernel<T>, dim3(Blocks(threads, 128)), dim3(128), 0, stream, p);
+    });
+    if (typed) return;
+  }
   const dim3 grid(Blocks((p.cols + 7) / 8, 128), static_cast<unsigned>(p.n));
   LaunchKernel(DequantKernel, grid, dim3(128), 0, stream, p);
 }
@@ -291,7 +345,17 @@ void LaunchScaleRows(const void* params, cudaStream_t stream) {
 
 void LaunchRmsNorm(const void* params, cudaStream_t stream) {
   const RmsNormParams& p = *static_cast<const RmsNormParams*>(params);
-  LaunchKernel(RmsNormKernel, dim3(static_cast<unsigned>(p.rows)), dim3(kThreads), 0, stream, p);
+  // Threads: a multiple of 32, at most 1024, about four elements each.
+  const int64_t threads = std::clamp<int64_t>((p.cols / 4 + 31) / 32 * 32, 32, 1024);
+  const int64_t vpt = (p.cols + threads - 1) / threads;
+  const dim3 grid(static_cast<unsigned>(p.rows)), block(static_cast<unsigned>(threads));
+  if (vpt <= 1) LaunchKernel(RmsNormKernel<1>, grid, block, 0, stream, p);
+  else if (vpt <= 2) LaunchKernel(RmsNormKernel<2>, grid, block, 0, stream, p);
+  else if (vpt <= 4) LaunchKernel(RmsNormKernel<4>, grid, block, 0, stream, p);
+  else if (vpt <= 8) LaunchKernel(RmsNormKernel<8>, grid, block, 0, stream, p);
+  else if (vpt <= 16) LaunchKernel(RmsNormKernel<16>, grid, block, 0, stream, p);
+  else if (vpt <= 32) LaunchKernel(RmsNormKernel<32>, grid, block, 0, stream, p);
+  else FatalError("rms_norm: rows of " + std::to_string(p.cols) + " (at most 32768)");
 }
 
 void LaunchElementwise(const void* params, cudaStream_t stream) {
@@ -307,7 +371,8 @@ void LaunchCopyColumns(const void* params, cudaStream_t stream) {
 
 void LaunchRope(const void* params, cudaStream_t stream) {
   const RopeParamsDev& p = *static_cast<const RopeParamsDev*>(params);
-  LaunchKernel(RopeKernel, dim3(Blocks(p.rows * (p.n_rot / 2), 128)), dim3(128), 0, stream, p);
+  const int64_t n = p.rows * (p.n_heads + p.n_heads2) * (p.n_rot / 2);
+  LaunchKernel(RopeKernel, dim3(Blocks(n, 128)), dim3(128), 0, stream, p);
 }
 
 void LaunchGather(const void* params, cudaStream_t stream) {
