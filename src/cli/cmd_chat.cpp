@@ -16,13 +16,14 @@ constexpr const char* kUsage =
     "usage: substrate chat -m MODEL [-c CTX] [-n N] [--temp T] [--seed S] [--system TEXT]\n"
     "                      [--kv-type f32|f16] [--draft-max K] [--device cpu|cuda] [--gpu N]\n"
     "                      [--store STORE/ --max-ram SIZE [--plan P] [--tier N] ...]\n"
+    "                      [--verify off|all|margin ...]\n"
     "                      (as for substrate run)\n"
     "  type a message and press enter; /reset starts over, /exit (or end of input) quits\n";
 
 int RunChat(const std::vector<std::string>& args) {
-  Flags f(args, StoreFlagsWithValue(GenerationFlagsWithValue({"--system"})));
-  if (!f.status().ok()) return PrintError("chat", f.status());
-  if (f.Has("-h") || f.Has("--help")) {
+  Flags f(args, {StoreFlagsWithValue(GenerationFlagsWithValue({"--system"}))});
+  if (!f.status().ok()) return UsageError("chat", f.status(), kUsage);
+  if (f.help()) {
     std::fputs(kUsage, stdout);
     return 0;
   }
@@ -33,6 +34,7 @@ int RunChat(const std::vector<std::string>& args) {
   EngineOptions eo;
   eo.n_ctx = gf->n_ctx;
   if (Status st = ApplyStoreFlags(f, &eo); !st.ok()) return PrintError("chat", st);
+  KeepDraftTierResident(gf->generate.verify, &eo);
   auto loaded = LoadForGeneration(*gf, eo);
   if (!loaded.ok()) return PrintError("chat", loaded.status());
   auto& [engine, session] = *loaded;

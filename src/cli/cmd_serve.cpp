@@ -21,6 +21,8 @@ const char* kUsage =
     "                       [--draft-max K] [--device cpu|cuda] [--gpu N]\n"
     "                       [--store STORE/ --max-ram SIZE [--plan P] [--tier N] [--trace T]\n"
     "                        [--prefetch-depth N] [--io auto|uring|pread] [--io-threads N]]\n"
+    "                       [--verify off|all|margin [--verify-window W] [--verify-tau T]\n"
+    "                        [--verify-tier N] [--draft-tier N]]  (as for substrate run)\n"
     "  endpoints: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,\n"
     "             POST /v1/completions (OpenAI), POST /v1/messages (Anthropic)\n"
     "  --api-key     required as 'Authorization: Bearer KEY' or 'x-api-key: KEY' on /v1/*\n"
@@ -36,28 +38,29 @@ const char* kUsage =
     "                inside --max-ram; /metrics adds the runtime's counters\n";
 
 int RunServe(const std::vector<std::string>& args) {
-  Flags f(args, StoreFlagsWithValue({"-m", "--model", "--host", "--port", "--api-key", "-c",
-                                     "--ctx-size", "--parallel", "-np", "-t", "--threads",
-                                     "--max-queue", "--max-body", "--alias", "--kv-type",
-                                     "--cache-type", "--draft-max"}));
-  if (!f.status().ok()) return PrintError("serve", f.status());
-  if (f.Has("-h") || f.Has("--help")) {
+  Flags f(args, {StoreFlagsWithValue({"-m", "--model", "--host", "--port", "--api-key", "-c",
+                                      "--ctx-size", "--parallel", "-np", "-t", "--threads",
+                                      "--max-queue", "--max-body", "--alias", "--kv-type",
+                                      "--cache-type", "--draft-max", "--verify",
+                                      "--verify-window", "--verify-tau", "--verify-tier",
+                                      "--draft-tier"})});
+  if (!f.status().ok()) return UsageError("serve", f.status(), kUsage);
+  if (f.help()) {
     std::fputs(kUsage, stdout);
     return 0;
   }
   const std::string model = f.Get({"-m", "--model"});
-  if (model.empty() && !f.Has("--store")) {
-    std::fputs(kUsage, stderr);
-    return PrintError("serve", InvalidArgument("-m MODEL (or --store STORE/) is required"));
-  }
+  if (model.empty() && !f.Has("--store"))
+    return UsageError("serve", InvalidArgument("-m MODEL (or --store STORE/) is required"), kUsage);
   auto port = f.GetInt({"--port"}, 8080);
   auto ctx = f.GetInt({"-c", "--ctx-size"}, 0);
   auto parallel = f.GetInt({"--parallel", "-np"}, 1);
-  auto threads = f.GetInt({"-t", "--threads"}, 0);
+  auto threads = ThreadsFlag(f);
   auto max_queue = f.GetInt({"--max-queue"}, 64);
   auto draft_max = f.GetInt({"--draft-max"}, 0);
-  for (const auto* v : {&port, &ctx, &parallel, &threads, &max_queue, &draft_max})
+  for (const auto* v : {&port, &ctx, &parallel, &max_queue, &draft_max})
     if (!v->ok()) return PrintError("serve", v->status());
+  if (!threads.ok()) return PrintError("serve", threads.status());
   if (*port < 0 || *port > 65535)
     return PrintError("serve", InvalidArgument("--port must be 0..65535"));
   if (*parallel < 1 || *parallel > 256)
@@ -90,8 +93,12 @@ int RunServe(const std::vector<std::string>& args) {
   mo.model_id = f.Get({"--alias"});
   mo.kv_type = *kv_type;
   mo.draft_max = static_cast<int>(*draft_max);
+  auto verify = ParseVerifyFlags(f);
+  if (!verify.ok()) return PrintError("serve", verify.status());
+  mo.verify = *verify;
   mo.slots = static_cast<int>(*parallel);
   if (Status st = ApplyStoreFlags(f, &mo.engine); !st.ok()) return PrintError("serve", st);
+  KeepDraftTierResident(mo.verify, &mo.engine);
   std::fprintf(stderr, "substrate serve: loading %s\n",
                model.empty() ? mo.engine.store.c_str() : model.c_str());
   auto backend = serve::ModelBackend::Load(mo);

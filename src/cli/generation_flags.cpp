@@ -1,6 +1,7 @@
 #include "cli/generation_flags.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 
 #include "core/file_io.h"
@@ -12,7 +13,8 @@ std::vector<std::string> GenerationFlagsWithValue(std::vector<std::string> extra
   for (const char* f : {"-m", "--model", "-n", "--n-predict", "--temp", "--temperature", "--seed",
                         "-s", "-c", "--ctx-size", "-t", "--threads", "--top-k", "--top-p",
                         "--min-p", "--repeat-penalty", "--repeat-last-n", "--stop", "--kv-type",
-                        "--cache-type", "--draft-max", "--prompt-cache"}) {
+                        "--cache-type", "--draft-max", "--prompt-cache", "--verify",
+                        "--verify-window", "--verify-tau", "--verify-tier", "--draft-tier"}) {
     extra.push_back(f);
   }
   return extra;
@@ -31,7 +33,7 @@ Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
   g.model = f.Get({"-m", "--model"});
   if (g.model.empty() && !f.Has("--store")) return InvalidArgument("no model given (-m MODEL: a .gguf file or a HF folder)");
   ASSIGN_OR_RETURN(long long n_ctx, f.GetInt({"-c", "--ctx-size"}, 0));
-  ASSIGN_OR_RETURN(long long threads, f.GetInt({"-t", "--threads"}, 0));
+  ASSIGN_OR_RETURN(int threads, ThreadsFlag(f));
   ASSIGN_OR_RETURN(long long n, f.GetInt({"-n", "--n-predict"}, 128));
   ASSIGN_OR_RETURN(double temp, f.GetDouble({"--temp", "--temperature"}, 0.0));
   ASSIGN_OR_RETURN(long long seed, f.GetInt({"--seed", "-s"}, 0));
@@ -42,25 +44,71 @@ Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
   ASSIGN_OR_RETURN(long long rln, f.GetInt({"--repeat-last-n"}, 64));
   ASSIGN_OR_RETURN(long long draft, f.GetInt({"--draft-max"}, 0));
   if (draft < 0 || draft > 64) return InvalidArgument("--draft-max " + std::to_string(draft) + " out of range (0..64)");
-  if (n_ctx < 0 || n_ctx > (1 << 22)) return InvalidArgument("-c " + std::to_string(n_ctx) + " out of range");
-  if (threads < 0 || threads > 1024) return InvalidArgument("-t " + std::to_string(threads) + " out of range");
+  if (n_ctx < 0 || n_ctx > (1 << 22))
+    return InvalidArgument("-c " + std::to_string(n_ctx) + " out of range");
   if (n < 0 || n > (1 << 24)) return InvalidArgument("-n " + std::to_string(n) + " out of range");
-  if (temp < 0 || rp <= 0) return InvalidArgument("--temp must be >= 0 and --repeat-penalty > 0");
   g.n_ctx = n_ctx;
-  g.threads = static_cast<int>(threads);
+  g.threads = threads;
   g.generate.max_tokens = static_cast<int>(n);
   SamplingParams& s = g.generate.sampling;
   s.temperature = static_cast<float>(temp);
   s.seed = static_cast<uint64_t>(seed);
-  s.top_k = static_cast<int>(top_k);
+  s.top_k = static_cast<int>(std::clamp<long long>(top_k, INT_MIN, INT_MAX));
   s.top_p = static_cast<float>(top_p);
   s.min_p = static_cast<float>(min_p);
   s.repeat_penalty = static_cast<float>(rp);
-  s.repeat_last_n = static_cast<int>(rln);
+  s.repeat_last_n = static_cast<int>(std::clamp<long long>(rln, INT_MIN, INT_MAX));
+  // The server's rule (model/sampler.h), under the flags' names.
+  if (Status valid = ValidateSamplingParams(s); !valid.ok()) {
+    std::string m = valid.message();
+    for (auto [field, flag] : {std::pair{"temperature", "--temp"},
+                               {"top_k", "--top-k"},
+                               {"top_p", "--top-p"},
+                               {"min_p", "--min-p"},
+                               {"repeat_penalty", "--repeat-penalty"},
+                               {"repeat_last_n", "--repeat-last-n"}})
+      if (m.rfind(field, 0) == 0) m = flag + m.substr(std::string(field).size());
+    return InvalidArgument(m);
+  }
   g.generate.stop = f.GetAll({"--stop"});
   g.generate.draft_max = static_cast<int>(draft);
   g.prompt_cache = f.Get({"--prompt-cache"});
+  ASSIGN_OR_RETURN(g.generate.verify, ParseVerifyFlags(f));
   return g;
+}
+
+Expected<VerifyOptions> ParseVerifyFlags(const Flags& f) {
+  VerifyOptions v;
+  const std::string mode = f.Get({"--verify"}, "off");
+  if (mode == "all") {
+    v.mode = VerifyOptions::Mode::kAll;
+  } else if (mode == "margin") {
+    v.mode = VerifyOptions::Mode::kMargin;
+  } else if (mode != "off") {
+    return InvalidArgument("--verify " + mode + ": off, all or margin");
+  }
+  ASSIGN_OR_RETURN(long long window, f.GetInt({"--verify-window"}, v.window));
+  ASSIGN_OR_RETURN(double tau, f.GetDouble({"--verify-tau"}, v.tau));
+  ASSIGN_OR_RETURN(long long tier, f.GetInt({"--verify-tier"}, -1));
+  ASSIGN_OR_RETURN(long long draft, f.GetInt({"--draft-tier"}, 0));
+  if (window < 1 || window > 256) return InvalidArgument("--verify-window must be 1..256");
+  if (!(tau >= 0) || tau > 1000) return InvalidArgument("--verify-tau must be a number >= 0");
+  if (tier < -1 || tier > 2 || draft < 0 || draft > 2)
+    return InvalidArgument("--verify-tier and --draft-tier are tiers of a store's ladder (0..2)");
+  const bool any = f.Has("--verify-window") || f.Has("--verify-tau") || f.Has("--verify-tier") ||
+                   f.Has("--draft-tier");
+  if (any && v.mode == VerifyOptions::Mode::kOff)
+    return InvalidArgument("--verify-window, --verify-tau, --verify-tier and --draft-tier need "
+                           "--verify all|margin");
+  v.window = static_cast<int>(window);
+  v.tau = static_cast<float>(tau);
+  v.verify_tier = static_cast<int>(tier);
+  v.draft_tier = static_cast<int>(draft);
+  return v;
+}
+
+void KeepDraftTierResident(const VerifyOptions& v, EngineOptions* opt) {
+  if (v.mode != VerifyOptions::Mode::kOff) opt->residency.resident_max_tier = v.draft_tier;
 }
 
 Expected<std::pair<std::unique_ptr<Engine>, std::unique_ptr<Session>>> LoadForGeneration(
@@ -126,6 +174,15 @@ nlohmann::json StatsJson(Engine& e, const GenerateStats& st) {
   j["decode_forwards"] = st.n_forwards;
   j["drafted"] = st.n_drafted;
   j["draft_accepted"] = st.n_accepted;
+  j["first_token_seconds"] = st.first_token_seconds;
+  if (st.n_verify_passes > 0 || st.n_rollbacks > 0) {
+    j["verify"] = {{"drafted", st.n_drafted},
+                   {"verified", st.n_verified},
+                   {"verify_passes", st.n_verify_passes},
+                   {"rollbacks", st.n_rollbacks},
+                   {"rollback_lost", st.n_rollback_lost},
+                   {"verify_bytes_read", st.verify_bytes}};
+  }
   j["stop_reason"] = st.stop_reason;
   j["peak_bytes"] = e.ledger().peak();
   try {

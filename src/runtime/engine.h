@@ -16,6 +16,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,9 +29,23 @@
 #include "model/resident_weight_source.h"
 #include "model/sampler.h"
 #include "runtime/residency_manager.h"
+#include "runtime/tier_controller.h"
+#include "runtime/verifier.h"
 #include "tokenizer/tokenizer.h"
 
 namespace substrate {
+
+// The adaptive runtime (runtime/tier_controller.h, verifier.h): ops run at the store's skeleton
+// and a verifier probe escalates the ones it finds drifting, within an escalation pool.
+struct AdaptiveOptions {
+  enum class Verifier { kResidual, kLinear, kScripted };
+  bool on = false;
+  Verifier verifier = Verifier::kResidual;
+  std::string probes;                                // kLinear: a `substrate train-probe` file
+  std::map<std::string, std::vector<float>> script;  // kScripted: op id -> disagreement per token
+  int sample_rows = 16;                              // kResidual: rows sampled per op
+  TierControllerOptions controller;  // pool_bytes 0: K times the largest escalation
+};
 
 struct EngineOptions {
   // The compute backend: "cpu" or "cuda" (GPU `gpu`), see backend/backend_factory.h.
@@ -56,12 +71,37 @@ struct EngineOptions {
   int64_t n_ctx = 0;
   int n_sessions = 1;
   uint64_t extra_reserve = 0;
+  AdaptiveOptions adaptive;
 };
 
 // One conversation: its KV cache and the tokens in it.
 struct Session {
   KvCache cache;
   std::vector<float> logits;  // logits after the last evaluated token
+  // Deferred verification: the verify tier's own cache, holding only verified tokens (a prefix
+  // of the conversation), made at the first verified generation.
+  std::unique_ptr<KvCache> verify_cache;
+};
+
+// Deferred verification (the localvm design): a low tier drafts tokens; the top tier checks
+// windows of them in one pass each (reading, out of core, only the residuals above the resident
+// skeleton) and rolls back at the first disagreement. Greedy output is the verify tier's own;
+// sampled output is distributed as the verify tier's (Sampler::Verify).
+struct VerifyOptions {
+  enum class Mode {
+    kOff,
+    kAll,     // every token is checked, W at a time; only checked tokens are shown
+    kMargin,  // only low-margin tokens (top-1 minus top-2 log-probability < tau) need checking:
+              // one opens a window that is checked once it is W tokens long; tokens before
+              // it are shown unchecked
+  };
+  Mode mode = Mode::kOff;
+  int window = 8;
+  float tau = 2.0f;
+  int draft_tier = 0;
+  int verify_tier = -1;  // -1: the weight source's default (a store's top tier)
+  // Tests: rewrites the i-th drafted token (a scripted disagreement); null in real use.
+  std::function<int32_t(int64_t i, int32_t token)> edit_draft;
 };
 
 struct GenerateOptions {
@@ -80,6 +120,7 @@ struct GenerateOptions {
   // Optional: called with the logits a token was chosen from, before the token is shown (and
   // not for end-of-generation tokens).
   std::function<void(const float* logits, int32_t token)> on_choice;
+  VerifyOptions verify;
 };
 
 struct GenerateStats {
@@ -92,6 +133,13 @@ struct GenerateStats {
   int64_t n_drafted = 0;     // drafted tokens evaluated
   int64_t n_accepted = 0;    // of which shown
   std::string stop_reason;   // "eog", "stop", "length", "callback", "context"
+  double first_token_seconds = 0;  // from the call to the first shown token
+  // Deferred verification.
+  int64_t n_verify_passes = 0;
+  int64_t n_verified = 0;        // drafted tokens a verify pass checked
+  int64_t n_rollbacks = 0;
+  int64_t n_rollback_lost = 0;   // drafted tokens discarded by rollbacks
+  uint64_t verify_bytes = 0;     // bytes the runtime read during verify passes
 };
 
 // Called per generated token with the text that became complete (may be empty); return false to
@@ -116,6 +164,11 @@ class Engine {
   const ResidencyManager* runtime() const { return runtime_; }
   ThreadPool& pool() { return *pool_; }
   Backend& backend() { return *backend_; }
+  // The adaptive runtime's controller (null without EngineOptions::adaptive).
+  TierController* tier_controller() { return controller_.get(); }
+  // After each evaluated token (the token loops call it; so may other loops over the model):
+  // the verifier's token ends and the controller decays its escalations.
+  void AfterToken();
 
   // n_ctx <= 0: the model's training context.
   Expected<std::unique_ptr<Session>> NewSession(int64_t n_ctx);
@@ -131,6 +184,11 @@ class Engine {
 
  private:
   Engine() = default;
+  Status SetUpAdaptive(const AdaptiveOptions& a);
+  // Generate with opt.verify on (runtime/deferred_verify.cpp).
+  Expected<GenerateStats> GenerateDeferred(Session& s, const std::vector<int32_t>& prompt,
+                                           const GenerateOptions& opt,
+                                           const TokenCallback& on_token);
   std::unique_ptr<ModelFile> file_;
   std::unique_ptr<WeightSource> weights_;
   ResidencyManager* runtime_ = nullptr;  // weights_, when it streams a store
@@ -140,6 +198,8 @@ class Engine {
   std::unique_ptr<Backend> backend_;  // runs on pool_; outlives model_
   DType kv_type_ = DType::kF32;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<TierController> controller_;  // after model_: it writes its tier table
+  std::unique_ptr<VerifierProbe> verifier_;
   std::unique_ptr<Tokenizer> tokenizer_;
 };
 

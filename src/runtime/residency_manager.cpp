@@ -19,6 +19,7 @@ Expected<std::unique_ptr<ResidencyManager>> ResidencyManager::Open(const std::st
   StoreIndexOptions io;
   io.max_tier = options.serve_tier < 0 ? 2 : options.serve_tier;
   io.direct_io = options.direct_io;
+  io.env = options.env;
   ASSIGN_OR_RETURN(m->index_, StoreIndex::Open(store_dir, io));
   Status st = m->Setup(ledger, options);
   if (!st.ok()) return st.WithContext("runtime: store '" + store_dir + "'");
@@ -46,6 +47,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     return InvalidArgument("tier " + std::to_string(options.serve_tier) +
                            " asked for, but the store's ladder has " + index_->LadderText());
   serve_ = options.serve_tier < 0 ? index_->n_tiers() - 1 : options.serve_tier;
+  keep_ = options.resident_max_tier < 0 ? serve_ : std::min(options.resident_max_tier, serve_);
   stats_.serve_tier = serve_;
 
   const auto& ops = index_->ops();
@@ -92,20 +94,20 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   uint64_t resident = 0;
   slab_bytes_ = 0;
   for (size_t o = 0; o < ops.size(); ++o) {
-    const OpState& s = st_[o];
+    OpState& s = st_[o];
     if (s.where == Where::kResident) {
-      resident += OpBytes(static_cast<int>(o));
+      s.resident_top = keep_;
+      resident += ResidentBytes(static_cast<int>(o));
       ++stats_.n_ops_resident;
     } else if (s.where == Where::kStreamed) {
-      slab_bytes_ = std::max(slab_bytes_, OpBytes(static_cast<int>(o)));
       ++stats_.n_ops_streamed;
     } else {
       ++stats_.n_ops_expert;
     }
-    if (s.where == Where::kStreamed || s.evict_at != static_cast<int>(o))
-      evict_lists_[s.evict_at].push_back(static_cast<int>(o));
+    if (s.where != Where::kExpert) slab_bytes_ = std::max(slab_bytes_, StreamedBytes(static_cast<int>(o)));
+    if (s.where != Where::kExpert) evict_lists_[s.evict_at].push_back(static_cast<int>(o));
   }
-  int n_slabs = stats_.n_ops_streamed ? options_.prefetch_depth + 1 : 0;
+  int n_slabs = slab_bytes_ > 0 ? options_.prefetch_depth + 1 : 0;
   if (n_slabs > 0 && !options.plan_path.empty()) {
     // A plan's windows (early prefetches, late evictions) may hold more streamed ops at once. When
     // the budget cannot hold that many slabs, its early reads wait for a slab to free.
@@ -130,10 +132,10 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
                        FormatBytes(options.reserve_bytes) + "): " + FormatBytes(need) + " asked");
 
   if (!options.trace_path.empty()) {
-    ASSIGN_OR_RETURN(trace_, TraceWriter::Open(options.trace_path));
+    ASSIGN_OR_RETURN(trace_, TraceWriter::Open(options.trace_path, options.env));
   }
   sched_ = std::make_unique<PrefetchScheduler>(*index_, options.io_mode, options.io_threads,
-                                               trace_.get(), origin_);
+                                               trace_.get(), origin_, options.env);
   stats_.uring = sched_->uring();
   stats_.direct = index_->n_files() > 0 && index_->file(0).direct();
 
@@ -157,12 +159,11 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   for (size_t o = 0; o < ops.size(); ++o) {
     OpState& s = st_[o];
     if (s.where != Where::kResident) continue;
-    auto buf = AlignedBuffer::Allocate(OpBytes(static_cast<int>(o)), ledger_, "weights");
+    auto buf = AlignedBuffer::Allocate(ResidentBytes(static_cast<int>(o)), ledger_, "weights");
     if (!buf.ok()) return buf.status().WithContext("resident op '" + ops[o].id + "'");
     s.resident = std::move(buf).value();
-    s.tier = serve_;
     tickets.push_back(std::make_unique<ReadTicket>());
-    Submit(deadline++, static_cast<int>(o), serve_, s.resident.data(), tickets.back().get());
+    Submit(deadline++, static_cast<int>(o), keep_, s.resident.data(), tickets.back().get());
   }
   // Every ticket is waited for, even after an error: the workers must not write into buffers
   // (or tickets) this function's failure would free.
@@ -184,6 +185,12 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
   std::vector<int> order(seq_);
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return OpBytes(a) > OpBytes(b); });
+  // A resident op that keeps fewer tiers than are served still reads its residuals through the
+  // slabs: they are at least the largest such part.
+  uint64_t residual_slab = 0;
+  if (keep_ < serve_)
+    for (int o : seq_)
+      residual_slab = std::max(residual_slab, OpBytes(o) - index_->ops()[o].SlabOffset(keep_ + 1));
   uint64_t expert_min = 0;
   for (size_t o = 0; o < st_.size(); ++o)
     if (st_[o].where == Where::kExpert) expert_min = std::max(expert_min, OpBytes(static_cast<int>(o)));
@@ -193,13 +200,13 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
   int best_k = -1;
   uint64_t prefix = 0, best_used = 0;
   for (size_t k = 0; k <= order.size(); ++k) {
-    const uint64_t slab = k < order.size() ? OpBytes(order[k]) : 0;
+    const uint64_t slab = std::max(k < order.size() ? OpBytes(order[k]) : 0, residual_slab);
     const uint64_t used = prefix + slabs * slab + reserve + expert_min;
     if (used <= budget) {
       best_k = static_cast<int>(k);
       best_used = used;
     }
-    if (k < order.size()) prefix += OpBytes(order[k]);
+    if (k < order.size()) prefix += ResidentBytes(order[k]);
   }
   if (best_k < 0)
     return OutOfMemory("budget " + FormatBytes(budget) + " cannot stream this model: " +
@@ -211,11 +218,11 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
   uint64_t used = best_used;
   for (int o : seq_) {
     if (st_[o].where == Where::kResident) continue;
-    if (used + OpBytes(o) > budget) continue;
+    if (used + ResidentBytes(o) > budget) continue;
     // Keeping the slab-sized op resident would not shrink the slabs; smaller ones only.
     if (best_k < static_cast<int>(order.size()) && o == order[best_k]) continue;
     st_[o].where = Where::kResident;
-    used += OpBytes(o);
+    used += ResidentBytes(o);
   }
   return Status::Ok();
 }
@@ -279,7 +286,7 @@ void ResidencyManager::AdvanceTo(int seq) {
     // Positions skipped (an op the model did not run): release what was read for them.
     for (int64_t q = pos_ + 1; q < pos_ + d; ++q) {
       OpState& s = st_[seq_[q % n]];
-      if (s.where == Where::kStreamed && s.slab >= 0 && s.abs == q) {
+      if (s.where != Where::kExpert && s.slab >= 0 && s.abs == q) {
         sched_->Cancel(&slabs_[s.slab]->ticket);
         slabs_[s.slab]->op = -1;
         s.slab = -1;
@@ -298,7 +305,7 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
   s.win_start = NowUs();
   s.win_stall = 0;
   s.win_hit = true;
-  s.win_tier = s.where == Where::kResident ? std::min(s.tier, Want(o)) : Want(o);
+  s.win_tier = Want(o);
   op_error_[o] = Status::Ok();
   if (s.layer >= 0) cur_layer_ = s.layer;
   if (s.where == Where::kExpert) {
@@ -306,7 +313,7 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
     return;
   }
   if (s.seq >= 0) AdvanceTo(s.seq);
-  if (s.where == Where::kStreamed) {
+  if (Streams(o)) {
     if (s.slab >= 0 && s.abs == pos_ && Raised(o, s.asked)) {
       // Read ahead before its tier was raised: read again at the new tier.
       sched_->Cancel(&slabs_[s.slab]->ticket);
@@ -334,7 +341,7 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
           s.tier = s.asked = Want(o);
           slabs_[free_slab]->op = o;
           Submit(INT64_MIN / 2, o, s.tier, slabs_[free_slab]->buf.data(),
-                 &slabs_[free_slab]->ticket);
+                 &slabs_[free_slab]->ticket, s.resident_top + 1);
         }
       }
       s.abs = pos_;
@@ -468,7 +475,7 @@ void ResidencyManager::EndOp(const std::string& op_id) {
   }
   for (int e : evict_lists_[o]) {
     OpState& v = st_[e];
-    if (v.where != Where::kStreamed || v.slab < 0 || v.abs > pos_) continue;
+    if (v.where == Where::kExpert || v.slab < 0 || v.abs > pos_) continue;
     sched_->Cancel(&slabs_[v.slab]->ticket);  // done already; makes the ticket idle
     slabs_[v.slab]->op = -1;
     v.slab = -1;
@@ -509,19 +516,20 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
   ASSIGN_OR_RETURN(const StoreUnit* u, index_->FindUnit(id, slice, &offset_el));
   const int o = u->op;
   OpState& s = st_[o];
-  const uint8_t* base = nullptr;
-  int loaded = serve_;
   if (!op_error_[o].ok()) return op_error_[o];
-  if (s.where == Where::kResident) {
-    base = s.resident.data();
-    loaded = s.tier;
-  } else if (s.where == Where::kExpert) {
+  const StoreOp& op = index_->ops()[o];
+  // Tiers 0..resident_top come from the op's resident buffer; higher ones from the read that
+  // holds them (an expert slot, a slab, a demand read), whose layout is the slab layout with
+  // its first tier at the start (`read` points where tier 0 would be).
+  const uint8_t* read = nullptr;
+  int loaded = s.resident_top;
+  if (s.where == Where::kExpert) {
     int slot = experts_->Find(o);
     if (slot >= 0 && sched_->Ready(&experts_->slot(slot).ticket)) {
-      base = experts_->slot(slot).data;
+      read = experts_->slot(slot).data;
       loaded = experts_->slot(slot).tier;
     } else {
-      ASSIGN_OR_RETURN(base, DemandLoad(o, &loaded));
+      ASSIGN_OR_RETURN(read, DemandLoad(o, &loaded));
     }
   } else if (s.slab >= 0) {
     // Read ahead already (perhaps still in flight: a look-ahead acquiring the next op's tensors).
@@ -533,16 +541,16 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
       if (cur_op_ >= 0) st_[cur_op_].win_stall += waited;
       RETURN_IF_ERROR(st);
     }
-    base = slabs_[s.slab]->buf.data();
+    read = slabs_[s.slab]->buf.data() - op.SlabOffset(s.resident_top + 1);
     loaded = s.tier;
-  } else {
-    ASSIGN_OR_RETURN(base, DemandLoad(o, &loaded));
+  } else if (Want(o) > s.resident_top) {
+    ASSIGN_OR_RETURN(read, DemandLoad(o, &loaded));
   }
-  const StoreOp& op = index_->ops()[o];
   const int use = std::min({tier < 0 ? serve_ : tier, loaded, u->n_tiers - 1});
   const uint8_t* ptr[3] = {nullptr, nullptr, nullptr};
   for (int k = 0; k <= use; ++k)
-    ptr[k] = base + op.SlabOffset(k) + (u->tier[k].offset - op.span[k].offset);
+    ptr[k] = (k <= s.resident_top ? s.resident.data() : read) + op.SlabOffset(k) +
+             (u->tier[k].offset - op.span[k].offset);
   return WeightHandle(this, index_->MakeView(id, slice, *u, offset_el, use, ptr), 0);
 }
 

@@ -27,11 +27,11 @@
 #include <vector>
 
 #include "core/aligned_buffer.h"
+#include "core/env.h"
 #include "core/memory_ledger.h"
 #include "model/hparams.h"
 #include "model/weight_source.h"
 #include "runtime/expert_cache.h"
-#include "runtime/io_reader.h"
 #include "runtime/prefetch_scheduler.h"
 #include "runtime/trace_writer.h"
 #include "store/store_index.h"
@@ -43,6 +43,10 @@ struct ResidencyOptions {
   uint64_t reserve_bytes = 0;  // left for KV cache and scratch (EstimateRunReserve)
   int prefetch_depth = 2;      // streamed ops read ahead of the current one
   int serve_tier = -1;         // -1: the store's top tier; past the ladder: InvalidArgument
+  // Resident ops keep tiers 0..resident_max_tier in memory (-1: every served tier); their
+  // higher tiers are read into slabs, residuals only, for the passes that run them there
+  // (deferred verification's top-tier passes, escalations).
+  int resident_max_tier = -1;
   std::string plan_path;       // a PlanBundle JSON: its resident set, evict_after and fallbacks
   std::string trace_path;      // JSONL trace (runtime/trace_writer.h), "" for none
   IoMode io_mode = IoMode::kAuto;
@@ -52,6 +56,7 @@ struct ResidencyOptions {
   bool direct_io = true;
   ExpertCache::Policy expert_policy = ExpertCache::Policy::kLru;
   int expert_slots = 0;  // 0: as many as the budget leaves
+  Env* env = nullptr;    // the store's files, reads and trace; nullptr: Env::Default()
 };
 
 struct ResidencyStats {
@@ -98,6 +103,10 @@ class ResidencyManager : public WeightSource {
   void EndOp(const std::string& op_id) override;
   void HintExperts(int layer, const int32_t* experts, int n) override;
   void BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) override;
+  uint64_t OpBytes(const std::string& op_id, int tier) const override {
+    const int o = index_->FindOp(op_id);
+    return o < 0 ? 0 : index_->ops()[o].SlabBytes(tier);
+  }
   // Look-ahead guesses are worth their GEMV only when some experts are not cached.
   bool WantsLookahead() const override { return stats_.n_ops_expert > stats_.expert_slots; }
 
@@ -115,8 +124,9 @@ class ResidencyManager : public WeightSource {
     AlignedBuffer resident;
     int slab = -1;          // slab holding it (streamed)
     int64_t abs = -1;       // absolute sequence position it was scheduled for
-    int tier = 0;           // tier read / served
+    int tier = 0;           // the top tier of its slab's read
     int asked = 0;          // the tier the op wanted when that read was issued (Want)
+    int resident_top = -1;  // tiers 0..resident_top held in `resident` (-1: none)
     int evict_at = -1;      // op whose EndOp evicts it (default itself)
     // The plan's prefetch: the sequence position whose BeginOp issues this op's read (same token,
     // before the op), or -1 for the depth rule.
@@ -153,7 +163,8 @@ class ResidencyManager : public WeightSource {
   int SlabsWanted() const;
   int Admit(int op, int64_t abs);
   // Queues a read, tagged with the op begun last (the trace's "during").
-  void Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t);
+  void Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t,
+              int first_tier = 0);
   Status BeginExpert(int op);
   Expected<const uint8_t*> DemandLoad(int op, int* tier);
   int64_t NowUs() const;
@@ -163,6 +174,14 @@ class ResidencyManager : public WeightSource {
   }
   // Whether op o's buffer, read for tier `asked`, is behind a later raise of its tier.
   bool Raised(int o, int asked) const { return Want(o) > asked; }
+  // Whether dense op o reads into a slab at its current tier: a streamed op always, a resident
+  // one when it runs above the tiers it keeps.
+  bool Streams(int o) const {
+    return st_[o].where != Where::kExpert && Want(o) > st_[o].resident_top;
+  }
+  // Bytes of the tiers a resident op keeps, and of what a slab read of op o holds.
+  uint64_t ResidentBytes(int op) const { return index_->ops()[op].SlabBytes(keep_); }
+  uint64_t StreamedBytes(int op) const;
   uint64_t OpBytes(int op) const { return index_->ops()[op].SlabBytes(serve_); }
 
   // Declared before the scheduler, destroyed after it: workers may still write into them.
@@ -172,6 +191,7 @@ class ResidencyManager : public WeightSource {
   ResidencyOptions options_;
   ModelHParams hp_;
   int serve_ = 0;
+  int keep_ = 0;  // resident ops keep tiers 0..keep_ (ResidencyOptions::resident_max_tier)
   const uint8_t* tiers_ = nullptr;  // the model's per-op tiers (BindOpTiers)
   std::vector<int> model_op_;       // store op -> index in that table, -1
   std::vector<OpState> st_;

@@ -91,6 +91,7 @@ class ModelSession : public Session {
     go.sampling.repeat_penalty = 1.0f;
     go.sampling.seed = p.has_seed ? p.seed : std::random_device{}();
     go.draft_max = b_->draft_max_;
+    go.verify = b_->verify_;
     // Slots take model passes in turn.
     go.run_pass = [this](const std::function<Status()>& pass) {
       std::lock_guard<FifoMutex> lock(b_->forward_mu_);
@@ -140,6 +141,7 @@ Expected<std::unique_ptr<ModelBackend>> ModelBackend::Load(const ModelBackendOpt
   if (options.draft_max < 0 || options.draft_max > 64)
     return InvalidArgument("serve: --draft-max must be 0..64");
   b->draft_max_ = options.draft_max;
+  b->verify_ = options.verify;
   ASSIGN_OR_RETURN(b->engine_, Engine::Load(options.path, eo));
   const int64_t train = b->engine_->model().hparams().n_ctx_train;
   int64_t ctx = options.context > 0 ? options.context : std::min<int64_t>(train > 0 ? train : 4096, 4096);

@@ -32,6 +32,7 @@ struct ModelBackendOptions {
   MemoryLedger* ledger = nullptr; // null: MemoryLedger::Global()
   DType kv_type = DType::kF32;    // each slot's KV cache rows (EngineOptions::kv_type)
   int draft_max = 0;              // prompt-lookup speculative decoding (GenerateOptions)
+  VerifyOptions verify;           // deferred verification (only checked tokens are streamed)
   int slots = 1;                  // sessions open at once: their KV caches share the budget
   // The RAM budget and out-of-core runtime (EngineOptions::max_ram, store, residency); the
   // fields above fill in the rest of the engine's options.
@@ -77,6 +78,7 @@ class ModelBackend : public InferenceBackend {
   int context_ = 0;
   FifoMutex forward_mu_;  // one forward pass at a time (the Engine's scratch is shared)
   int draft_max_ = 0;
+  VerifyOptions verify_;
 };
 
 }  // namespace substrate::serve

@@ -256,5 +256,54 @@ TEST(OpTiers, StreamedRuntimeServesEachOpAtItsTier) {
   EXPECT_LT(low_bytes * 2, top_bytes) << low_bytes << " vs " << top_bytes;
 }
 
+// Skeletons resident, residuals streamed (ResidencyOptions::resident_max_tier = 0): what deferred
+// verification and escalations run on. The top tier reads only the residuals of resident ops,
+// and computes what the resident store computes, bit for bit; tier 0 reads no dense op at all.
+TEST(OpTiers, ResidentSkeletonsStreamOnlyTheirResiduals) {
+  Fixture f;
+  if (!f.Open()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
+  const size_t n_ops = f.model->ops().size();
+  const std::vector<int32_t> prompt = Prompt();
+  auto run = [&](const std::vector<uint8_t>& tiers, int keep, ResidencyStats* stats) {
+    ResidencyOptions o;
+    o.reserve_bytes = 4ull << 20;
+    o.resident_max_tier = keep;
+    MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()) * 2);
+    auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    if (!m.ok()) return std::vector<float>();
+    auto model = Model::Create((*m)->metadata(), m->get(), &StoreTestPool(), &ledger);
+    EXPECT_TRUE(model.ok());
+    (*model)->op_tiers() = tiers;
+    auto cache = KvCache::Create((*model)->hparams(), 64, (*model)->backend());
+    std::vector<float> logits = Eval(**model, *cache, prompt);
+    for (int32_t t : {7, 300, 4000}) logits = Eval(**model, *cache, {t});
+    *stats = (*m)->stats();
+    return logits;
+  };
+  auto resident = [&](const std::vector<uint8_t>& tiers) {
+    f.model->op_tiers() = tiers;
+    auto cache = KvCache::Create(f.model->hparams(), 64, f.model->backend());
+    std::vector<float> logits = Eval(*f.model, *cache, prompt);
+    for (int32_t t : {7, 300, 4000}) logits = Eval(*f.model, *cache, {t});
+    return logits;
+  };
+  const std::vector<uint8_t> top(n_ops, 2), low(n_ops, 0);
+  ResidencyStats full, skel_top, skel_low;
+  run(top, -1, &full);
+  EXPECT_EQ(run(top, 0, &skel_top), resident(top));
+  EXPECT_EQ(run(low, 0, &skel_low), resident(low));
+  EXPECT_EQ(full.n_ops_streamed, 0);  // a roomy budget: every dense op resident
+  EXPECT_EQ(skel_top.n_ops_streamed, 0);
+  // Q4_K skeletons against skeleton + Q8_0 + F16 residuals.
+  EXPECT_LT(skel_top.resident_bytes * 2, full.resident_bytes);
+  EXPECT_GT(skel_top.hits + skel_top.misses, 0u) << "no residual was read through a slab";
+  // Tier 0 reads only experts; the top tier adds every dense op's residuals, once per pass (four
+  // passes: at least half of that, the rest covered by the expert reads' difference).
+  EXPECT_EQ(skel_low.hits + skel_low.misses, 0u);
+  const uint64_t residuals = full.resident_bytes - skel_top.resident_bytes;
+  EXPECT_GT(skel_top.stream_bytes_read, skel_low.stream_bytes_read + 2 * residuals);
+}
+
 }  // namespace
 }  // namespace substrate
