@@ -17,7 +17,8 @@ bool BackendBuilt(const std::string& device) {
 
 Expected<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choice, ThreadPool* pool,
                                                  MemoryLedger* ledger) {
-  if (choice.device == "cpu") return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(pool, ledger));
+  if (choice.device == "cpu")
+    return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(pool, ledger));
   if (choice.device == "cuda") {
 #ifdef SUBSTRATE_HAVE_CUDA
     CudaBackendOptions o;

@@ -21,10 +21,13 @@ constexpr int kTile = 32;
 constexpr int kThreads = 128;
 
 // Floats of the K tile in shared memory (rows padded by one against bank conflicts).
-__host__ __device__ constexpr int KSize(int dk) { return kTile * (dk + 1); }
+__host__ __device__ constexpr int KSize(int dk) {
+  return kTile * (dk + 1);
+}
 
 __device__ __forceinline__ float LoadKv(const void* base, int f16, int64_t i) {
-  return f16 ? __half2float(static_cast<const __half*>(base)[i]) : static_cast<const float*>(base)[i];
+  return f16 ? __half2float(static_cast<const __half*>(base)[i])
+             : static_cast<const float*>(base)[i];
 }
 __device__ __forceinline__ void StoreKvValue(void* base, int f16, int64_t i, float v) {
   if (f16) {
@@ -55,15 +58,15 @@ __global__ void StoreMlaKvKernel(const __grid_constant__ StoreMlaKvParams p) {
   const int dk = p.nope + p.rot, per_head = p.nope + p.dv;
   const int64_t per_tok = static_cast<int64_t>(p.n_head) * (dk + p.dv);
   const int64_t pos0 = *p.pos0;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.rows * per_tok;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < p.rows * per_tok; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / per_tok;
     const int64_t r = i % per_tok;
     const float* kvb = p.kvb + t * p.kvb_cols;
     if (r < static_cast<int64_t>(p.n_head) * dk) {
       const int h = static_cast<int>(r / dk), e = static_cast<int>(r % dk);
-      const float v = e < p.nope ? kvb[h * per_head + e]
-                                 : p.latent[t * p.lat_cols + p.rope_col + (e - p.nope)];
+      const float v =
+          e < p.nope ? kvb[h * per_head + e] : p.latent[t * p.lat_cols + p.rope_col + (e - p.nope)];
       StoreKvValue(p.kc, p.f16, (pos0 + t) * p.k_stride + r, v);
     } else {
       const int64_t rv = r - static_cast<int64_t>(p.n_head) * dk;
@@ -121,7 +124,8 @@ __device__ __forceinline__ void LoadTile(const void* base, int f16, int64_t stri
 
 // A block takes tokens [t0, t0 + q_per_block) and query heads [h0, h0 + heads_per_block) of one
 // KV head: its "rows" are (token, head) pairs, all scored against each K/V tile it loads.
-__global__ void __launch_bounds__(kThreads) AttentionKernel(const __grid_constant__ AttentionParams p) {
+__global__ void __launch_bounds__(kThreads)
+    AttentionKernel(const __grid_constant__ AttentionParams p) {
   PdlStart();
   extern __shared__ float smem[];
   const int hb = p.heads_per_block, qb = p.q_per_block, dk = p.dk, dv = p.dv;
@@ -129,21 +133,21 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const __grid_constan
   const int chunks = (group + hb - 1) / hb;
   const int t0 = blockIdx.x * qb;
   const int hk = blockIdx.y / chunks, chunk = blockIdx.y % chunks;
-  const int h0 = hk * group + chunk * hb;        // first query head of the block
-  const int nh = min(hb, group - chunk * hb);    // heads it has
-  const int nt = min(qb, p.n_tok - t0);          // tokens it has
-  const int nr = nt * nh;                        // rows: r = token * nh + head
+  const int h0 = hk * group + chunk * hb;      // first query head of the block
+  const int nh = min(hb, group - chunk * hb);  // heads it has
+  const int nt = min(qb, p.n_tok - t0);        // tokens it has
+  const int nr = nt * nh;                      // rows: r = token * nh + head
   const int rmax = qb * hb;
   const int split = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
-  float* q_s = smem;                              // [rmax][dk]
-  float* k_s = q_s + rmax * dk;                   // [kTile][dk + 1]
-  float* v_s = k_s + KSize(dk);                   // [kTile][dv]
-  float* p_s = v_s + kTile * dv;                  // [rmax][kTile]
-  float* m_s = p_s + rmax * kTile;                // [rmax]
-  float* l_s = m_s + rmax;                        // [rmax]
-  float* a_s = l_s + rmax;                        // [rmax] rescale of the accumulators
+  float* q_s = smem;                // [rmax][dk]
+  float* k_s = q_s + rmax * dk;     // [kTile][dk + 1]
+  float* v_s = k_s + KSize(dk);     // [kTile][dv]
+  float* p_s = v_s + kTile * dv;    // [rmax][kTile]
+  float* m_s = p_s + rmax * kTile;  // [rmax]
+  float* l_s = m_s + rmax;          // [rmax]
+  float* a_s = l_s + rmax;          // [rmax] rescale of the accumulators
 
   const int64_t pos0 = *p.pos0;
   const int64_t n_kv_max = pos0 + t0 + nt;  // the last token's history
@@ -165,19 +169,24 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const __grid_constan
   for (int64_t tile = split; tile < n_tiles; tile += p.splits) {
     const int64_t p0 = tile * kTile;
     if (p.vec) {
-      LoadTile(p.k, p.f16, p.k_stride, static_cast<int64_t>(hk) * dk, dk, p0, n_kv_max, k_s, dk + 1);
+      LoadTile(p.k, p.f16, p.k_stride, static_cast<int64_t>(hk) * dk, dk, p0, n_kv_max, k_s,
+               dk + 1);
       LoadTile(p.v, p.f16, p.v_stride, static_cast<int64_t>(hk) * dv, dv, p0, n_kv_max, v_s, dv);
     } else {
       for (int i = tid; i < kTile * dk; i += kThreads) {
         const int r = i / dk, d = i % dk;
         const int64_t pos = p0 + r;
         k_s[r * (dk + 1) + d] =
-            pos < n_kv_max ? LoadKv(p.k, p.f16, pos * p.k_stride + static_cast<int64_t>(hk) * dk + d) : 0.0f;
+            pos < n_kv_max
+                ? LoadKv(p.k, p.f16, pos * p.k_stride + static_cast<int64_t>(hk) * dk + d)
+                : 0.0f;
       }
       for (int i = tid; i < kTile * dv; i += kThreads) {
         const int r = i / dv, d = i % dv;
         const int64_t pos = p0 + r;
-        v_s[i] = pos < n_kv_max ? LoadKv(p.v, p.f16, pos * p.v_stride + static_cast<int64_t>(hk) * dv + d) : 0.0f;
+        v_s[i] = pos < n_kv_max
+                     ? LoadKv(p.v, p.f16, pos * p.v_stride + static_cast<int64_t>(hk) * dv + d)
+                     : 0.0f;
       }
     }
     __syncthreads();

@@ -26,7 +26,8 @@ const CublasApi* Load() {
   }
   if (!lib) return nullptr;
   static CublasApi api;
-  if (!Symbol(lib, "cublasCreate_v2", &api.create) || !Symbol(lib, "cublasDestroy_v2", &api.destroy) ||
+  if (!Symbol(lib, "cublasCreate_v2", &api.create) ||
+      !Symbol(lib, "cublasDestroy_v2", &api.destroy) ||
       !Symbol(lib, "cublasSetStream_v2", &api.set_stream) ||
       !Symbol(lib, "cublasSetWorkspace_v2", &api.set_workspace) ||
       !Symbol(lib, "cublasGemmEx", &api.gemm_ex))

@@ -23,8 +23,8 @@
 namespace substrate {
 
 struct CudaBackendOptions {
-  int device = 0;       // --gpu N
-  bool graphs = true;   // replay repeated op runs as CUDA graphs
+  int device = 0;      // --gpu N
+  bool graphs = true;  // replay repeated op runs as CUDA graphs
 };
 
 // Fails (Unavailable-style InvalidArgument) when there is no such device or no driver.

@@ -14,9 +14,21 @@ namespace substrate::cuda {
 
 // Kernel type ids: DType's numeric values (format/dtype.h), the GGUF type ids.
 enum : int {
-  kTypeF32 = 0, kTypeF16 = 1, kTypeQ4_0 = 2, kTypeQ4_1 = 3, kTypeQ5_0 = 6, kTypeQ5_1 = 7,
-  kTypeQ8_0 = 8, kTypeQ2_K = 10, kTypeQ3_K = 11, kTypeQ4_K = 12, kTypeQ5_K = 13, kTypeQ6_K = 14,
-  kTypeIQ4_NL = 20, kTypeIQ4_XS = 23, kTypeBF16 = 30,
+  kTypeF32 = 0,
+  kTypeF16 = 1,
+  kTypeQ4_0 = 2,
+  kTypeQ4_1 = 3,
+  kTypeQ5_0 = 6,
+  kTypeQ5_1 = 7,
+  kTypeQ8_0 = 8,
+  kTypeQ2_K = 10,
+  kTypeQ3_K = 11,
+  kTypeQ4_K = 12,
+  kTypeQ5_K = 13,
+  kTypeQ6_K = 14,
+  kTypeIQ4_NL = 20,
+  kTypeIQ4_XS = 23,
+  kTypeBF16 = 30,
 };
 
 using LaunchFn = void (*)(const void* params, cudaStream_t stream);
@@ -37,10 +49,10 @@ struct GemvJob {
   const void* x = nullptr;     // fast path: int8 activations [ntok, cols]; else float
   const float2* xs = nullptr;  // fast path: per 32 activations (scale d, d * sum of q)
   float* y = nullptr;
-  int64_t ldy = 0;             // elements between token rows of y
+  int64_t ldy = 0;  // elements between token rows of y
   int32_t rows = 0;
-  int32_t accumulate = 0;      // add to y (a residual tier) instead of writing it
-  float* add_to = nullptr;     // also add the result here (the residual stream: y + Add fused)
+  int32_t accumulate = 0;   // add to y (a residual tier) instead of writing it
+  float* add_to = nullptr;  // also add the result here (the residual stream: y + Add fused)
 };
 
 // Jobs of one weight type, one width and one token count, in one launch.
@@ -112,7 +124,7 @@ struct RmsNormParams {
   const float* w = nullptr;
   int64_t rows = 0, cols = 0;
   float eps = 0;
-  int8_t* xq = nullptr;   // when set: y quantized as by LaunchQuantizeQ8 too (cols % 32 == 0)
+  int8_t* xq = nullptr;  // when set: y quantized as by LaunchQuantizeQ8 too (cols % 32 == 0)
   float2* xs = nullptr;
 };
 void LaunchRmsNorm(const void* params, cudaStream_t stream);
@@ -126,8 +138,8 @@ struct ElementwiseParams {
   const float* a = nullptr;  // bias, x, gate or g
   const float* b = nullptr;  // up
   int64_t rows = 0, cols = 0;
-  int64_t a_stride = 0;      // g's row stride for kScaleSigmoid
-  int8_t* xq = nullptr;      // kSwiGlu: y quantized too (cols % 32 == 0)
+  int64_t a_stride = 0;  // g's row stride for kScaleSigmoid
+  int8_t* xq = nullptr;  // kSwiGlu: y quantized too (cols % 32 == 0)
   float2* xs = nullptr;
 };
 void LaunchElementwise(const void* params, cudaStream_t stream);

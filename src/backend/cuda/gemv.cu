@@ -19,17 +19,24 @@ __device__ __forceinline__ float WarpSum(float v) {
   return v;
 }
 
-__device__ __forceinline__ int LoadInt(const int8_t* p) { return *reinterpret_cast<const int*>(p); }
+__device__ __forceinline__ int LoadInt(const int8_t* p) {
+  return *reinterpret_cast<const int*>(p);
+}
 
 // Per type: kLanes lanes share one weight block; Load reads lane `s`'s part of the block once,
 // Dot takes it against one token's activations (xq at the block's first element, xs at its
 // first group of 32).
-template <int T> struct FastDot;
+template <int T>
+struct FastDot;
 
 // Q4_0: lane s holds qs bytes [4s, 4s + 4): elements 4s.. (low nibbles) and 16 + 4s.. (high).
-template <> struct FastDot<kTypeQ4_0> {
-  static constexpr int kLanes = 4, kBatch = 8;
-  struct W { int q; float d; };
+template <>
+struct FastDot<kTypeQ4_0> {
+  static constexpr int kLanes = 4;
+  struct W {
+    int q;
+    float d;
+  };
   __device__ static W Load(const uint8_t* b, int s) {
     return {static_cast<int>(U32A2(b + 2 + 4 * s)), HalfToFloat(U16(b))};
   }
@@ -43,9 +50,13 @@ template <> struct FastDot<kTypeQ4_0> {
 };
 
 // Q8_0: lane s holds qs[8s, 8s + 8).
-template <> struct FastDot<kTypeQ8_0> {
-  static constexpr int kLanes = 4, kBatch = 8;
-  struct W { int a, b; float d; };
+template <>
+struct FastDot<kTypeQ8_0> {
+  static constexpr int kLanes = 4;
+  struct W {
+    int a, b;
+    float d;
+  };
   __device__ static W Load(const uint8_t* b, int s) {
     return {static_cast<int>(U32A2(b + 2 + 8 * s)), static_cast<int>(U32A2(b + 6 + 8 * s)),
             HalfToFloat(U16(b))};
@@ -58,9 +69,13 @@ template <> struct FastDot<kTypeQ8_0> {
 
 // Q4_K: lane s = 2p + h holds qs[32p + 16h, +16): elements 64p + 16h.. (low nibbles, sub-block
 // 2p) and 64p + 32 + 16h.. (high nibbles, sub-block 2p + 1). Blocks are 16-byte aligned.
-template <> struct FastDot<kTypeQ4_K> {
-  static constexpr int kLanes = 8, kBatch = 4;
-  struct W { uint4 q; float dl0, ml0, dl1, ml1; };
+template <>
+struct FastDot<kTypeQ4_K> {
+  static constexpr int kLanes = 8;
+  struct W {
+    uint4 q;
+    float dl0, ml0, dl1, ml1;
+  };
   __device__ static int ScaleByte(uint32_t s0, uint32_t s1, uint32_t s2, int j) {
     const uint32_t w = j < 4 ? s0 : (j < 8 ? s1 : s2);
     return static_cast<int>((w >> (8 * (j & 3))) & 0xFF);
@@ -112,9 +127,13 @@ template <> struct FastDot<kTypeQ4_K> {
 };
 
 // Q6_K: lane s = 8h + i holds, for l0 = 4i, elements 128h + 32k + l0.. (k = 0..3).
-template <> struct FastDot<kTypeQ6_K> {
-  static constexpr int kLanes = 16, kBatch = 4;
-  struct W { int q[4]; float d[4]; };
+template <>
+struct FastDot<kTypeQ6_K> {
+  static constexpr int kLanes = 16;
+  struct W {
+    int q[4];
+    float d[4];
+  };
   __device__ static W Load(const uint8_t* b, int s) {
     const int h = s >> 3, l0 = 4 * (s & 7);
     const uint32_t a = U32A2(b + 64 * h + l0), c = U32A2(b + 64 * h + 32 + l0);
@@ -123,8 +142,8 @@ template <> struct FastDot<kTypeQ6_K> {
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192 + 8 * h + l0 / 16);
     W w;
     w.q[0] = static_cast<int>(__vsub4((a & 0x0F0F0F0F) | ((hb & 0x03030303) << 4), 0x20202020));
-    w.q[1] = static_cast<int>(
-        __vsub4((c & 0x0F0F0F0F) | (((hb >> 2) & 0x03030303) << 4), 0x20202020));
+    w.q[1] =
+        static_cast<int>(__vsub4((c & 0x0F0F0F0F) | (((hb >> 2) & 0x03030303) << 4), 0x20202020));
     w.q[2] = static_cast<int>(
         __vsub4(((a >> 4) & 0x0F0F0F0F) | (((hb >> 4) & 0x03030303) << 4), 0x20202020));
     w.q[3] = static_cast<int>(
@@ -175,11 +194,24 @@ __device__ __forceinline__ void WriteRows(const GemvJob& job, int row, int t0, i
 // lanes reading their own blocks from global memory would request each sector several times),
 // staged through shared memory, and the next chunks' loads are in flight while these are
 // computed. (Larger chunks and two rows per warp, tried on the H200, were slower.)
-template <int T> struct Chunking;
-template <> struct Chunking<kTypeQ4_0> { static constexpr int kIters = 8; };  // 1152 bytes
-template <> struct Chunking<kTypeQ8_0> { static constexpr int kIters = 4; };  // 1088 bytes
-template <> struct Chunking<kTypeQ4_K> { static constexpr int kIters = 2; };  // 1152 bytes
-template <> struct Chunking<kTypeQ6_K> { static constexpr int kIters = 4; };  // 1680 bytes
+template <int T>
+struct Chunking;
+template <>
+struct Chunking<kTypeQ4_0> {
+  static constexpr int kIters = 8;
+};  // 1152 bytes
+template <>
+struct Chunking<kTypeQ8_0> {
+  static constexpr int kIters = 4;
+};  // 1088 bytes
+template <>
+struct Chunking<kTypeQ4_K> {
+  static constexpr int kIters = 2;
+};  // 1152 bytes
+template <>
+struct Chunking<kTypeQ6_K> {
+  static constexpr int kIters = 4;
+};                                                    // 1680 bytes
 constexpr int kFastRows = kGemvFastRowsPerBlock / 4;  // rows per warp
 
 template <int T, int NT>
@@ -344,10 +376,18 @@ void LaunchGemv(const void* params, cudaStream_t stream) {
   const GemvParams& p = *static_cast<const GemvParams*>(params);
   const bool ok = DispatchType(p.type, [&]<int T>() {
     switch (p.nt) {
-      case 1: LaunchTyped<T, 1>(p, stream); break;
-      case 2: LaunchTyped<T, 2>(p, stream); break;
-      case 4: LaunchTyped<T, 4>(p, stream); break;
-      default: LaunchTyped<T, 8>(p, stream); break;
+      case 1:
+        LaunchTyped<T, 1>(p, stream);
+        break;
+      case 2:
+        LaunchTyped<T, 2>(p, stream);
+        break;
+      case 4:
+        LaunchTyped<T, 4>(p, stream);
+        break;
+      default:
+        LaunchTyped<T, 8>(p, stream);
+        break;
     }
   });
   if (!ok) FatalError("gemv: unsupported weight type " + std::to_string(p.type));

@@ -23,21 +23,51 @@ unsigned Blocks(int64_t n, int per = kThreads) {
 
 __device__ void Dequant8Any(int type, const uint8_t* row, int64_t j0, float* y) {
   switch (type) {
-    case kTypeF32: Dequant8<kTypeF32>(row, j0, y); return;
-    case kTypeF16: Dequant8<kTypeF16>(row, j0, y); return;
-    case kTypeBF16: Dequant8<kTypeBF16>(row, j0, y); return;
-    case kTypeQ4_0: Dequant8<kTypeQ4_0>(row, j0, y); return;
-    case kTypeQ4_1: Dequant8<kTypeQ4_1>(row, j0, y); return;
-    case kTypeQ5_0: Dequant8<kTypeQ5_0>(row, j0, y); return;
-    case kTypeQ5_1: Dequant8<kTypeQ5_1>(row, j0, y); return;
-    case kTypeQ8_0: Dequant8<kTypeQ8_0>(row, j0, y); return;
-    case kTypeQ2_K: Dequant8<kTypeQ2_K>(row, j0, y); return;
-    case kTypeQ3_K: Dequant8<kTypeQ3_K>(row, j0, y); return;
-    case kTypeQ4_K: Dequant8<kTypeQ4_K>(row, j0, y); return;
-    case kTypeQ5_K: Dequant8<kTypeQ5_K>(row, j0, y); return;
-    case kTypeQ6_K: Dequant8<kTypeQ6_K>(row, j0, y); return;
-    case kTypeIQ4_NL: Dequant8<kTypeIQ4_NL>(row, j0, y); return;
-    case kTypeIQ4_XS: Dequant8<kTypeIQ4_XS>(row, j0, y); return;
+    case kTypeF32:
+      Dequant8<kTypeF32>(row, j0, y);
+      return;
+    case kTypeF16:
+      Dequant8<kTypeF16>(row, j0, y);
+      return;
+    case kTypeBF16:
+      Dequant8<kTypeBF16>(row, j0, y);
+      return;
+    case kTypeQ4_0:
+      Dequant8<kTypeQ4_0>(row, j0, y);
+      return;
+    case kTypeQ4_1:
+      Dequant8<kTypeQ4_1>(row, j0, y);
+      return;
+    case kTypeQ5_0:
+      Dequant8<kTypeQ5_0>(row, j0, y);
+      return;
+    case kTypeQ5_1:
+      Dequant8<kTypeQ5_1>(row, j0, y);
+      return;
+    case kTypeQ8_0:
+      Dequant8<kTypeQ8_0>(row, j0, y);
+      return;
+    case kTypeQ2_K:
+      Dequant8<kTypeQ2_K>(row, j0, y);
+      return;
+    case kTypeQ3_K:
+      Dequant8<kTypeQ3_K>(row, j0, y);
+      return;
+    case kTypeQ4_K:
+      Dequant8<kTypeQ4_K>(row, j0, y);
+      return;
+    case kTypeQ5_K:
+      Dequant8<kTypeQ5_K>(row, j0, y);
+      return;
+    case kTypeQ6_K:
+      Dequant8<kTypeQ6_K>(row, j0, y);
+      return;
+    case kTypeIQ4_NL:
+      Dequant8<kTypeIQ4_NL>(row, j0, y);
+      return;
+    case kTypeIQ4_XS:
+      Dequant8<kTypeIQ4_XS>(row, j0, y);
+      return;
     default:
 #pragma unroll
       for (int i = 0; i < 8; ++i) y[i] = NAN;
@@ -46,10 +76,14 @@ __device__ void Dequant8Any(int type, const uint8_t* row, int64_t j0, float* y) 
 
 __device__ float FloatElemAny(int type, const uint8_t* row, int64_t j) {
   switch (type) {
-    case kTypeF32: return FloatElem<kTypeF32>(row, j);
-    case kTypeF16: return FloatElem<kTypeF16>(row, j);
-    case kTypeBF16: return FloatElem<kTypeBF16>(row, j);
-    default: return NAN;
+    case kTypeF32:
+      return FloatElem<kTypeF32>(row, j);
+    case kTypeF16:
+      return FloatElem<kTypeF16>(row, j);
+    case kTypeBF16:
+      return FloatElem<kTypeBF16>(row, j);
+    default:
+      return NAN;
   }
 }
 
@@ -201,9 +235,15 @@ __global__ void ElementwiseKernel(const __grid_constant__ ElementwiseParams p) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     switch (p.kind) {
-      case kAddBias: p.y[i] += p.a[i % p.cols]; break;
-      case kFill: p.y[i] = p.value; break;
-      case kAdd: p.y[i] += p.a[i]; break;
+      case kAddBias:
+        p.y[i] += p.a[i % p.cols];
+        break;
+      case kFill:
+        p.y[i] = p.value;
+        break;
+      case kAdd:
+        p.y[i] += p.a[i];
+        break;
       case kSwiGlu: {
         const float g = p.a[i];
         const float v = g / (1.0f + expf(-g)) * p.b[i];
@@ -349,13 +389,20 @@ void LaunchRmsNorm(const void* params, cudaStream_t stream) {
   const int64_t threads = std::clamp<int64_t>((p.cols / 4 + 31) / 32 * 32, 32, 1024);
   const int64_t vpt = (p.cols + threads - 1) / threads;
   const dim3 grid(static_cast<unsigned>(p.rows)), block(static_cast<unsigned>(threads));
-  if (vpt <= 1) LaunchKernel(RmsNormKernel<1>, grid, block, 0, stream, p);
-  else if (vpt <= 2) LaunchKernel(RmsNormKernel<2>, grid, block, 0, stream, p);
-  else if (vpt <= 4) LaunchKernel(RmsNormKernel<4>, grid, block, 0, stream, p);
-  else if (vpt <= 8) LaunchKernel(RmsNormKernel<8>, grid, block, 0, stream, p);
-  else if (vpt <= 16) LaunchKernel(RmsNormKernel<16>, grid, block, 0, stream, p);
-  else if (vpt <= 32) LaunchKernel(RmsNormKernel<32>, grid, block, 0, stream, p);
-  else FatalError("rms_norm: rows of " + std::to_string(p.cols) + " (at most 32768)");
+  if (vpt <= 1)
+    LaunchKernel(RmsNormKernel<1>, grid, block, 0, stream, p);
+  else if (vpt <= 2)
+    LaunchKernel(RmsNormKernel<2>, grid, block, 0, stream, p);
+  else if (vpt <= 4)
+    LaunchKernel(RmsNormKernel<4>, grid, block, 0, stream, p);
+  else if (vpt <= 8)
+    LaunchKernel(RmsNormKernel<8>, grid, block, 0, stream, p);
+  else if (vpt <= 16)
+    LaunchKernel(RmsNormKernel<16>, grid, block, 0, stream, p);
+  else if (vpt <= 32)
+    LaunchKernel(RmsNormKernel<32>, grid, block, 0, stream, p);
+  else
+    FatalError("rms_norm: rows of " + std::to_string(p.cols) + " (at most 32768)");
 }
 
 void LaunchElementwise(const void* params, cudaStream_t stream) {

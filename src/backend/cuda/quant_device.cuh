@@ -6,6 +6,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
 #include <cstdint>
 
 #include "backend/cuda/cuda_ops.h"
@@ -46,11 +47,13 @@ __device__ __forceinline__ int Q3KScale(const uint8_t* scales, int j) {
 }
 
 // Elements per block and bytes per block of each type the kernels read.
-template <int T> struct Fmt;
-#define SUBSTRATE_FMT(T, QK, BYTES)            \
-  template <> struct Fmt<T> {                  \
-    static constexpr int kQK = QK;             \
-    static constexpr int kBytes = BYTES;       \
+template <int T>
+struct Fmt;
+#define SUBSTRATE_FMT(T, QK, BYTES)      \
+  template <>                            \
+  struct Fmt<T> {                        \
+    static constexpr int kQK = QK;       \
+    static constexpr int kBytes = BYTES; \
   };
 SUBSTRATE_FMT(kTypeF32, 1, 4)
 SUBSTRATE_FMT(kTypeF16, 1, 2)
@@ -185,12 +188,14 @@ __device__ __forceinline__ void Dequant8(const uint8_t* row, int64_t j0, float* 
     } else if constexpr (T == kTypeIQ4_XS) {
       const float d = HalfToFloat(U16(b));
       const int ib = e / 32, j = e % 32;
-      const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((U16(b + 2) >> (2 * ib)) & 3) << 4);
+      const int ls =
+          ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((U16(b + 2) >> (2 * ib)) & 3) << 4);
       const float dl = d * static_cast<float>(ls - 32);
       const uint8_t* qs = b + 8 + 16 * ib + (j & 15);
       const int shift = j >= 16 ? 4 : 0;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) y[i] = dl * static_cast<float>(kIq4Values[(qs[i] >> shift) & 0xF]);
+      for (int i = 0; i < 8; ++i)
+        y[i] = dl * static_cast<float>(kIq4Values[(qs[i] >> shift) & 0xF]);
     }
   }
 }
@@ -227,22 +232,53 @@ __device__ __forceinline__ void QuantizeWarpStore(float v, int64_t i, int8_t* xq
 template <typename F>
 __host__ bool DispatchType(int type, F&& f) {
   switch (type) {
-    case kTypeF32: f.template operator()<kTypeF32>(); return true;
-    case kTypeF16: f.template operator()<kTypeF16>(); return true;
-    case kTypeBF16: f.template operator()<kTypeBF16>(); return true;
-    case kTypeQ4_0: f.template operator()<kTypeQ4_0>(); return true;
-    case kTypeQ4_1: f.template operator()<kTypeQ4_1>(); return true;
-    case kTypeQ5_0: f.template operator()<kTypeQ5_0>(); return true;
-    case kTypeQ5_1: f.template operator()<kTypeQ5_1>(); return true;
-    case kTypeQ8_0: f.template operator()<kTypeQ8_0>(); return true;
-    case kTypeQ2_K: f.template operator()<kTypeQ2_K>(); return true;
-    case kTypeQ3_K: f.template operator()<kTypeQ3_K>(); return true;
-    case kTypeQ4_K: f.template operator()<kTypeQ4_K>(); return true;
-    case kTypeQ5_K: f.template operator()<kTypeQ5_K>(); return true;
-    case kTypeQ6_K: f.template operator()<kTypeQ6_K>(); return true;
-    case kTypeIQ4_NL: f.template operator()<kTypeIQ4_NL>(); return true;
-    case kTypeIQ4_XS: f.template operator()<kTypeIQ4_XS>(); return true;
-    default: return false;
+    case kTypeF32:
+      f.template operator()<kTypeF32>();
+      return true;
+    case kTypeF16:
+      f.template operator()<kTypeF16>();
+      return true;
+    case kTypeBF16:
+      f.template operator()<kTypeBF16>();
+      return true;
+    case kTypeQ4_0:
+      f.template operator()<kTypeQ4_0>();
+      return true;
+    case kTypeQ4_1:
+      f.template operator()<kTypeQ4_1>();
+      return true;
+    case kTypeQ5_0:
+      f.template operator()<kTypeQ5_0>();
+      return true;
+    case kTypeQ5_1:
+      f.template operator()<kTypeQ5_1>();
+      return true;
+    case kTypeQ8_0:
+      f.template operator()<kTypeQ8_0>();
+      return true;
+    case kTypeQ2_K:
+      f.template operator()<kTypeQ2_K>();
+      return true;
+    case kTypeQ3_K:
+      f.template operator()<kTypeQ3_K>();
+      return true;
+    case kTypeQ4_K:
+      f.template operator()<kTypeQ4_K>();
+      return true;
+    case kTypeQ5_K:
+      f.template operator()<kTypeQ5_K>();
+      return true;
+    case kTypeQ6_K:
+      f.template operator()<kTypeQ6_K>();
+      return true;
+    case kTypeIQ4_NL:
+      f.template operator()<kTypeIQ4_NL>();
+      return true;
+    case kTypeIQ4_XS:
+      f.template operator()<kTypeIQ4_XS>();
+      return true;
+    default:
+      return false;
   }
 }
 
