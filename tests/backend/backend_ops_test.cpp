@@ -323,6 +323,39 @@ TEST(BackendOps, MatMulEveryTypeTierAndTokenCount) {
   }
 }
 
+// Products with more rows than a GPU runs at once (a model's output and FFN matrices: tens of
+// thousands of rows, several waves of blocks); the shapes above fit in one wave, so a kernel
+// that hands one warp several rows in turn, or indexes rows wrongly past the first wave, passes
+// them (a one-wave GEMV that kept its sums from row to row failed this test, then of 20011
+// rows, on the H200).
+TEST(BackendOps, MatMulRowsBeyondOneWave) {
+  // An H200 holds 132 x 16 blocks of four rows at once (8448 rows).
+  constexpr int64_t kRows = 10007, kCols = 256;
+  std::mt19937 rng(5);
+  std::vector<Weight> weights;
+  for (DType type : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K, DType::kQ5_K})
+    weights.push_back(MakeWeight(type, kRows, kCols, rng));
+  const std::vector<float> x = Random(3 * kCols, rng);
+  ReferenceBackend ref(&Ledger());
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    auto be = c.make();
+    for (const Weight& w : weights) {
+      for (int tier : {0, 1}) {
+        for (int64_t n : {1, 3}) {
+          Tensors tb(*be), tr(ref);
+          const Tensor yb = tb.Zeros(n, kRows), yr = tr.Zeros(n, kRows);
+          be->MatMul(w.View(tier), tb.Make(n, kCols, x), yb);
+          ref.MatMul(w.View(tier), tr.Make(n, kCols, x), yr);
+          const double e = ProductError(tb.Read(yb), tr.Read(yr), RowNorms2(w, tier), x, n, kCols);
+          EXPECT_LE(e, 4e-6) << c.name << ": MatMul " << DTypeName(w.type) << " " << kRows << "x"
+                             << kCols << " tier " << tier << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
 // Expert-sized products over many tokens (a prefill's experts: slices of a 3-D tensor with
 // narrow rows, 65..150 tokens each, where a GPU backend switches to its GEMM), as a MoE layer
 // issues them: gather, gate and up, SwiGLU, down, weighted scatter, expert after expert.
