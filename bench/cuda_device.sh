@@ -6,10 +6,15 @@
 # machine may lack); OUT receives logs and JSON; synth files live in $SYNTH_DIR (/tmp/synth).
 # Phases, run in order:
 #   info                   the GPU, driver and CUDA libraries found
-#   tests                  the differential op test, then the model tests on the GPU
-#                          (SUBSTRATE_TEST_DEVICE=cuda; fixtures under DIR/shared)
+#   tests[:VAR=VALUE]      the differential op test, then the model tests on the GPU
+#                          (SUBSTRATE_TEST_DEVICE=cuda), with VAR set (e.g. SUBSTRATE_CUDA_PDL=0).
+#                          The test binaries read the fixtures, and run `substrate`, at the
+#                          paths of the machine that built them: link those to the copies here
+#   broken                 DIR/test_backend_broken (a build with a deliberately wrong kernel)
+#                          must fail the op test that guards that kernel
 #   synth:PRESET:TYPE      `substrate synth` a file (kept for the phases after)
-#   sub:PRESET:TYPE        `substrate bench --device cuda -p 512 -n 128 -r 3` on it
+#   sub:PRESET:TYPE[:VAR=VALUE]  `substrate bench --device cuda -p 512 -n 128 -r 3` on it
+#                          (with VAR set: an A/B of an environment switch)
 #   ab:PRESET:TYPE         on it: decode without programmatic dependent launch, without
 #                          graphs, and per-kernel times (decode, prefill)
 #   llama-build            build llama-bench for sm_90 from DIR/llama-min.tar.xz (a llama.cpp
@@ -28,9 +33,11 @@ mkdir -p "$OUT" "$SYNTH"
 log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
 
 for phase in "$@"; do
-  IFS=: read -r what preset type <<< "$phase"
+  IFS=: read -r what preset type var <<< "$phase"
   f="$SYNTH/$preset-$type.gguf"
-  name="$preset-$type"
+  name="$preset-$type${var:+-${var//=/-}}"
+  setvar=(env)
+  [ -n "${var:-}" ] && setvar=(env "$var")
   case "$what" in
     info)
       log info
@@ -40,13 +47,24 @@ for phase in "$@"; do
       head -3 "$OUT/info.txt" | tee -a "$OUT/summary.txt"
       ;;
     tests)
-      log "op test"
-      "$DIR/test_backend" 2>&1 | tee "$OUT/op_test.log" | grep -E '^\[  (PASSED|FAILED)|FAILED|note:' \
-        | tee -a "$OUT/summary.txt"
-      log "model tests on cuda"
-      SUBSTRATE_TEST_DEVICE=cuda "$DIR/test_model" --gtest_filter='*GoldenLogits*:Greedy.*:MoeHints.*' \
-        2>&1 | tee "$OUT/model_test.log" | grep -E '^\[  (PASSED|FAILED)|FAILED' \
+      tv=${preset:-}  # tests:VAR=VALUE
+      te=(env)
+      [ -n "$tv" ] && te=(env "$tv")
+      tag=${tv:+-${tv//=/-}}
+      log "op test $tv"
+      "${te[@]}" "$DIR/test_backend" 2>&1 | tee "$OUT/op_test$tag.log" \
+        | grep -E '^\[  (PASSED|FAILED)|FAILED|note:' | tee -a "$OUT/summary.txt"
+      log "model tests on cuda $tv"
+      "${te[@]}" SUBSTRATE_TEST_DEVICE=cuda "$DIR/test_model" \
+        --gtest_filter='*GoldenLogits*:Greedy.*:MoeHints.*' 2>&1 \
+        | tee "$OUT/model_test$tag.log" | grep -E '^\[  (PASSED|FAILED)|FAILED' \
         | head -40 | tee -a "$OUT/summary.txt"
+      ;;
+    broken)
+      log "op test of the deliberately broken build (must fail)"
+      "$DIR/test_backend_broken" --gtest_filter='*BeyondOneWave*' > "$OUT/broken.log" 2>&1
+      echo "rc $? (non-zero expected)" | tee -a "$OUT/summary.txt"
+      grep -m3 -E 'Failure|cuda: MatMul' "$OUT/broken.log" | tee -a "$OUT/summary.txt"
       ;;
     synth)
       log "synth $name"
@@ -56,7 +74,7 @@ for phase in "$@"; do
       ;;
     sub)
       log "substrate bench $name"
-      "$DIR/substrate" bench -m "$f" --device cuda -p 512 -n 128 -r 3 --json \
+      "${setvar[@]}" "$DIR/substrate" bench -m "$f" --device cuda -p 512 -n 128 -r 3 --json \
         > "$OUT/substrate-$name.json" 2> "$OUT/substrate-$name.err"
       python3 - "$OUT/substrate-$name.json" <<'EOF' | tee -a "$OUT/summary.txt"
 import json, sys
@@ -74,17 +92,17 @@ EOF
     ab)
       for v in SUBSTRATE_CUDA_PDL=0 SUBSTRATE_CUDA_GRAPHS=0; do
         log "$v $name"
-        env "$v" "$DIR/substrate" bench -m "$f" --device cuda -p 0 -n 128 -r 2 --json \
+        "${setvar[@]}" "$v" "$DIR/substrate" bench -m "$f" --device cuda -p 0 -n 128 -r 2 --json \
           > "$OUT/ab-${v%%=*}-$name.json" 2> "$OUT/ab-${v%%=*}-$name.err"
         python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("tg128 %.1f %s" % (j["tg"]["tokens_per_s"], j["tg"]["runs"]))' \
           "$OUT/ab-${v%%=*}-$name.json" 2>&1 | tee -a "$OUT/summary.txt"
       done
       log "profile decode $name"
-      SUBSTRATE_CUDA_PROFILE=1 "$DIR/substrate" bench -m "$f" --device cuda -p 0 -n 32 -r 1 \
+      "${setvar[@]}" SUBSTRATE_CUDA_PROFILE=1 "$DIR/substrate" bench -m "$f" --device cuda -p 0 -n 32 -r 1 \
         > /dev/null 2> "$OUT/profile-decode-$name.txt"
       head -16 "$OUT/profile-decode-$name.txt" | tee -a "$OUT/summary.txt"
       log "profile prefill $name"
-      SUBSTRATE_CUDA_PROFILE=1 "$DIR/substrate" bench -m "$f" --device cuda -p 512 -n 0 -r 2 \
+      "${setvar[@]}" SUBSTRATE_CUDA_PROFILE=1 "$DIR/substrate" bench -m "$f" --device cuda -p 512 -n 0 -r 2 \
         > /dev/null 2> "$OUT/profile-prefill-$name.txt"
       head -12 "$OUT/profile-prefill-$name.txt" | tee -a "$OUT/summary.txt"
       ;;
