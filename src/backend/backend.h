@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -50,6 +51,17 @@ class Backend {
                                            uint8_t* bytes) {
     return WeightLayout::kRows;
   }
+  // A resident tensor's bytes that stay as they are (vectors, 3-D expert tensors), once: a
+  // backend with memory of its own may keep a copy, so that views into them (an expert slice)
+  // need no upload per op. The bytes must stay valid and unchanged while the backend lives.
+  virtual void AdoptResidentBytes(const uint8_t* bytes, uint64_t size) {}
+
+  // ---- device information (benchmarks) ----
+  // Read bandwidth of the backend's own memory measured now over a `bytes` buffer (bytes/s);
+  // nullopt when its memory is the host's (kernels/membw.h measures that).
+  virtual std::optional<double> MeasureReadBandwidth(uint64_t bytes) { return std::nullopt; }
+  // The ledger the backend's own memory is charged to when it is not the host's, else null.
+  virtual const MemoryLedger* device_ledger() const { return nullptr; }
 
   // ---- weights ----
   // out[t] = row ids[t] of `table` (an embedding lookup), for t < n.

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -132,7 +133,7 @@ nlohmann::json ProfileJson(const std::vector<KernelProfileEntry>& entries, doubl
 
 constexpr const char* kUsage =
     "usage: substrate bench -m MODEL [-p 512] [-n 128] [-t N] [-r 2] [--json] [--profile]\n"
-    "                       [--bw-bytes 2G] [--kv-type f32|f16]\n"
+    "                       [--bw-bytes 2G] [--kv-type f32|f16] [--device cpu|cuda] [--gpu N]\n"
     "                       [--store STORE/ --max-ram SIZE [--tier N] ...]\n"
     "                       [--verify all|margin [--verify-window W] [--verify-tau T] ...]\n"
     "Prompt processing (-p tokens in one batch) and generation (-n tokens one at a time)\n"
@@ -199,8 +200,16 @@ int RunBench(const std::vector<std::string>& args) {
   Weights w = CountWeights(
       e.metadata(), rm ? StoreTensors(rm->index(), rm->serve_tier()) : FileTensors(e.file()));
 
-  // The limit, measured with the same threads right before the runs.
-  auto bw = MeasureReadBandwidth(e.pool(), *bw_bytes, 3);
+  // The limit, measured right before the runs: the memory the weights are read from (the
+  // device's for a GPU backend, else the host's with the same threads).
+  const std::optional<double> device_bw = e.backend().MeasureReadBandwidth(*bw_bytes);
+  Expected<BandwidthMeasurement> bw = BandwidthMeasurement{};
+  if (device_bw) {
+    bw->bytes_per_second = *device_bw;
+    bw->buffer_bytes = *bw_bytes;
+  } else {
+    bw = MeasureReadBandwidth(e.pool(), *bw_bytes, 3);
+  }
   if (!bw.ok()) return PrintError("bench", bw.status());
 
   auto cache = KvCache::Create(model.hparams(), *p + *n + 8, model.backend(), *kv_type);
@@ -210,11 +219,21 @@ int RunBench(const std::vector<std::string>& args) {
   uint64_t tg_disk_bytes = 0;  // --store: bytes read from the store during timed decode
   GenerateStats verified;      // --verify: summed over the repetitions
   nlohmann::json prefill_profile;
-  // One untimed token warms caches, page tables and the pool.
+  // Untimed tokens warm caches, page tables and the pool. A GPU backend also loads its
+  // libraries' kernels on first use (an untimed prompt, as llama-bench's warm-up run) and
+  // captures the decode step's graph on its second token.
   {
-    auto warm = RandomTokens(1, n_vocab, 99);
-    Status st = model.Forward(warm.data(), 1, *cache, false, &logits);
-    if (!st.ok()) return PrintError("bench", st);
+    if (device_bw && *p > 0) {
+      auto warm = RandomTokens(*p, n_vocab, 98);
+      Status st = model.Forward(warm.data(), *p, *cache, false, &logits);
+      if (!st.ok()) return PrintError("bench", st);
+      cache->Clear();
+    }
+    auto warm = RandomTokens(device_bw ? 3 : 1, n_vocab, 99);
+    for (int32_t& tok : warm) {
+      Status st = model.Forward(&tok, 1, *cache, false, &logits);
+      if (!st.ok()) return PrintError("bench", st);
+    }
     cache->Clear();
   }
   for (int64_t rep = 0; rep < *r; ++rep) {
@@ -283,6 +302,9 @@ int RunBench(const std::vector<std::string>& args) {
   j["n_params"] = w.n_params;
   j["threads"] = e.pool().size();
   j["isa"] = IsaName(ActiveIsa());
+  j["device"] = e.backend().name();
+  if (const MemoryLedger* dl = e.backend().device_ledger())
+    j["device_ledger"] = {{"peak_bytes", dl->peak()}};
   j["repetitions"] = *r;
   j["load_seconds"] = load_s;
   if (*p > 0)
@@ -334,11 +356,19 @@ int RunBench(const std::vector<std::string>& args) {
       if (disk_rate > 0 && probe->bytes_per_s > 0) j["disk_ratio"] = disk_rate / probe->bytes_per_s;
     }
   }
-  j["mem_bw"] = {
-      {"bytes_per_s", limit},
-      {"buffer_bytes", bw->buffer_bytes},
-      {"threads", bw->threads},
-      {"method", "streaming read, widest vector loads, with and without prefetch, best of 3x2"}};
+  if (device_bw) {
+    j["mem_bw"] = {
+        {"bytes_per_s", limit},
+        {"buffer_bytes", bw->buffer_bytes},
+        {"method",
+         "device memory: one streaming read of 16-byte loads over the buffer, best of 5"}};
+  } else {
+    j["mem_bw"] = {
+        {"bytes_per_s", limit},
+        {"buffer_bytes", bw->buffer_bytes},
+        {"threads", bw->threads},
+        {"method", "streaming read, widest vector loads, with and without prefetch, best of 3x2"}};
+  }
   if (*n > 0) {
     j["tg_bytes_per_s"] = achieved;
     j["tg_limit_tokens_per_s"] = limit / static_cast<double>(w.per_token_bytes);
@@ -359,8 +389,13 @@ int RunBench(const std::vector<std::string>& args) {
   };
   if (*p > 0) row(("pp" + std::to_string(*p)).c_str(), pp);
   if (*n > 0) row(("tg" + std::to_string(*n)).c_str(), tg);
-  std::printf("memory read bandwidth: %.2f GB/s (%d threads); weights per token: %s\n", limit / 1e9,
-              bw->threads, FormatBytes(w.per_token_bytes).c_str());
+  if (device_bw) {
+    std::printf("%s memory read bandwidth: %.2f GB/s; weights per token: %s\n", e.backend().name(),
+                limit / 1e9, FormatBytes(w.per_token_bytes).c_str());
+  } else {
+    std::printf("memory read bandwidth: %.2f GB/s (%d threads); weights per token: %s\n",
+                limit / 1e9, bw->threads, FormatBytes(w.per_token_bytes).c_str());
+  }
   if (*n > 0)
     std::printf("generation reads %.2f GB/s = %.1f%% of the limit (limit %.2f tokens/s)\n",
                 achieved / 1e9, 100 * achieved / limit,

@@ -14,7 +14,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: substrate chat -m MODEL [-c CTX] [-n N] [--temp T] [--seed S] [--system TEXT]\n"
-    "                      [--kv-type f32|f16] [--draft-max K]\n"
+    "                      [--kv-type f32|f16] [--draft-max K] [--device cpu|cuda] [--gpu N]\n"
     "                      [--store STORE/ --max-ram SIZE [--plan P] [--tier N] ...]\n"
     "                      [--verify off|all|margin ...]\n"
     "                      (as for substrate run)\n"

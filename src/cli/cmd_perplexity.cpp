@@ -16,6 +16,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: substrate perplexity -m MODEL -f FILE [-c 512] [--chunks N] [-t THREADS]\n"
     "                            [--kl-divergence-base OUT | --kl-divergence BASE] [--kv-type T]\n"
+    "                            [--device cpu|cuda] [--gpu N]\n"
     "                            [--store STORE/ --max-ram SIZE [--plan P] [--tier N] ...]\n"
     "                            [--adaptive [--verifier residual|linear] ...]\n"
     "  each chunk of c tokens is evaluated from scratch and scores its second half\n"

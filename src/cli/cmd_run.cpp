@@ -15,9 +15,9 @@ namespace {
 constexpr const char* kUsage =
     "usage: substrate run -m MODEL -p PROMPT [-n N] [--temp T] [--seed S] [-c CTX] [-t THREADS]\n"
     "                     [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
-    "                     [--stop TEXT]... [--chat] [--system TEXT] [--json]\n"
-    "                     [--store STORE/ --max-ram SIZE [--plan P] [--trace T] [--prefetch-depth "
-    "N]\n"
+    "                     [--stop TEXT]... [--chat] [--system TEXT] [--json] [--device cpu|cuda]\n"
+    "                     [--gpu N] [--store STORE/ --max-ram SIZE [--plan P] [--trace T]\n"
+    "                      [--prefetch-depth N]\n"
     "                      [--tier N]] [--kv-type f32|f16] [--draft-max K] [--prompt-cache F]\n"
     "                     [--verify off|all|margin [--verify-window W] [--verify-tau T]\n"
     "                      [--verify-tier N] [--draft-tier N]]\n"

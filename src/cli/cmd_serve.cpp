@@ -18,7 +18,7 @@ const char* kUsage =
     "usage: substrate serve -m MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
     "                       [-c CTX] [--parallel N] [-t THREADS] [--max-queue N]\n"
     "                       [--max-body BYTES] [--alias NAME] [--kv-type f32|f16]\n"
-    "                       [--draft-max K]\n"
+    "                       [--draft-max K] [--device cpu|cuda] [--gpu N]\n"
     "                       [--store STORE/ --max-ram SIZE [--plan P] [--tier N] [--trace T]\n"
     "                        [--prefetch-depth N] [--io auto|uring|pread] [--io-threads N]]\n"
     "                       [--verify off|all|margin [--verify-window W] [--verify-tau T]\n"

@@ -115,6 +115,10 @@ Expected<std::pair<std::unique_ptr<Engine>, std::unique_ptr<Session>>> LoadForGe
     const GenerationFlags& g, EngineOptions opt) {
   opt.n_threads = g.threads;
   opt.kv_type = g.kv_type;
+  // Saved sessions are the cache's host bytes (runtime/kv_session.h).
+  if (!g.prompt_cache.empty() && opt.device != "cpu")
+    return InvalidArgument("--prompt-cache needs --device cpu (the KV cache of --device " +
+                           opt.device + " is not in host memory)");
   ASSIGN_OR_RETURN(auto engine, Engine::Load(g.model, opt));
   int64_t n_ctx = g.n_ctx;
   if (n_ctx == 0) n_ctx = std::min<int64_t>(engine->model().hparams().n_ctx_train, 4096);

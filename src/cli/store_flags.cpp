@@ -10,7 +10,7 @@ std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra) {
   for (const char* f :
        {"--store", "--max-ram", "--plan", "--trace", "--prefetch-depth", "--io", "--io-threads",
         "--tier", "--verifier", "--probes", "--verifier-script", "--escalation-threshold",
-        "--escalation-persistence", "--escalation-max", "--escalation-pool"})
+        "--escalation-persistence", "--escalation-max", "--escalation-pool", "--device", "--gpu"})
     extra.push_back(f);
   return extra;
 }
@@ -21,6 +21,14 @@ std::vector<std::string> StoreSwitches(std::vector<std::string> extra) {
 }
 
 Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {
+  opt->device = f.Get({"--device"}, "cpu");
+  if (opt->device != "cpu" && opt->device != "cuda")
+    return InvalidArgument("--device " + opt->device + ": expected cpu or cuda");
+  ASSIGN_OR_RETURN(long long gpu, f.GetInt({"--gpu"}, 0));
+  if (gpu < 0 || gpu > 1024)
+    return InvalidArgument("--gpu " + std::to_string(gpu) + ": not a device index");
+  if (f.Has("--gpu") && opt->device != "cuda") return InvalidArgument("--gpu needs --device cuda");
+  opt->gpu = static_cast<int>(gpu);
   opt->store = f.Get({"--store"});
   if (f.Has("--max-ram")) {
     ASSIGN_OR_RETURN(opt->max_ram, ParseBytes(f.Get({"--max-ram"})));

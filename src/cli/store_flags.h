@@ -1,5 +1,6 @@
-// Flags that choose how a command runs its model: `--max-ram SIZE` (the RAM budget: the ledger's
-// cap), and out of core `--store STORE/ [--plan P] [--trace T] [--prefetch-depth N]
+// Flags that choose how a command runs its model: `--device cpu|cuda` and `--gpu N` (the compute
+// backend, backend/backend_factory.h), `--max-ram SIZE` (the RAM budget: the ledger's cap), and
+// out of core `--store STORE/ [--plan P] [--trace T] [--prefetch-depth N]
 // [--io auto|uring|pread] [--io-threads N] [--tier N]` (--tier: serve tier N of the store's
 // ladder, 0 = skeleton only; default its top tier). With --store the model is the store's
 // model.gguf and its weights stream through the runtime inside the budget (Engine).
@@ -19,7 +20,7 @@ std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra);
 // `extra` plus the switches of these flags (--adaptive).
 std::vector<std::string> StoreSwitches(std::vector<std::string> extra = {});
 
-// Reads the flags into opt (max_ram, store, residency, adaptive).
+// Reads the flags into opt (device, gpu, max_ram, store, residency, adaptive).
 Status ApplyStoreFlags(const Flags& f, EngineOptions* opt);
 // `--adaptive [--verifier residual|linear|scripted] [--probes P] [--verifier-script F]
 // [--escalation-threshold X] [--escalation-persistence N] [--escalation-max K]

@@ -46,6 +46,8 @@ Expected<std::unique_ptr<ResidentWeightSource>> ResidentWeightSource::Load(
     if (options.backend && t.ne.size() == 2) {
       src->layouts_[i] = options.backend->AdoptResidentWeight(
           t.type, static_cast<int64_t>(t.ne[1]), static_cast<int64_t>(t.ne[0]), buf->data());
+    } else if (options.backend) {
+      options.backend->AdoptResidentBytes(buf->data(), t.bytes);
     }
     src->total_bytes_ += t.bytes;
     src->ids_[t.name] = static_cast<TensorId>(i);

@@ -20,7 +20,8 @@ class ResidentWeightSource : public WeightSource {
   struct Options {
     // The backend that will compute with the weights: each 2-D tensor is handed to its
     // AdoptResidentWeight once loaded (the CPU backend rearranges Q8_0 matrices in place for its
-    // decode kernel), and views carry the layout it returns. For engines; tools that read raw
+    // decode kernel; a GPU backend keeps a device copy), and views carry the layout it returns;
+    // every other tensor goes to its AdoptResidentBytes. For engines; tools that read raw
     // tensor bytes through the source leave it null (plain rows).
     Backend* backend = nullptr;
   };

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/backend_factory.h"
 #include "model/prompt_lookup.h"
 #include "runtime/token_emitter.h"
 
@@ -51,7 +51,11 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
   } else {
     e->pool_ = &ThreadPool::Default();
   }
-  e->backend_ = std::make_unique<CpuBackend>(e->pool_, e->ledger_);
+  {
+    auto backend = CreateBackend({opt.device, opt.gpu}, e->pool_, e->ledger_);
+    if (!backend.ok()) return backend.status();
+    e->backend_ = std::move(backend).value();
+  }
   auto file = ModelFile::Open(path);
   if (!file.ok()) return file.status().WithContext("opening model '" + path + "'");
   e->file_ = std::move(file).value();

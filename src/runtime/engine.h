@@ -54,6 +54,9 @@ struct AdaptiveOptions {
 };
 
 struct EngineOptions {
+  // The compute backend: "cpu" or "cuda" (GPU `gpu`), see backend/backend_factory.h.
+  std::string device = "cpu";
+  int gpu = 0;
   int n_threads = 0;               // 0: ThreadPool::Default()
   MemoryLedger* ledger = nullptr;  // nullptr: MemoryLedger::Global()
   bool require_tokenizer = true;   // false: token-level use of models without a vocabulary

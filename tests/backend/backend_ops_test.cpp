@@ -8,13 +8,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#ifdef SUBSTRATE_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 #include "backend/reference_backend.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
@@ -48,6 +53,20 @@ std::vector<Candidate> Backends() {
     out.push_back({std::string("cpu/") + IsaName(isa),
                    [] { return std::make_unique<CpuBackend>(&Pool(), &Ledger()); }, isa});
   }
+#ifdef SUBSTRATE_HAVE_CUDA
+  // A CUDA build runs the GPU too when the machine has one (a build machine without a GPU
+  // checks the CPU tiers only, and says so).
+  if (CudaDeviceCount() > 0) {
+    out.push_back({"cuda", [] {
+                     auto b = NewCudaBackend({});
+                     EXPECT_TRUE(b.ok()) << b.status().ToString();
+                     return std::move(b).value();
+                   },
+                   DetectedIsa()});
+  } else {
+    std::printf("note: CUDA build without a CUDA device: the cuda backend is not checked here\n");
+  }
+#endif
   return out;
 }
 
@@ -301,6 +320,105 @@ TEST(BackendOps, MatMulEveryTypeTierAndTokenCount) {
     ScopedIsa isa(c.isa);
     auto be = c.make();
     for (const std::string& m : CheckMatMul(*be)) ADD_FAILURE() << c.name << ": " << m;
+  }
+}
+
+// Products with more rows than a GPU runs at once (a model's output and FFN matrices: tens of
+// thousands of rows, several waves of blocks); the shapes above fit in one wave, so a kernel
+// that hands one warp several rows in turn, or indexes rows wrongly past the first wave, passes
+// them (a one-wave GEMV that kept its sums from row to row failed this test, then of 20011
+// rows, on the H200).
+TEST(BackendOps, MatMulRowsBeyondOneWave) {
+  // An H200 holds 132 x 16 blocks of four rows at once (8448 rows).
+  constexpr int64_t kRows = 10007, kCols = 256;
+  std::mt19937 rng(5);
+  std::vector<Weight> weights;
+  for (DType type : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K, DType::kQ5_K})
+    weights.push_back(MakeWeight(type, kRows, kCols, rng));
+  const std::vector<float> x = Random(3 * kCols, rng);
+  ReferenceBackend ref(&Ledger());
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    auto be = c.make();
+    for (const Weight& w : weights) {
+      for (int tier : {0, 1}) {
+        for (int64_t n : {1, 3}) {
+          Tensors tb(*be), tr(ref);
+          const Tensor yb = tb.Zeros(n, kRows), yr = tr.Zeros(n, kRows);
+          be->MatMul(w.View(tier), tb.Make(n, kCols, x), yb);
+          ref.MatMul(w.View(tier), tr.Make(n, kCols, x), yr);
+          const double e = ProductError(tb.Read(yb), tr.Read(yr), RowNorms2(w, tier), x, n, kCols);
+          EXPECT_LE(e, 4e-6) << c.name << ": MatMul " << DTypeName(w.type) << " " << kRows << "x"
+                             << kCols << " tier " << tier << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
+// Expert-sized products over many tokens (a prefill's experts: slices of a 3-D tensor with
+// narrow rows, 65..150 tokens each, where a GPU backend switches to its GEMM), as a MoE layer
+// issues them: gather, gate and up, SwiGLU, down, weighted scatter, expert after expert.
+TEST(BackendOps, ExpertSizedProductsOverManyTokens) {
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    ReferenceBackend ref(&Ledger());
+    std::mt19937 rng(13);
+    for (DType type : {DType::kF32, DType::kQ8_0}) {
+      const int64_t d = 64, ff = 32, experts = 4;
+      const Weight gate = MakeWeight(type, experts * ff, d, rng), up = MakeWeight(type, experts * ff, d, rng);
+      const Weight down = MakeWeight(type, experts * d, ff, rng);
+      auto be = c.make();
+      for (const Weight* w : {&gate, &up, &down})
+        be->AdoptResidentBytes(w->skeleton.data(), w->skeleton.size());
+      auto slice = [](const Weight& w, int e, int64_t rows) {
+        WeightView v = w.View(0);
+        v.rows = rows;
+        v.bytes = w.skeleton.size() / 4;
+        v.data += v.bytes * e;
+        return v;
+      };
+      const int64_t n = 300;
+      const std::vector<float> x = Random(n * d, rng);
+      Tensors tb(*be), tr(ref);
+      const Tensor xb = tb.Make(n, d, x), xr = tr.Make(n, d, x);
+      // The router first: 8 narrow rows over every token.
+      const Weight router = MakeWeight(type, 8, d, rng);
+      const Tensor lb = tb.Zeros(n, 8), lr = tr.Zeros(n, 8);
+      be->MatMul(router.View(0), xb, lb);
+      ref.MatMul(router.View(0), xr, lr);
+      EXPECT_LE(ProductError(tb.Read(lb), tr.Read(lr), RowNorms2(router, 0), x, n, d),
+                type == DType::kF32 ? 1e-12 : 4e-6)
+          << c.name << " router " << DTypeName(type);
+      const Tensor accb = tb.Zeros(n, d), accr = tr.Zeros(n, d);
+      const Tensor gb = tb.Zeros(n, d), gr = tr.Zeros(n, d);
+      const Tensor hb = tb.Zeros(n, ff), hr = tr.Zeros(n, ff), ub = tb.Zeros(n, ff), ur = tr.Zeros(n, ff);
+      const Tensor ob = tb.Zeros(n, d), orr = tr.Zeros(n, d);
+      for (int e = 0; e < experts; ++e) {
+        std::vector<int32_t> rows;
+        std::vector<float> wts;
+        for (int64_t t = 0; t < n; ++t)
+          if ((t * 7 + e * 3) % 5 < 2 + e % 2) {  // 120..180 of the 300 tokens
+            rows.push_back(static_cast<int32_t>(t));
+            wts.push_back(0.25f + 0.1f * static_cast<float>(e));
+          }
+        const int64_t m = static_cast<int64_t>(rows.size());
+        for (auto [be_, g_, h_, u_, o_, acc_, x_] :
+             {std::tuple<Backend*, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>{be.get(), gb, hb, ub, ob, accb, xb},
+              std::tuple<Backend*, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>{&ref, gr, hr, ur, orr, accr, xr}}) {
+          const Tensor g = g_.Rows(0, m), h = h_.Rows(0, m), u = u_.Rows(0, m), o = o_.Rows(0, m);
+          be_->GatherRows(x_, rows.data(), m, g);
+          const WeightView wg = slice(gate, e, ff), wu = slice(up, e, ff), wd = slice(down, e, d);
+          be_->MatMul(wg, g, h);
+          be_->MatMul(wu, g, u);
+          be_->SwiGlu(h, u, h);
+          be_->MatMul(wd, h, o);
+          be_->ScatterAddRows(o, rows.data(), wts.data(), m, acc_);
+        }
+      }
+      EXPECT_LE(Nmse(tb.Read(accb), tr.Read(accr)), type == DType::kF32 ? 1e-10 : 1e-3)
+          << c.name << " " << DTypeName(type);
+    }
   }
 }
 
@@ -620,6 +738,110 @@ TEST(BackendOps, RoutingGatherScatter) {
     ScopedIsa isa(c.isa);
     auto be = c.make();
     for (const std::string& m : CheckMoeOps(*be)) ADD_FAILURE() << c.name << ": " << m;
+  }
+}
+
+// Weights handed to the backend as resident (AdoptResidentBytes: a GPU backend keeps device
+// copies and finds views, expert slices and residuals in them by address) give the products
+// and rows of weights it has not seen (uploaded per op). A fresh backend per weight: the
+// adopted bytes must outlive it.
+TEST(BackendOps, MatMulAndEmbedOverAdoptedWeights) {
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    ReferenceBackend ref(&Ledger());
+    std::mt19937 rng(11);
+    for (DType type : WeightTypes()) {
+      const Weight w = MakeWeight(type, 2 * 37, 256, rng);  // two "experts" of 37 rows
+      auto be = c.make();
+      be->AdoptResidentBytes(w.skeleton.data(), w.skeleton.size());
+      be->AdoptResidentBytes(w.res1.data(), w.res1.size());
+      be->AdoptResidentBytes(w.res2.data(), w.res2.size());
+      for (int tier : {0, 2}) {
+        for (int64_t n : {1, 3, 70}) {
+          const std::vector<float> x = Random(n * 256, rng);
+          Tensors tb(*be), tr(ref);
+          const Tensor yb = tb.Zeros(n, 2 * 37), yr = tr.Zeros(n, 2 * 37);
+          be->MatMul(w.View(tier), tb.Make(n, 256, x), yb);
+          ref.MatMul(w.View(tier), tr.Make(n, 256, x), yr);
+          const double e = ProductError(tb.Read(yb), tr.Read(yr), RowNorms2(w, tier), x, n, 256);
+          EXPECT_LE(e, 4e-6) << c.name << " " << DTypeName(type) << " tier " << tier << " n=" << n;
+          // The second expert's slice: a view into the middle of the adopted bytes.
+          WeightView s = w.View(tier);
+          const size_t half = w.skeleton.size() / 2;
+          s.data += half;
+          s.bytes = half;
+          s.rows = 37;
+          s.residual[0] += w.res1.size() / 2;
+          s.residual[1] += w.res2.size() / 2;
+          const Tensor sb = tb.Zeros(n, 37), sr = tr.Zeros(n, 37);
+          be->MatMul(s, tb.Make(n, 256, x), sb);
+          ref.MatMul(s, tr.Make(n, 256, x), sr);
+          const std::vector<double> all = RowNorms2(w, tier);
+          const std::vector<double> second(all.begin() + 37, all.end());
+          EXPECT_LE(ProductError(tb.Read(sb), tr.Read(sr), second, x, n, 256), 4e-6)
+              << c.name << " slice " << DTypeName(type) << " tier " << tier << " n=" << n;
+        }
+        const int32_t ids[3] = {73, 0, 40};
+        Tensors tb(*be), tr(ref);
+        const Tensor eb = tb.Zeros(3, 256), er = tr.Zeros(3, 256);
+        be->EmbedRows(w.View(tier), ids, 3, eb);
+        ref.EmbedRows(w.View(tier), ids, 3, er);
+        EXPECT_LE(Nmse(tb.Read(eb), tr.Read(er)), 1e-12) << c.name << " embed " << DTypeName(type);
+      }
+    }
+  }
+}
+
+// The same run of ops repeated with new token ids and positions, as decode steps repeat (a GPU
+// backend replays such a run as a graph from its second time): every repetition reads its own
+// ids and positions, not those of the run it replays.
+TEST(BackendOps, RepeatedRunsReadTheirOwnIdsAndPositions) {
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    auto be = c.make();
+    ReferenceBackend ref(&Ledger());
+    std::mt19937 rng(12);
+    const int64_t d = 256, qd = 128, vocab = 50;  // 4 query heads and 2 KV heads of 32
+    const AttentionShape shape{4, 2, 32, 32, 0.17f};
+    const Weight emb = MakeWeight(DType::kQ8_0, vocab, d, rng), wq = MakeWeight(DType::kQ4_0, qd, d, rng),
+                 wk = MakeWeight(DType::kQ4_K, 64, d, rng), wv = MakeWeight(DType::kQ6_K, 64, d, rng),
+                 wo = MakeWeight(DType::kQ8_0, d, qd, rng), norm = MakeWeight(DType::kF32, 1, d, rng);
+    for (const Weight* w : {&emb, &wq, &wk, &wv, &wo, &norm})
+      be->AdoptResidentBytes(w->skeleton.data(), w->skeleton.size());
+    Tensors tb(*be), tr(ref);
+    struct Side {
+      Tensor x, xn, q, k, v, a, o;
+      KvLayer kv;
+    };
+    auto make = [&](Tensors& t) {
+      return Side{t.Zeros(1, d), t.Zeros(1, d), t.Zeros(1, qd), t.Zeros(1, 64), t.Zeros(1, 64),
+                  t.Zeros(1, qd), t.Zeros(1, d), t.Kv(DType::kF16, 16, 64, 64)};
+    };
+    const Side sb = make(tb), sr = make(tr);
+    RopeParams rope;
+    rope.n_rot = 32;
+    auto step = [&](Backend& b, const Side& s, int32_t id, int32_t pos) {
+      b.EmbedRows(emb.View(0), &id, 1, s.x);
+      b.RmsNorm(s.x, norm.View(0), 1e-5f, s.xn);
+      b.MatMul(wq.View(0), s.xn, s.q);
+      b.MatMul(wk.View(0), s.xn, s.k);
+      b.MatMul(wv.View(0), s.xn, s.v);
+      b.Rope(s.q, 4, 32, 0, &pos, rope);
+      b.Rope(s.k, 2, 32, 0, &pos, rope);
+      b.StoreKv(s.kv, pos, s.k, s.v);
+      b.Attention(shape, s.q, s.kv, pos, s.a);
+      b.MatMul(wo.View(0), s.a, s.o);
+      b.Add(s.x, s.o);
+    };
+    for (int32_t pos = 0; pos < 8; ++pos) {
+      const int32_t id = static_cast<int32_t>((pos * 7 + 3) % vocab);
+      step(*be, sb, id, pos);
+      step(ref, sr, id, pos);
+      // Activations are rounded to 8 bits for the quantized products: 1e-3 leaves room for
+      // that, while a stale id or position changes these outputs entirely.
+      EXPECT_LE(Nmse(tb.Read(sb.a), tr.Read(sr.a)), 1e-3) << c.name << " attention, step " << pos;
+      EXPECT_LE(Nmse(tb.Read(sb.x), tr.Read(sr.x)), 1e-3) << c.name << " output, step " << pos;
+    }
   }
 }
 

@@ -19,7 +19,12 @@ void CheckGreedy(const std::string& model_path, const std::string& folder,
   const int64_t V = m->model->hparams().n_vocab;
   auto cache = KvCache::Create(m->model->hparams(), 256, m->model->backend(), kv_type);
   ASSERT_TRUE(cache.ok());
-  EXPECT_EQ(ledger.Accounts()["kv_cache"].current, KvCache::Bytes(m->model->hparams(), 256, kv_type));
+  // The cache is charged where it lives: the host ledger, or a GPU backend's own.
+  const MemoryLedger* kv_ledger = m->backend && m->backend->device_ledger()
+                                      ? m->backend->device_ledger()
+                                      : &ledger;
+  EXPECT_EQ(kv_ledger->Accounts()["kv_cache"].current,
+            KvCache::Bytes(m->model->hparams(), 256, kv_type));
   std::vector<float> logits;
   ASSERT_TRUE(m->model->Forward(prompt.data(), static_cast<int64_t>(prompt.size()), *cache, false,
                                 &logits).ok());

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -12,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/backend_factory.h"
 #include "core/file_io.h"
 #include "core/memory_ledger.h"
 #include "core/thread_pool.h"
@@ -26,6 +28,7 @@ inline bool Exists(const std::string& p) { return std::filesystem::exists(p); }
 
 // A model opened from a GGUF file or HF folder, weights resident.
 struct LoadedModel {
+  std::unique_ptr<Backend> backend;  // null: the model's own CPU backend
   std::unique_ptr<ModelFile> file;
   std::unique_ptr<ResidentWeightSource> source;
   std::unique_ptr<Model> model;
@@ -36,11 +39,28 @@ inline ThreadPool& TestPool() {
   return pool;
 }
 
+// The device the model tests run on: SUBSTRATE_TEST_DEVICE=cuda runs the golden and greedy tests
+// on the GPU (backend/backend_factory.h); unset or "cpu", the CPU.
+inline std::string TestDevice() {
+  const char* d = std::getenv("SUBSTRATE_TEST_DEVICE");
+  return d && *d ? d : "cpu";
+}
+
 inline Expected<LoadedModel> LoadModel(const std::string& path, MemoryLedger* ledger) {
   LoadedModel m;
   ASSIGN_OR_RETURN(m.file, ModelFile::Open(path));
-  ASSIGN_OR_RETURN(m.source, ResidentWeightSource::Load(*m.file, ledger));
-  ASSIGN_OR_RETURN(m.model, Model::Create(m.file->metadata(), m.source.get(), &TestPool(), ledger));
+  if (TestDevice() == "cpu") {
+    ASSIGN_OR_RETURN(m.source, ResidentWeightSource::Load(*m.file, ledger));
+    ASSIGN_OR_RETURN(m.model,
+                     Model::Create(m.file->metadata(), m.source.get(), &TestPool(), ledger));
+    return m;
+  }
+  ASSIGN_OR_RETURN(m.backend, CreateBackend({TestDevice(), 0}, &TestPool(), ledger));
+  ResidentWeightSource::Options ro;
+  ro.backend = m.backend.get();
+  ASSIGN_OR_RETURN(m.source, ResidentWeightSource::Load(*m.file, ledger, ro));
+  ASSIGN_OR_RETURN(m.model,
+                   Model::Create(m.file->metadata(), m.source.get(), m.backend.get(), ledger));
   return m;
 }
 

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks and benchmarks on a GPU machine, in one go (device time is scarce:
+# build elsewhere, run this there). Usage:
+#   bench/cuda_device.sh DIR OUT PHASE...
+# DIR holds the binaries (substrate, test_backend, test_model) and lib/ (shared libraries the
+# machine may lack); OUT receives logs and JSON; synth files live in $SYNTH_DIR (/tmp/synth).
+# Phases, run in order:
+#   info                   the GPU, driver and CUDA libraries found
+#   tests[:VAR=VALUE]      the differential op test, then the model tests on the GPU
+#                          (SUBSTRATE_TEST_DEVICE=cuda), with VAR set (e.g. SUBSTRATE_CUDA_PDL=0).
+#                          The test binaries read the fixtures, and run `substrate`, at the
+#                          paths of the machine that built them: link those to the copies here
+#   broken                 DIR/test_backend_broken (a build with a deliberately wrong kernel)
+#                          must fail the op test that guards that kernel
+#   synth:PRESET:TYPE      `substrate synth` a file (kept for the phases after)
+#   sub:PRESET:TYPE[:VAR=VALUE]  `substrate bench --device cuda -p 512 -n 128 -r 3` on it
+#                          (with VAR set: an A/B of an environment switch)
+#   ab:PRESET:TYPE         on it: decode without programmatic dependent launch, without
+#                          graphs, and per-kernel times (decode, prefill)
+#   llama-build            build llama-bench for sm_90 from DIR/llama-min.tar.xz (a llama.cpp
+#                          source tree) in the background
+#   llama-wait             wait for that build
+#   llama:PRESET:TYPE      `llama-bench -ngl 99 -p 512 -n 128 -r 3` on the file
+#   rm:PRESET:TYPE         delete the file
+set -uo pipefail
+DIR=$(cd "$1" && pwd)
+OUT=$2
+shift 2
+export LD_LIBRARY_PATH="$DIR/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+SYNTH=${SYNTH_DIR:-/tmp/synth}
+LLAMA=/tmp/llama
+mkdir -p "$OUT" "$SYNTH"
+log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
+
+for phase in "$@"; do
+  IFS=: read -r what preset type var <<< "$phase"
+  f="$SYNTH/$preset-$type.gguf"
+  name="$preset-$type${var:+-${var//=/-}}"
+  setvar=(env)
+  [ -n "${var:-}" ] && setvar=(env "$var")
+  case "$what" in
+    info)
+      log info
+      { nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit \
+          --format=csv; nvidia-smi | head -15; ls /usr/local/cuda/lib64/ | grep -E 'cublas|cudart';
+        nproc; free -g; df -h /tmp | tail -1; cat /proc/loadavg; } > "$OUT/info.txt" 2>&1
+      head -3 "$OUT/info.txt" | tee -a "$OUT/summary.txt"
+      ;;
+    tests)
+      tv=${preset:-}  # tests:VAR=VALUE
+      te=(env)
+      [ -n "$tv" ] && te=(env "$tv")
+      tag=${tv:+-${tv//=/-}}
+      log "op test $tv"
+      "${te[@]}" "$DIR/test_backend" 2>&1 | tee "$OUT/op_test$tag.log" \
+        | grep -E '^\[  (PASSED|FAILED)|FAILED|note:' | tee -a "$OUT/summary.txt"
+      log "model tests on cuda $tv"
+      "${te[@]}" SUBSTRATE_TEST_DEVICE=cuda "$DIR/test_model" \
+        --gtest_filter='*GoldenLogits*:Greedy.*:MoeHints.*' 2>&1 \
+        | tee "$OUT/model_test$tag.log" | grep -E '^\[  (PASSED|FAILED)|FAILED' \
+        | head -40 | tee -a "$OUT/summary.txt"
+      ;;
+    broken)
+      log "op test of the deliberately broken build (must fail)"
+      "$DIR/test_backend_broken" --gtest_filter='*BeyondOneWave*' > "$OUT/broken.log" 2>&1
+      echo "rc $? (non-zero expected)" | tee -a "$OUT/summary.txt"
+      grep -m3 -E 'Failure|cuda: MatMul' "$OUT/broken.log" | tee -a "$OUT/summary.txt"
+      ;;
+    synth)
+      log "synth $name"
+      /usr/bin/time -f "synth %e s" "$DIR/substrate" synth --preset "$preset" --type "$type" -o "$f" \
+        -t "$(nproc)" > "$OUT/synth-$name.log" 2>&1
+      tail -1 "$OUT/synth-$name.log" | tee -a "$OUT/summary.txt"
+      ;;
+    sub)
+      log "substrate bench $name"
+      "${setvar[@]}" "$DIR/substrate" bench -m "$f" --device cuda -p 512 -n 128 -r 3 --json \
+        > "$OUT/substrate-$name.json" 2> "$OUT/substrate-$name.err"
+      python3 - "$OUT/substrate-$name.json" <<'EOF' | tee -a "$OUT/summary.txt"
+import json, sys
+try:
+    j = json.load(open(sys.argv[1]))
+    print("substrate pp512 %.1f %s tg128 %.1f %s bytes/token %.4g GB bw %.0f GB/s ratio %.3f"
+          % (j["pp"]["tokens_per_s"], [round(x) for x in j["pp"]["runs"]], j["tg"]["tokens_per_s"],
+             [round(x, 1) for x in j["tg"]["runs"]], j["weight_bytes_per_token"] / 1e9,
+             j["mem_bw"]["bytes_per_s"] / 1e9, j["bw_ratio"]))
+except Exception as e:
+    print("substrate bench failed:", e)
+EOF
+      tail -3 "$OUT/substrate-$name.err" >> "$OUT/summary.txt"
+      ;;
+    ab)
+      for v in SUBSTRATE_CUDA_PDL=0 SUBSTRATE_CUDA_GRAPHS=0; do
+        log "$v $name"
+        "${setvar[@]}" "$v" "$DIR/substrate" bench -m "$f" --device cuda -p 0 -n 128 -r 2 --json \
+          > "$OUT/ab-${v%%=*}-$name.json" 2> "$OUT/ab-${v%%=*}-$name.err"
+        python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("tg128 %.1f %s" % (j["tg"]["tokens_per_s"], j["tg"]["runs"]))' \
+          "$OUT/ab-${v%%=*}-$name.json" 2>&1 | tee -a "$OUT/summary.txt"
+      done
+      log "profile decode $name"
+      "${setvar[@]}" SUBSTRATE_CUDA_PROFILE=1 "$DIR/substrate" bench -m "$f" --device cuda -p 0 -n 32 -r 1 \
+        > /dev/null 2> "$OUT/profile-decode-$name.txt"
+      head -16 "$OUT/profile-decode-$name.txt" | tee -a "$OUT/summary.txt"
+      log "profile prefill $name"
+      "${setvar[@]}" SUBSTRATE_CUDA_PROFILE=1 "$DIR/substrate" bench -m "$f" --device cuda -p 512 -n 0 -r 2 \
+        > /dev/null 2> "$OUT/profile-prefill-$name.txt"
+      head -12 "$OUT/profile-prefill-$name.txt" | tee -a "$OUT/summary.txt"
+      ;;
+    llama-build)
+      log "llama.cpp build (background)"
+      rm -rf "$LLAMA" && mkdir -p "$LLAMA" && tar -xJf "$DIR/llama-min.tar.xz" -C "$LLAMA"
+      ( cd "$LLAMA/llama-min" && CUDACXX=/usr/local/cuda/bin/nvcc cmake -S . -B build -G Ninja \
+          -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+          -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DGGML_CUDA_NCCL=OFF \
+          -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+          -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > "$LLAMA/build.log" 2>&1 &&
+        nice -n 19 cmake --build build --target llama-bench -j "$(nproc)" >> "$LLAMA/build.log" 2>&1;
+        echo $? > "$LLAMA/done" ) &
+      ;;
+    llama-status)
+      log "llama.cpp build so far"
+      tail -2 "$LLAMA/build.log" | tee -a "$OUT/summary.txt"
+      ;;
+    llama-wait)
+      log "waiting for the llama.cpp build"
+      while [ ! -f "$LLAMA/done" ]; do sleep 2; done
+      log "llama.cpp build rc $(cat "$LLAMA/done")"
+      cp "$LLAMA/build.log" "$OUT/llama_build.log"
+      tail -2 "$OUT/llama_build.log" | tee -a "$OUT/summary.txt"
+      ;;
+    llama)
+      log "llama-bench $name"
+      "$LLAMA/llama-min/build/bin/llama-bench" -m "$f" -ngl 99 -p 512 -n 128 -r 3 -o json \
+        > "$OUT/llama-$name.json" 2> "$OUT/llama-$name.err"
+      python3 - "$OUT/llama-$name.json" <<'EOF' | tee -a "$OUT/summary.txt"
+import json, sys
+try:
+    for r in json.load(open(sys.argv[1])):
+        print("llama.cpp n_prompt %d n_gen %d: %.1f t/s %s (fa %s, %s)" % (r["n_prompt"], r["n_gen"],
+              r["avg_ts"], [round(x, 1) for x in r.get("samples_ts", [])], r.get("flash_attn"),
+              r.get("build_commit")))
+except Exception as e:
+    print("llama-bench failed:", e)
+EOF
+      tail -2 "$OUT/llama-$name.err" >> "$OUT/summary.txt"
+      ;;
+    rm) rm -f "$f" ;;
+    *) echo "unknown phase $phase" ;;
+  esac
+done
+log done

@@ -1,0 +1,35 @@
+#include "backend/backend_factory.h"
+
+#include "backend/cpu/cpu_backend.h"
+#ifdef SUBSTRATE_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace substrate {
+
+bool BackendBuilt(const std::string& device) {
+  if (device == "cpu") return true;
+#ifdef SUBSTRATE_HAVE_CUDA
+  if (device == "cuda") return true;
+#endif
+  return false;
+}
+
+Expected<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choice, ThreadPool* pool,
+                                                 MemoryLedger* ledger) {
+  if (choice.device == "cpu")
+    return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(pool, ledger));
+  if (choice.device == "cuda") {
+#ifdef SUBSTRATE_HAVE_CUDA
+    CudaBackendOptions o;
+    o.device = choice.gpu;
+    return NewCudaBackend(o);
+#else
+    return InvalidArgument(
+        "--device cuda: this build has no CUDA backend (configure with -DSUBSTRATE_CUDA=ON)");
+#endif
+  }
+  return InvalidArgument("unknown device '" + choice.device + "' (expected cpu or cuda)");
+}
+
+}  // namespace substrate

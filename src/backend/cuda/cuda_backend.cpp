@@ -1,0 +1,552 @@
+// CudaBackend's ops (cuda_backend.h says what it promises). The parts, in the order an op meets
+// them (memory and runs in cuda_memory.cpp and cuda_runs.cpp):
+//  - weights: adopted_ maps each adopted tensor's host range to its device copy; a view's parts
+//    (skeleton, residuals) are found there by address, or uploaded into `staging_` for the op;
+//  - host arrays an op reads (token ids, positions, row lists): copied into a pinned argument
+//    arena, mirrored on the device by one copy at the next flush; kernels read them there;
+//  - work memory (quantized activations, attention partials): a bump area reset at each
+//    host wait; quantized activations are cached until their tensor is written again;
+//  - the op itself: a record (launch function, parameter block) appended to recs_; consecutive
+//    products that read the same activations are merged into one launch;
+//  - Flush issues the records (or replays the graph captured for an identical run).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_backend_impl.h"
+#include "kernels/matmul.h"
+#include "kernels/routing.h"
+
+namespace substrate {
+namespace cuda {
+
+[[noreturn]] void FatalError(const std::string& what) {
+  std::fprintf(stderr, "substrate: CUDA backend: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+// ---------------------------------------------------------------- weights ops
+
+void CudaBackend::EmbedRows(const WeightView& table, const int32_t* ids, int64_t n,
+                            const Tensor& out) {
+  EnsureStaging(StagingBytes(table));
+  EnsureArgs(static_cast<size_t>(n) * 4 + 16);
+  DevPart parts[3];
+  const int np = Parts(table, parts);
+  auto* p = Add<DequantParams>(&LaunchDequant);
+  SetParts(p, parts, np);
+  p->cols = table.cols;
+  p->ids = static_cast<const int32_t*>(Args(ids, static_cast<size_t>(n) * 4, kIds));
+  p->n = n;
+  p->out = out.data;
+  p->ldo = out.cols;
+  Wrote(out);
+  FinishStaged();
+}
+
+void CudaBackend::MatMul(const WeightView& w, const Tensor& x, const Tensor& y) {
+  const MatMulOp op{&w, x, y};
+  MatMulBatch(&op, 1);
+}
+
+void CudaBackend::AddGemvJob(int type, bool fast, const Tensor& x, const void* xq, const float2* xs,
+                             const Tensor& y, const DevPart& part, bool accumulate) {
+  const int ntok = static_cast<int>(x.rows);
+  const int nt = ntok == 1 ? 1 : ntok == 2 ? 2 : ntok <= 4 ? 4 : 8;
+  GemvJob job;
+  job.w = part.w;
+  job.row_bytes = part.row_bytes;
+  job.x = fast ? xq : static_cast<const void*>(x.data);
+  job.xs = fast ? xs : nullptr;
+  job.y = y.data;
+  job.ldy = y.cols;
+  job.rows = static_cast<int32_t>(y.cols);
+  job.accumulate = accumulate ? 1 : 0;
+  const size_t y_bytes = static_cast<size_t>(y.size()) * 4;
+  const size_t x_bytes = static_cast<size_t>(x.size()) * 4;
+  const int per_block = fast ? kGemvFastRowsPerBlock : kGemvRowsPerBlock;
+  const int blocks = static_cast<int>((y.cols + per_block - 1) / per_block);
+  // Join the previous launch when it is a product of the same kind and neither reads what the
+  // other writes.
+  if (n_recs_ > 0 && recs_[n_recs_ - 1].fn == &LaunchGemv) {
+    auto* p = reinterpret_cast<GemvParams*>(recs_[n_recs_ - 1].p);
+    bool ok = p->type == type && p->fast == (fast ? 1 : 0) && p->cols == x.cols &&
+              p->ntok == ntok && p->n_jobs < kGemvMaxJobs;
+    for (int j = 0; ok && j < p->n_jobs; ++j) {
+      // Write after write, read after write, and (float inputs) write after read.
+      const GemvJob& e = p->jobs[j];
+      const size_t ey = static_cast<size_t>(ntok) * e.ldy * 4;
+      ok = !Overlap(e.y, ey, y.data, y_bytes) && !Overlap(e.y, ey, x.data, x_bytes) &&
+           (fast || !Overlap(e.x, x_bytes, y.data, y_bytes));
+    }
+    if (ok) {
+      p->jobs[p->n_jobs] = job;
+      p->block_start[p->n_jobs + 1] = p->block_start[p->n_jobs] + blocks;
+      ++p->n_jobs;
+      return;
+    }
+  }
+  auto* p = Add<GemvParams>(&LaunchGemv);
+  p->type = type;
+  p->fast = fast ? 1 : 0;
+  p->nt = nt;
+  p->ntok = ntok;
+  p->cols = x.cols;
+  p->n_jobs = 1;
+  p->block_start[0] = 0;
+  p->block_start[1] = blocks;
+  p->jobs[0] = job;
+}
+
+void CudaBackend::RecordGemm(const MatMulOp& op, const DevPart* parts, int n_parts) {
+  const Tensor& x = op.x;
+  const Tensor& y = op.y;
+  const bool exact =
+      parts[0].type == kTypeF32 || parts[0].type == kTypeF16 || parts[0].type == kTypeBF16;
+  void* xh = nullptr;
+  void* scales = nullptr;
+  if (!exact) ConvertAct(x, true, &xh, &scales);
+  const int64_t elem = exact ? 4 : 2;
+  const int64_t rows = y.cols;
+  // Rows per dequantized chunk: the temporary's size, and a launch's grid height.
+  const int64_t chunk = std::max<int64_t>(
+      1, std::min<int64_t>({rows, static_cast<int64_t>(kGemmTmpBytes) / (x.cols * elem), 65535}));
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t m = std::min(chunk, rows - r0);
+    auto* d = Add<DequantParams>(&LaunchDequant);
+    d->out_half = exact ? 0 : 1;
+    SetParts(d, parts, n_parts);
+    d->cols = x.cols;
+    d->r0 = r0;
+    d->n = m;
+    d->out = gemm_tmp_;
+    d->ldo = x.cols;
+    auto* g = Add<GemmParams>(&LaunchGemm);
+    g->api = cublas_;
+    g->handle = cublas_handle_;
+    g->m = static_cast<int32_t>(m);
+    g->n = static_cast<int32_t>(x.rows);
+    g->k = static_cast<int32_t>(x.cols);
+    g->half = exact ? 0 : 1;
+    g->a = gemm_tmp_;
+    g->b = exact ? static_cast<const void*>(x.data) : xh;
+    g->c = y.data + r0;
+    g->ldc = rows;
+  }
+  if (!exact) {
+    auto* s = Add<ScaleRowsParams>(&LaunchScaleRows);
+    *s = {y.data, y.rows, y.cols, y.cols, static_cast<const float*>(scales)};
+  }
+  uncapturable_ = true;  // cuBLAS picks its kernels per call
+}
+
+void CudaBackend::MatMulBatch(const MatMulOp* ops, int n_ops) {
+  uint64_t stage = 0;
+  size_t work = 0;
+  bool any_gemm = false;
+  for (int i = 0; i < n_ops; ++i) {
+    const MatMulOp& op = ops[i];
+    stage += StagingBytes(*op.w);
+    const bool gemm = UseGemm(op) && LoadCublas();
+    any_gemm |= gemm;
+    // Worst case: the activations converted (int8 + scales, or half + row scales).
+    work += gemm ? static_cast<size_t>(op.x.size()) * 2 + static_cast<size_t>(op.x.rows) * 4 + 512
+                 : static_cast<size_t>(op.x.size()) +
+                       static_cast<size_t>(op.x.size() / 32 + 1) * 8 + 512;
+  }
+  if (any_gemm && !gemm_ready_) {
+    SetDevice();
+    cublas_ = LoadCublas();
+    if (cublas_->create(&cublas_handle_) != CUBLAS_STATUS_SUCCESS)
+      FatalError("cublasCreate failed");
+    void* ws = nullptr;
+    auto c = ledger_->Charge("scratch", kGemmTmpBytes + kCublasWorkspace);
+    if (!c.ok()) FatalError(c.status().ToString());
+    gemm_charge_ = std::move(c).value();
+    CK(cudaMalloc(&gemm_tmp_, kGemmTmpBytes));
+    CK(cudaMalloc(&ws, kCublasWorkspace));
+    cublas_->set_workspace(cublas_handle_, ws, kCublasWorkspace);
+    gemm_ready_ = true;
+  }
+  EnsureStaging(stage);
+  EnsureWork(work);
+  constexpr int kMaxParts = 3;
+  thread_local std::vector<DevPart> parts;
+  thread_local std::vector<int> n_parts;
+  parts.resize(static_cast<size_t>(n_ops) * kMaxParts);
+  n_parts.resize(static_cast<size_t>(n_ops));
+  for (int i = 0; i < n_ops; ++i)
+    n_parts[i] = Parts(*ops[i].w, &parts[static_cast<size_t>(i) * kMaxParts]);
+  // Activations of the int8 products, quantized once per run of adjacent rows (the batched
+  // experts' inputs are consecutive rows of one gathered tensor): one launch, not one per op.
+  thread_local std::vector<Tensor> spans;
+  spans.clear();
+  for (int i = 0; i < n_ops; ++i) {
+    const MatMulOp& op = ops[i];
+    if (op.x.rows == 0 || (UseGemm(op) && cublas_)) continue;
+    bool fast = false;
+    for (int k = 0; k < n_parts[i]; ++k) {
+      const DevPart& pt = parts[static_cast<size_t>(i) * kMaxParts + k];
+      fast = fast || GemvFastType(pt.type, op.x.cols, pt.row_bytes, pt.w);
+    }
+    if (fast) spans.push_back(op.x);
+  }
+  std::sort(spans.begin(), spans.end(), [](const Tensor& a, const Tensor& b) {
+    return a.data < b.data || (a.data == b.data && a.size() > b.size());
+  });
+  size_t n_spans = 0;
+  for (const Tensor& t : spans) {
+    Tensor& last = spans[n_spans > 0 ? n_spans - 1 : 0];
+    if (n_spans > 0 && t.cols == last.cols && t.data >= last.data &&
+        t.data <= last.data + last.size() && (t.data - last.data) % t.cols == 0) {
+      const int64_t end = std::max<int64_t>((t.data - last.data) / t.cols + t.rows, last.rows);
+      last.rows = end;
+    } else {
+      spans[n_spans++] = t;
+    }
+  }
+  for (size_t i = 0; i < n_spans; ++i) {
+    void* q = nullptr;
+    void* qs = nullptr;
+    ConvertAct(spans[i], false, &q, &qs);
+  }
+  // Skeletons first, then each residual tier (they add to what the skeleton wrote).
+  for (int k = 0; k < kMaxParts; ++k) {
+    for (int i = 0; i < n_ops; ++i) {
+      const MatMulOp& op = ops[i];
+      if (op.x.rows == 0 || k >= n_parts[i]) continue;
+      const DevPart* pp = &parts[static_cast<size_t>(i) * kMaxParts];
+      if (UseGemm(op) && cublas_) {
+        if (k == 0) RecordGemm(op, pp, n_parts[i]);
+        continue;
+      }
+      const DevPart& part = pp[k];
+      const bool fast = GemvFastType(part.type, op.x.cols, part.row_bytes, part.w);
+      void* xq = nullptr;
+      void* xs = nullptr;
+      if (fast) ConvertAct(op.x, false, &xq, &xs);
+      AddGemvJob(part.type, fast, op.x, xq, static_cast<const float2*>(xs), op.y, part, k > 0);
+    }
+  }
+  for (int i = 0; i < n_ops; ++i) Wrote(ops[i].y);
+  FinishStaged();
+}
+
+void CudaBackend::RmsNorm(const Tensor& x, const WeightView& w, float eps, const Tensor& y) {
+  EnsureStaging(StagingBytes(w));
+  EnsureWork(static_cast<size_t>(x.cols) * 4);
+  const float* v = VectorOf(w, x.cols);
+  auto* p = Add<RmsNormParams>(&LaunchRmsNorm);  // fields one by one: padding stays zero
+  p->x = x.data;
+  p->y = y.data;
+  p->w = v;
+  p->rows = x.rows;
+  p->cols = x.cols;
+  p->eps = eps;
+  Wrote(y);
+  FinishStaged();
+}
+
+void CudaBackend::AddBias(const Tensor& y, const WeightView& b) {
+  EnsureStaging(StagingBytes(b));
+  EnsureWork(static_cast<size_t>(y.cols) * 4);
+  const float* v = VectorOf(b, y.cols);
+  auto* p = Add<ElementwiseParams>(&LaunchElementwise);
+  p->kind = kAddBias;
+  p->y = y.data;
+  p->a = v;
+  p->rows = y.rows;
+  p->cols = y.cols;
+  Wrote(y);
+  FinishStaged();
+}
+
+// ---------------------------------------------------------------- elementwise
+
+void CudaBackend::Fill(const Tensor& y, float value) {
+  auto* p = Add<ElementwiseParams>(&LaunchElementwise);
+  p->kind = kFill;
+  p->value = value;
+  p->y = y.data;
+  p->rows = y.rows;
+  p->cols = y.cols;
+  Wrote(y);
+}
+
+void CudaBackend::Add(const Tensor& y, const Tensor& x) {
+  // y += x right after the product that wrote x (an output projection, a down projection):
+  // the product adds its result to y as it writes x.
+  if (n_recs_ > 0 && recs_[n_recs_ - 1].fn == &LaunchGemv) {
+    auto* g = reinterpret_cast<GemvParams*>(recs_[n_recs_ - 1].p);
+    const size_t y_bytes = static_cast<size_t>(y.size()) * 4;
+    int hit = -1;
+    bool clear = true;
+    for (int j = 0; j < g->n_jobs; ++j) {
+      const GemvJob& e = g->jobs[j];
+      const size_t ey = static_cast<size_t>(g->ntok) * e.ldy * 4;
+      if (e.y == x.data && e.ldy == x.cols && g->ntok == x.rows && e.rows == x.cols &&
+          !e.accumulate && !e.add_to)
+        hit = j;
+      clear =
+          clear && !Overlap(e.y, ey, y.data, y_bytes) &&
+          (g->fast || !Overlap(e.x, static_cast<size_t>(g->ntok * g->cols) * 4, y.data, y_bytes));
+    }
+    if (hit >= 0 && clear && y.rows == x.rows && y.cols == x.cols) {
+      g->jobs[hit].add_to = y.data;
+      Wrote(y);
+      return;
+    }
+  }
+  auto* p = Add<ElementwiseParams>(&LaunchElementwise);
+  p->kind = kAdd;
+  p->y = y.data;
+  p->a = x.data;
+  p->rows = y.rows;
+  p->cols = y.cols;
+  Wrote(y);
+}
+
+void CudaBackend::SwiGlu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  auto* p = Add<ElementwiseParams>(&LaunchElementwise);
+  p->kind = kSwiGlu;
+  p->y = out.data;
+  p->a = gate.data;
+  p->b = up.data;
+  p->rows = out.rows;
+  p->cols = out.cols;
+  Wrote(out);
+}
+
+void CudaBackend::ScaleRowsBySigmoid(const Tensor& y, const Tensor& g) {
+  auto* p = Add<ElementwiseParams>(&LaunchElementwise);
+  p->kind = kScaleSigmoid;
+  p->y = y.data;
+  p->a = g.data;
+  p->a_stride = g.cols;
+  p->rows = y.rows;
+  p->cols = y.cols;
+  Wrote(y);
+}
+
+void CudaBackend::CopyColumns(const Tensor& src, int64_t src_col, const Tensor& dst,
+                              int64_t dst_col, int64_t n_cols) {
+  auto* p = Add<CopyColumnsParams>(&LaunchCopyColumns);
+  *p = {src.data, dst.data, src.rows, src.cols, src_col, dst.cols, dst_col, n_cols};
+  Wrote(dst);
+}
+
+namespace {
+
+// YaRN's ramp bounds, in float as kernels/ops.cpp computes them.
+float YarnCorrDim(int n_rot, int orig_ctx, float n_rotations, float base) {
+  return n_rot * std::log(orig_ctx / (n_rotations * 2.0f * static_cast<float>(M_PI))) /
+         (2.0f * std::log(base));
+}
+
+}  // namespace
+
+void CudaBackend::Rope(const Tensor& x, int n_heads, int head_dim, int head_offset,
+                       const int32_t* pos, const RopeParams& p) {
+  EnsureArgs(static_cast<size_t>(x.rows) * 4 + 16);
+  const auto* dpos = static_cast<const int32_t*>(Args(pos, static_cast<size_t>(x.rows) * 4, kPos));
+  // q then k of one layer, alike: the second joins the first's launch.
+  if (n_recs_ > 0 && recs_[n_recs_ - 1].fn == &LaunchRope) {
+    auto* r = reinterpret_cast<RopeParamsDev*>(recs_[n_recs_ - 1].p);
+    const bool yarn = p.yarn_factor > 0 && p.yarn_orig_ctx > 0;
+    if (!r->x2 && r->pos == dpos && r->rows == x.rows && r->head_dim == head_dim &&
+        r->n_rot == p.n_rot && r->neox == (p.style == RopeStyle::kNeox ? 1 : 0) &&
+        r->freq_base == p.freq_base && r->freq_scale == p.freq_scale &&
+        r->attn_factor == p.attn_factor && !r->yarn && !yarn && head_dim * n_heads == x.cols &&
+        !Overlap(r->x, static_cast<size_t>(r->rows * r->n_heads * r->head_dim) * 4, x.data,
+                 static_cast<size_t>(x.size()) * 4)) {
+      r->x2 = x.data + head_offset;
+      r->n_heads2 = n_heads;
+      Wrote(x);
+      return;
+    }
+  }
+  auto* r = Add<RopeParamsDev>(&LaunchRope);
+  r->x = x.data + head_offset;
+  r->rows = x.rows;
+  r->n_heads = n_heads;
+  r->head_dim = head_dim;
+  r->n_rot = p.n_rot;
+  r->neox = p.style == RopeStyle::kNeox ? 1 : 0;
+  r->pos = dpos;
+  r->freq_base = p.freq_base;
+  r->freq_scale = p.freq_scale;
+  r->attn_factor = p.attn_factor;
+  if (p.yarn_factor > 0 && p.yarn_orig_ctx > 0) {
+    r->yarn = 1;
+    r->yarn_factor = p.yarn_factor;
+    r->corr_lo = std::max(
+        0.0f, std::floor(YarnCorrDim(p.n_rot, p.yarn_orig_ctx, p.yarn_beta_fast, p.freq_base)));
+    r->corr_hi =
+        std::min(static_cast<float>(p.n_rot - 1),
+                 std::ceil(YarnCorrDim(p.n_rot, p.yarn_orig_ctx, p.yarn_beta_slow, p.freq_base)));
+  }
+  Wrote(x);
+}
+
+bool CudaBackend::AllFinite(const Tensor& x) {
+  Flush();
+  AllFiniteAsync(x.data, x.size(), flag_dev_, stream_);
+  CK(cudaMemcpyAsync(flag_host_, flag_dev_, sizeof(int), cudaMemcpyDeviceToHost, stream_));
+  Sync();
+  return *flag_host_ == 0;
+}
+
+// ---------------------------------------------------------------- attention
+
+void CudaBackend::StoreKv(const KvLayer& kv, int64_t pos0, const Tensor& k, const Tensor& v) {
+  EnsureArgs(32);
+  auto* p = Add<StoreKvParams>(&LaunchStoreKv);
+  p->k = k.data;
+  p->v = v.data;
+  p->rows = k.rows;
+  p->k_cols = k.cols;
+  p->v_cols = v.cols;
+  p->kc = kv.k;
+  p->vc = kv.v;
+  p->k_stride = kv.k_stride;
+  p->v_stride = kv.v_stride;
+  p->f16 = kv.type == DType::kF16 ? 1 : 0;
+  p->pos0 = Pos0(pos0);
+}
+
+void CudaBackend::StoreMlaKv(const KvLayer& kv, int64_t pos0, const Tensor& kvb,
+                             const Tensor& latent, int64_t rope_col, const MlaShape& s) {
+  EnsureArgs(32);
+  auto* p = Add<StoreMlaKvParams>(&LaunchStoreMlaKv);
+  p->kvb = kvb.data;
+  p->latent = latent.data;
+  p->rows = kvb.rows;
+  p->kvb_cols = kvb.cols;
+  p->lat_cols = latent.cols;
+  p->rope_col = rope_col;
+  p->n_head = s.n_head;
+  p->nope = s.nope;
+  p->rot = s.rot;
+  p->dv = s.dv;
+  p->kc = kv.k;
+  p->vc = kv.v;
+  p->k_stride = kv.k_stride;
+  p->v_stride = kv.v_stride;
+  p->f16 = kv.type == DType::kF16 ? 1 : 0;
+  p->pos0 = Pos0(pos0);
+}
+
+void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLayer& kv,
+                            int64_t pos0, const Tensor& out) {
+  const int group = s.n_head / s.n_head_kv;
+  if (s.dv > 128 * kAttentionMaxAcc) FatalError("attention value heads over 2048");
+  const int hb = std::max(1, std::min(group, 128 * kAttentionMaxAcc / s.dv));
+  const int chunks = (group + hb - 1) / hb;
+  const int64_t cells = q.rows * s.n_head_kv * chunks;
+  int splits = 1, qb = 1;
+  if (q.rows <= 8 && cells <= kCounterCells) {
+    // Decode: few tokens, so each one's positions are split over blocks.
+    splits = static_cast<int>(std::clamp<int64_t>(sm_count_ / std::max<int64_t>(cells, 1), 1, 8));
+  } else {
+    // Prefill: several tokens per block share each K/V tile it loads.
+    qb = std::max(1, std::min(8, 128 * kAttentionMaxAcc / s.dv / hb));
+  }
+  const int smem = AttentionSmemBytes(qb * hb, s.dk, s.dv);
+  if (smem > attn_smem_allowed_) {
+    AllowAttentionSmem(smem);
+    attn_smem_allowed_ = smem;
+  }
+  const size_t partial = splits > 1 ? static_cast<size_t>(cells * splits * hb * (s.dv + 2)) * 4 : 0;
+  EnsureArgs(32);
+  EnsureWork(partial);
+  auto* p = Add<AttentionParams>(&LaunchAttention);
+  p->q = q.data;
+  p->out = out.data;
+  p->k = kv.k;
+  p->v = kv.v;
+  p->k_stride = kv.k_stride;
+  p->v_stride = kv.v_stride;
+  p->f16 = kv.type == DType::kF16 ? 1 : 0;
+  p->n_tok = static_cast<int32_t>(q.rows);
+  p->n_head = s.n_head;
+  p->n_head_kv = s.n_head_kv;
+  p->dk = s.dk;
+  p->dv = s.dv;
+  p->heads_per_block = hb;
+  p->q_per_block = qb;
+  p->splits = splits;
+  p->scale = s.scale;
+  p->pos0 = Pos0(pos0);
+  p->partial = splits > 1 ? static_cast<float*>(Carve(partial)) : nullptr;
+  p->counters = counters_;
+  p->smem_bytes = smem;
+  p->vec = s.dk % 8 == 0 && s.dv % 8 == 0 && kv.k_stride % 8 == 0 && kv.v_stride % 8 == 0 ? 1 : 0;
+  Wrote(out);
+}
+
+// ---------------------------------------------------------------- mixture of experts
+
+void CudaBackend::Route(const Tensor& logits, const WeightView* bias, const RoutingParams& p,
+                        int32_t* sel, float* weight) {
+  // The choice is the host's business (it fetches the experts): read the logits back and route
+  // them with the CPU's own routine, so every backend picks the same experts.
+  host_tmp_.resize(static_cast<size_t>(logits.size() + p.n_expert));
+  Download(logits, host_tmp_.data());
+  const float* b = nullptr;
+  if (bias) {
+    float* bv = host_tmp_.data() + logits.size();
+    DequantizeWeightRow(*bias, 0, bv);
+    b = bv;
+  }
+  for (int64_t t = 0; t < logits.rows; ++t)
+    RouteRow(p, host_tmp_.data() + t * logits.cols, b, sel + t * p.k, weight + t * p.k);
+}
+
+void CudaBackend::GatherRows(const Tensor& src, const int32_t* rows, int64_t n, const Tensor& dst) {
+  if (n == 0) return;
+  EnsureArgs(static_cast<size_t>(n) * 4 + 16);
+  auto* p = Add<GatherParams>(&LaunchGather);
+  p->src = src.data;
+  p->dst = dst.data;
+  p->rows = static_cast<const int32_t*>(Args(rows, static_cast<size_t>(n) * 4, kRows));
+  p->n = n;
+  p->cols = src.cols;
+  Wrote(dst.data, static_cast<size_t>(n * dst.cols) * 4);
+}
+
+void CudaBackend::ScatterAddRows(const Tensor& src, const int32_t* rows, const float* weight,
+                                 int64_t n, const Tensor& dst) {
+  if (n == 0) return;
+  EnsureArgs(static_cast<size_t>(n) * 8 + 32);
+  auto* p = Add<ScatterAddParams>(&LaunchScatterAdd);
+  p->src = src.data;
+  p->dst = dst.data;
+  p->rows = static_cast<const int32_t*>(Args(rows, static_cast<size_t>(n) * 4, kRows));
+  p->weight = static_cast<const float*>(Args(weight, static_cast<size_t>(n) * 4, kWeights));
+  p->n = n;
+  p->cols = dst.cols;
+  Wrote(dst);
+}
+
+std::optional<double> CudaBackend::MeasureReadBandwidth(uint64_t bytes) {
+  Sync();
+  return cuda::MeasureReadBandwidth(bytes, 5, stream_);
+}
+
+}  // namespace cuda
+
+Expected<std::unique_ptr<Backend>> NewCudaBackend(const CudaBackendOptions& options) {
+  auto b = std::make_unique<cuda::CudaBackend>(options);
+  RETURN_IF_ERROR(b->Init());
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+int CudaDeviceCount() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+
+}  // namespace substrate

@@ -1,0 +1,36 @@
+// The CUDA backend: Backend over one NVIDIA GPU's memory and a stream (built with
+// -DSUBSTRATE_CUDA=ON). This header has no CUDA types, so the layers above include it freely.
+//
+// Memory: Allocate is cudaMalloc, charged to a ledger of the device's own (device_ledger()), so
+// a RAM budget (--max-ram) counts host memory only. Resident weights are copied to the device
+// once, when the weight source hands them over (AdoptResidentWeight / AdoptResidentBytes); an
+// op finds the device copy of a view (a whole tensor, an expert slice) by its host address.
+// Views the backend has not adopted (out-of-core sources, residual tiers read from a store)
+// are uploaded per op into a staging buffer.
+//
+// Execution: ops are recorded, not launched, and issued on the stream when the host next waits
+// for a result (Download, Route, AllFinite, Synchronize). A run of ops between two waits that
+// repeats exactly (a decode step: the token ids and positions it reads live in device memory,
+// not in the launches) is captured as a CUDA graph the second time and replayed from then on,
+// so decode is not bound by kernel launches.
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.h"
+#include "core/status.h"
+
+namespace substrate {
+
+struct CudaBackendOptions {
+  int device = 0;      // --gpu N
+  bool graphs = true;  // replay repeated op runs as CUDA graphs
+};
+
+// Fails (Unavailable-style InvalidArgument) when there is no such device or no driver.
+Expected<std::unique_ptr<Backend>> NewCudaBackend(const CudaBackendOptions& options);
+
+// Devices the driver sees (0 without a driver or a GPU).
+int CudaDeviceCount();
+
+}  // namespace substrate

@@ -1,0 +1,253 @@
+// The CUDA backend's class (cuda_backend.h has the public face): shared by its three parts,
+// cuda_backend.cpp (the ops), cuda_memory.cpp (device memory, adopted weights, staging, the
+// argument arena and work memory) and cuda_runs.cpp (recorded launches, flush, graphs,
+// profile). Internal to backend/cuda/.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cublas_loader.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_ops.h"
+
+#define CK SUBSTRATE_CUDA_CHECK
+
+namespace substrate::cuda {
+
+constexpr size_t kRecBytes = 768;
+constexpr int kMinGraphRecs = 8;
+constexpr int64_t kGemmMinTokens = 65;  // from this many tokens: dequantize + cuBLAS
+constexpr size_t kArenaBytes = 4u << 20;
+constexpr size_t kWorkBytes = 64u << 20;
+constexpr size_t kGemmTmpBytes = 256u << 20;
+constexpr size_t kCublasWorkspace = 32u << 20;
+constexpr int kCounterCells = 1 << 16;
+constexpr size_t kMaxGraphs = 512;
+
+inline size_t Align(size_t v, size_t a) {
+  return (v + a - 1) / a * a;
+}
+
+// A device copy of some part of a view: its address and how its rows are laid out.
+struct DevPart {
+  int type = 0;
+  const uint8_t* w = nullptr;
+  int64_t row_bytes = 0;
+};
+
+inline bool Overlap(const void* a, size_t an, const void* b, size_t bn) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return x < y + bn && y < x + an;
+}
+
+struct Rec {
+  LaunchFn fn = nullptr;
+  uint32_t size = 0;
+  alignas(16) unsigned char p[kRecBytes];
+};
+
+// The ledger of each device's memory: one per device for the whole process (buffers may be
+// released after their backend).
+MemoryLedger* DeviceLedger(int device);
+// Dequantization parts of a record, field by field (padding stays zero).
+void SetParts(DequantParams* p, const DevPart* parts, int n);
+// A launch's name in profiles: its kernel, and for products the type, path and tokens.
+std::string LaunchName(const Rec& r);
+
+class CudaBackend;
+
+// Buffer's free context: outlives the backend (a buffer freed after it goes straight to cudaFree).
+struct FreeContext {
+  CudaBackend* backend = nullptr;
+  int device = 0;
+};
+void FreeDeviceBuffer(void* ctx, void* data);
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& o) : opt_(o), ledger_(DeviceLedger(o.device)) {}
+  ~CudaBackend() override;
+  Status Init();
+
+  const char* name() const override { return "cuda"; }
+
+  Expected<Buffer> Allocate(size_t bytes, const std::string& account) override;
+  void Download(const Tensor& src, float* host) override;
+  void Upload(const float* host, const Tensor& dst) override;
+  void Synchronize() override { Sync(); }
+  WeightLayout AdoptResidentWeight(DType type, int64_t rows, int64_t cols, uint8_t* bytes) override;
+  void AdoptResidentBytes(const uint8_t* bytes, uint64_t size) override { Adopt(bytes, size); }
+  std::optional<double> MeasureReadBandwidth(uint64_t bytes) override;
+  const MemoryLedger* device_ledger() const override { return ledger_; }
+
+  void EmbedRows(const WeightView& table, const int32_t* ids, int64_t n,
+                 const Tensor& out) override;
+  void MatMul(const WeightView& w, const Tensor& x, const Tensor& y) override;
+  void MatMulBatch(const MatMulOp* ops, int n_ops) override;
+  void RmsNorm(const Tensor& x, const WeightView& w, float eps, const Tensor& y) override;
+  void AddBias(const Tensor& y, const WeightView& b) override;
+
+  void Fill(const Tensor& y, float value) override;
+  void Add(const Tensor& y, const Tensor& x) override;
+  void SwiGlu(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  void ScaleRowsBySigmoid(const Tensor& y, const Tensor& g) override;
+  void CopyColumns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col,
+                   int64_t n_cols) override;
+  void Rope(const Tensor& x, int n_heads, int head_dim, int head_offset, const int32_t* pos,
+            const RopeParams& p) override;
+  bool AllFinite(const Tensor& x) override;
+
+  void StoreKv(const KvLayer& kv, int64_t pos0, const Tensor& k, const Tensor& v) override;
+  void StoreMlaKv(const KvLayer& kv, int64_t pos0, const Tensor& kvb, const Tensor& latent,
+                  int64_t rope_col, const MlaShape& s) override;
+  void Attention(const AttentionShape& s, const Tensor& q, const KvLayer& kv, int64_t pos0,
+                 const Tensor& out) override;
+
+  void Route(const Tensor& logits, const WeightView* bias, const RoutingParams& p, int32_t* sel,
+             float* weight) override;
+  void GatherRows(const Tensor& src, const int32_t* rows, int64_t n, const Tensor& dst) override;
+  void ScatterAddRows(const Tensor& src, const int32_t* rows, const float* weight, int64_t n,
+                      const Tensor& dst) override;
+
+  void FreeDevice(void* data);
+
+ private:
+  // ---- recording ----
+  template <typename P>
+  P* Add(LaunchFn fn) {
+    static_assert(sizeof(P) <= kRecBytes, "parameter block too large");
+    if (n_recs_ == recs_.size()) recs_.emplace_back();
+    Rec& r = recs_[n_recs_++];
+    r.fn = fn;
+    r.size = static_cast<uint32_t>(Align(sizeof(P), 8));
+    std::memset(r.p, 0, r.size);
+    return reinterpret_cast<P*>(r.p);
+  }
+  void Flush();
+  void Issue(size_t copy_off, size_t copy_len);
+  void Sync();
+  uint64_t HashRecs(size_t copy_off, size_t copy_len) const;
+  void DropGraphs();
+
+  // ---- argument arena (pinned host, mirrored on device) ----
+  enum ArgTag { kIds, kPos, kPos0, kRows, kWeights };
+  void EnsureArgs(size_t bytes);
+  const void* Args(const void* host, size_t bytes, ArgTag tag);
+  const int64_t* Pos0(int64_t pos0) { return static_cast<const int64_t*>(Args(&pos0, 8, kPos0)); }
+
+  // ---- work memory ----
+  void EnsureWork(size_t bytes);
+  void* Carve(size_t bytes);
+  struct ActEntry {
+    bool half = false;
+    const float* x = nullptr;
+    int64_t rows = 0, cols = 0;
+    void* data = nullptr;    // int8 or half
+    void* scales = nullptr;  // float2 per 32 (q8) or float per row (half)
+  };
+  // The cached conversion of x, or false.
+  bool FindAct(const Tensor& x, bool half, void** data, void** scales) const;
+  // Quantizes (or converts to half) rows of x, recording the launch; work must be ensured.
+  void ConvertAct(const Tensor& x, bool half, void** data, void** scales);
+  void Wrote(const Tensor& t) { Wrote(t.data, static_cast<size_t>(t.size()) * 4); }
+  void Wrote(const void* p, size_t bytes);
+
+  // ---- weights ----
+  void Adopt(const uint8_t* host, uint64_t size);
+  const uint8_t* FindAdopted(const uint8_t* host, uint64_t bytes) const;
+  uint64_t StagingBytes(const WeightView& v) const;
+  // Device parts of v (skeleton, then residuals); uploads non-adopted ones (staging must be
+  // ensured). Returns the count.
+  int Parts(const WeightView& v, DevPart* out);
+  void EnsureStaging(uint64_t bytes);
+  bool FinishStaged();  // after an op that staged: issue it now (the staging buffer is reused)
+  const float* VectorOf(const WeightView& w, int64_t n);  // work ensured for n floats
+
+  void RecordGemm(const MatMulOp& op, const DevPart* parts, int n_parts);
+  // Whether a product goes to cuBLAS (when it loads): enough tokens to pay for dequantizing.
+  static bool UseGemm(const MatMulOp& op) { return op.x.rows >= kGemmMinTokens; }
+  void AddGemvJob(int type, bool fast, const Tensor& x, const void* xq, const float2* xs,
+                  const Tensor& y, const DevPart& part, bool accumulate);
+  void SetDevice() const { CK(cudaSetDevice(opt_.device)); }
+
+  CudaBackendOptions opt_;
+  MemoryLedger* ledger_;
+  FreeContext* free_ctx_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  int sm_count_ = 0;
+  std::vector<LedgerCharge> own_charges_;
+
+  std::vector<Rec> recs_;
+  size_t n_recs_ = 0;
+  bool uncapturable_ = false;
+
+  uint8_t* harena_ = nullptr;
+  uint8_t* darena_ = nullptr;
+  size_t arena_size_ = 0, arena_off_ = 0, arena_copied_ = 0;
+  struct Memo {
+    int tag = -1;
+    size_t bytes = 0, off = 0;
+  };
+  Memo memo_[4];
+  int memo_next_ = 0;
+
+  uint8_t* work_ = nullptr;
+  size_t work_size_ = 0, work_off_ = 0;
+  LedgerCharge work_charge_;
+  std::vector<ActEntry> acts_;
+
+  struct Region {
+    uint64_t size = 0;
+    uint8_t* dev = nullptr;
+    LedgerCharge charge;
+  };
+  std::map<const uint8_t*, Region> adopted_;
+  bool warned_adopt_ = false;
+  uint8_t* staging_ = nullptr;
+  uint64_t staging_size_ = 0, staging_off_ = 0;
+  LedgerCharge staging_charge_;
+  bool staged_ = false;
+
+  uint32_t* counters_ = nullptr;
+  int* flag_dev_ = nullptr;
+  int* flag_host_ = nullptr;
+  int attn_smem_allowed_ = 48 * 1024;
+
+  const CublasApi* cublas_ = nullptr;
+  cublasHandle_t cublas_handle_ = nullptr;
+  void* gemm_tmp_ = nullptr;
+  LedgerCharge gemm_charge_;
+  bool gemm_ready_ = false;
+
+  // SUBSTRATE_CUDA_PROFILE=1: no graphs; each launch timed with events, a table by kernel
+  // printed to stderr when the backend closes.
+  void ProfileCollect();
+  void ProfilePrint();
+  bool profile_ = false;
+  struct Timed {
+    std::string name;
+    cudaEvent_t a, b;
+  };
+  std::vector<Timed> timed_;
+  std::vector<cudaEvent_t> event_pool_;
+  std::map<std::string, std::vector<float>> profile_table_;  // name -> each call's ms
+
+  struct Graph {
+    std::vector<Rec> recs;
+    size_t copy_off = 0, copy_len = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
+  std::unordered_map<uint64_t, Graph> graphs_;
+  std::unordered_map<uint64_t, int> seen_;
+  std::vector<float> host_tmp_;
+};
+
+}  // namespace substrate::cuda

@@ -1,0 +1,391 @@
+// CudaBackend's memory: device buffers, adopted weights and staging, the argument arena, work
+// memory and the cache of converted activations (cuda_backend_impl.h).
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_backend_impl.h"
+
+namespace substrate::cuda {
+
+// The ledger of each device's memory: one per device for the whole process (buffers may be
+// released after their backend).
+MemoryLedger* DeviceLedger(int device) {
+  static std::map<int, MemoryLedger*>* ledgers = new std::map<int, MemoryLedger*>();
+  MemoryLedger*& l = (*ledgers)[device];
+  if (!l) l = new MemoryLedger();
+  return l;
+}
+
+void SetParts(DequantParams* p, const DevPart* parts, int n) {
+  p->n_parts = n;
+  for (int k = 0; k < n; ++k) {  // fields one by one: padding stays zero
+    p->parts[k].type = parts[k].type;
+    p->parts[k].w = parts[k].w;
+    p->parts[k].row_bytes = parts[k].row_bytes;
+  }
+}
+
+void FreeDeviceBuffer(void* ctx, void* data) {
+  auto* c = static_cast<FreeContext*>(ctx);
+  if (c->backend) {
+    c->backend->FreeDevice(data);
+  } else {
+    cudaSetDevice(c->device);
+    cudaFree(data);
+  }
+}
+
+Status CudaBackend::Init() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+    return InvalidArgument("--device cuda: no CUDA device (driver missing or no GPU)");
+  if (opt_.device < 0 || opt_.device >= count)
+    return InvalidArgument("--gpu " + std::to_string(opt_.device) + ": the machine has " +
+                           std::to_string(count) + " CUDA device(s)");
+  SetDevice();
+  // SUBSTRATE_CUDA_GRAPHS=0 issues every op run one launch at a time (A/B measurements).
+  if (const char* g = std::getenv("SUBSTRATE_CUDA_GRAPHS"); g && std::string(g) == "0")
+    opt_.graphs = false;
+  if (const char* g = std::getenv("SUBSTRATE_CUDA_PROFILE"); g && std::string(g) == "1") {
+    profile_ = true;
+    opt_.graphs = false;
+  }
+  recs_.reserve(4096);
+  (void)PdlEnabled();  // decided now: it queries the device, which a graph capture must not
+  CK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, opt_.device));
+  free_ctx_ = new FreeContext{this, opt_.device};  // leaked on purpose: see FreeContext
+  auto charge = [&](size_t bytes) -> Status {
+    ASSIGN_OR_RETURN(LedgerCharge c, ledger_->Charge("backend", bytes));
+    own_charges_.push_back(std::move(c));
+    return Status::Ok();
+  };
+  arena_size_ = kArenaBytes;
+  CK(cudaHostAlloc(&harena_, arena_size_, cudaHostAllocDefault));
+  CK(cudaMalloc(&darena_, arena_size_));
+  RETURN_IF_ERROR(charge(arena_size_));
+  CK(cudaMalloc(&counters_, kCounterCells * sizeof(uint32_t)));
+  CK(cudaMemset(counters_, 0, kCounterCells * sizeof(uint32_t)));
+  CK(cudaMalloc(&flag_dev_, sizeof(int)));
+  CK(cudaHostAlloc(&flag_host_, sizeof(int), cudaHostAllocDefault));
+  RETURN_IF_ERROR(charge(kCounterCells * sizeof(uint32_t) + 256));
+  ASSIGN_OR_RETURN(work_charge_, ledger_->Charge("backend", kWorkBytes));
+  work_size_ = kWorkBytes;
+  CK(cudaMalloc(&work_, work_size_));
+  return Status::Ok();
+}
+
+CudaBackend::~CudaBackend() {
+  if (!stream_) return;
+  SetDevice();
+  Sync();
+  if (profile_) ProfilePrint();
+  DropGraphs();
+  if (free_ctx_) free_ctx_->backend = nullptr;
+  for (auto& [host, r] : adopted_) cudaFree(r.dev);
+  adopted_.clear();
+  if (cublas_handle_) cublas_->destroy(cublas_handle_);
+  cudaFree(gemm_tmp_);
+  cudaFree(staging_);
+  cudaFree(work_);
+  cudaFree(darena_);
+  cudaFreeHost(harena_);
+  cudaFree(counters_);
+  cudaFree(flag_dev_);
+  cudaFreeHost(flag_host_);
+  cudaStreamDestroy(stream_);
+}
+
+// ---------------------------------------------------------------- memory
+
+Expected<Buffer> CudaBackend::Allocate(size_t bytes, const std::string& account) {
+  SetDevice();
+  ASSIGN_OR_RETURN(LedgerCharge charge, ledger_->Charge(account, bytes));
+  void* p = nullptr;
+  if (cudaMalloc(&p, std::max<size_t>(bytes, 256)) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free allocation error
+    return OutOfMemory("cuda: allocating " + FormatBytes(bytes) + " of device memory for '" +
+                       account + "'");
+  }
+  // Zeroed, in stream order: no op recorded before this can use the new memory.
+  CK(cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 256), stream_));
+  return Buffer(p, bytes, std::move(charge), &FreeDeviceBuffer, free_ctx_);
+}
+
+void CudaBackend::FreeDevice(void* data) {
+  SetDevice();
+  Sync();  // recorded ops may still read it
+  // Graphs and cached conversions name addresses that a later allocation may reuse.
+  DropGraphs();
+  acts_.clear();
+  CK(cudaFree(data));
+}
+
+void CudaBackend::Download(const Tensor& src, float* host) {
+  Flush();
+  CK(cudaMemcpyAsync(host, src.data, static_cast<size_t>(src.size()) * 4, cudaMemcpyDeviceToHost,
+                     stream_));
+  Sync();
+}
+
+void CudaBackend::Upload(const float* host, const Tensor& dst) {
+  Flush();  // ops recorded before may read dst's old values
+  SetDevice();
+  CK(cudaMemcpyAsync(dst.data, host, static_cast<size_t>(dst.size()) * 4, cudaMemcpyHostToDevice,
+                     stream_));
+  Wrote(dst);
+}
+
+WeightLayout CudaBackend::AdoptResidentWeight(DType type, int64_t rows, int64_t cols,
+                                              uint8_t* bytes) {
+  const auto rb = RowBytes(type, static_cast<uint64_t>(cols));
+  if (rb) Adopt(bytes, *rb * static_cast<uint64_t>(rows));
+  return WeightLayout::kRows;
+}
+
+void CudaBackend::Adopt(const uint8_t* host, uint64_t size) {
+  if (size == 0 || adopted_.count(host)) return;
+  SetDevice();
+  auto charge = ledger_->Charge("weights", size);
+  uint8_t* dev = nullptr;
+  if (!charge.ok() || cudaMalloc(&dev, size) != cudaSuccess) {
+    cudaGetLastError();
+    if (!warned_adopt_)
+      std::fprintf(stderr,
+                   "substrate: cuda: device memory full; weights past this point are uploaded "
+                   "for each op that reads them\n");
+    warned_adopt_ = true;
+    return;
+  }
+  CK(cudaMemcpy(dev, host, size, cudaMemcpyHostToDevice));
+  Region& r = adopted_[host];
+  r.size = size;
+  r.dev = dev;
+  r.charge = std::move(charge).value();
+}
+
+const uint8_t* CudaBackend::FindAdopted(const uint8_t* host, uint64_t bytes) const {
+  auto it = adopted_.upper_bound(host);
+  if (it == adopted_.begin()) return nullptr;
+  --it;
+  const uint8_t* begin = it->first;
+  if (host >= begin && host + bytes <= begin + it->second.size)
+    return it->second.dev + (host - begin);
+  return nullptr;
+}
+
+uint64_t CudaBackend::StagingBytes(const WeightView& v) const {
+  uint64_t total = 0;
+  const auto rb = RowBytes(v.type, static_cast<uint64_t>(v.cols));
+  const uint64_t sk = rb ? *rb * static_cast<uint64_t>(v.rows) : v.bytes;
+  if (!FindAdopted(v.data, sk)) total += Align(sk, 256);
+  for (int k = 0; k < v.n_residuals; ++k) {
+    const auto r = RowBytes(v.residual_type[k], static_cast<uint64_t>(v.cols));
+    const uint64_t b = r ? *r * static_cast<uint64_t>(v.rows) : 0;
+    if (!FindAdopted(v.residual[k], b)) total += Align(b, 256);
+  }
+  return total;
+}
+
+void CudaBackend::EnsureStaging(uint64_t bytes) {
+  if (bytes == 0) return;
+  if (staging_off_ + bytes <= staging_size_) return;
+  Sync();  // the ops that read the old staging buffer
+  staging_off_ = 0;
+  if (bytes <= staging_size_) return;
+  cudaFree(staging_);
+  staging_charge_.Reset();
+  staging_size_ = Align(std::max<uint64_t>(bytes, 64u << 20), 1u << 20);
+  auto c = ledger_->Charge("staging", staging_size_);
+  if (!c.ok()) FatalError(c.status().ToString());
+  staging_charge_ = std::move(c).value();
+  CK(cudaMalloc(&staging_, staging_size_));
+}
+
+int CudaBackend::Parts(const WeightView& v, DevPart* out) {
+  if (v.layout != WeightLayout::kRows) FatalError("a weight layout this backend does not read");
+  auto part = [&](DType type, const uint8_t* host, DevPart* p) {
+    const auto rb = RowBytes(type, static_cast<uint64_t>(v.cols));
+    if (!rb)
+      FatalError(std::string("weight type ") + DTypeName(type) + " with rows of " +
+                 std::to_string(v.cols));
+    const uint64_t bytes = *rb * static_cast<uint64_t>(v.rows);
+    p->type = static_cast<int>(type);
+    p->row_bytes = static_cast<int64_t>(*rb);
+    p->w = FindAdopted(host, bytes);
+    if (!p->w) {
+      if (staging_off_ + bytes > staging_size_) FatalError("staging not reserved");
+      uint8_t* dst = staging_ + staging_off_;
+      CK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+      staging_off_ += Align(bytes, 256);
+      staged_ = true;
+      p->w = dst;
+    }
+  };
+  part(v.type, v.data, &out[0]);
+  for (int k = 0; k < v.n_residuals; ++k) part(v.residual_type[k], v.residual[k], &out[k + 1]);
+  return 1 + v.n_residuals;
+}
+
+bool CudaBackend::FinishStaged() {
+  if (!staged_) return false;
+  uncapturable_ = true;
+  Flush();
+  staging_off_ = 0;
+  staged_ = false;
+  return true;
+}
+
+// ---------------------------------------------------------------- arena and work memory
+
+void CudaBackend::EnsureArgs(size_t bytes) {
+  if (Align(arena_off_, 16) + bytes <= arena_size_) return;
+  Sync();
+  if (bytes <= arena_size_) return;
+  DropGraphs();  // they copy from the old arena
+  cudaFreeHost(harena_);
+  cudaFree(darena_);
+  arena_size_ = Align(bytes, 1u << 20);
+  CK(cudaHostAlloc(&harena_, arena_size_, cudaHostAllocDefault));
+  CK(cudaMalloc(&darena_, arena_size_));
+}
+
+const void* CudaBackend::Args(const void* host, size_t bytes, ArgTag tag) {
+  for (const Memo& m : memo_) {
+    if (m.tag == tag && m.bytes == bytes && std::memcmp(harena_ + m.off, host, bytes) == 0)
+      return darena_ + m.off;
+  }
+  const size_t off = Align(arena_off_, 16);
+  if (off + bytes > arena_size_) FatalError("argument arena not reserved");
+  std::memcpy(harena_ + off, host, bytes);
+  arena_off_ = off + bytes;
+  memo_[memo_next_++ % 4] = {tag, bytes, off};
+  return darena_ + off;
+}
+
+void CudaBackend::EnsureWork(size_t bytes) {
+  bytes += 512;  // alignment of the pieces
+  if (work_off_ + bytes <= work_size_) return;
+  if (bytes <= work_size_) {
+    // Wrap: ops recorded before read the old contents first (one stream), but cached
+    // conversions there are gone.
+    work_off_ = 0;
+    acts_.clear();
+    return;
+  }
+  Sync();
+  DropGraphs();
+  cudaFree(work_);
+  work_charge_.Reset();
+  work_size_ = Align(bytes * 2, 1u << 20);
+  auto c = ledger_->Charge("backend", work_size_);
+  if (!c.ok()) FatalError(c.status().ToString());
+  work_charge_ = std::move(c).value();
+  CK(cudaMalloc(&work_, work_size_));
+  work_off_ = 0;
+  acts_.clear();
+}
+
+void* CudaBackend::Carve(size_t bytes) {
+  const size_t off = Align(work_off_, 256);
+  if (off + bytes > work_size_) FatalError("work memory not reserved");
+  work_off_ = off + bytes;
+  return work_ + off;
+}
+
+bool CudaBackend::FindAct(const Tensor& x, bool half, void** data, void** scales) const {
+  for (const ActEntry& e : acts_) {
+    if (e.half != half || e.cols != x.cols || x.data < e.x ||
+        x.data + x.size() > e.x + e.rows * e.cols || (x.data - e.x) % e.cols != 0)
+      continue;
+    const int64_t r = (x.data - e.x) / e.cols;
+    if (half) {
+      *data = static_cast<uint16_t*>(e.data) + r * e.cols;
+      *scales = static_cast<float*>(e.scales) + r;
+    } else {
+      *data = static_cast<int8_t*>(e.data) + r * e.cols;
+      *scales = static_cast<float2*>(e.scales) + r * (e.cols / 32);
+    }
+    return true;
+  }
+  return false;
+}
+
+void CudaBackend::ConvertAct(const Tensor& x, bool half, void** data, void** scales) {
+  if (FindAct(x, half, data, scales)) return;
+  ActEntry e;
+  e.half = half;
+  e.x = x.data;
+  e.rows = x.rows;
+  e.cols = x.cols;
+  if (half) {
+    e.data = Carve(static_cast<size_t>(x.size()) * 2);
+    e.scales = Carve(static_cast<size_t>(x.rows) * 4);
+    auto* p = Add<ToHalfParams>(&LaunchToHalf);
+    *p = {x.data, x.rows, x.cols, e.data, static_cast<float*>(e.scales)};
+  } else {
+    e.data = Carve(static_cast<size_t>(x.size()));
+    e.scales = Carve(static_cast<size_t>(x.size() / 32) * sizeof(float2));
+    auto* q = static_cast<int8_t*>(e.data);
+    auto* qs = static_cast<float2*>(e.scales);
+    // The op that just wrote exactly x (a norm, SwiGLU) quantizes it as it writes it: one
+    // launch less.
+    Rec* last = n_recs_ > 0 ? &recs_[n_recs_ - 1] : nullptr;
+    if (last && last->fn == &LaunchRmsNorm) {
+      auto* n = reinterpret_cast<RmsNormParams*>(last->p);
+      if (n->y == x.data && n->rows == x.rows && n->cols == x.cols && !n->xq) {
+        n->xq = q;
+        n->xs = qs;
+        last = nullptr;
+      }
+    } else if (last && last->fn == &LaunchElementwise) {
+      auto* el = reinterpret_cast<ElementwiseParams*>(last->p);
+      if (el->kind == kSwiGlu && el->y == x.data && el->rows * el->cols == x.size() && !el->xq) {
+        el->xq = q;
+        el->xs = qs;
+        last = nullptr;
+      }
+    }
+    if (last || n_recs_ == 0) {
+      auto* p = Add<QuantizeQ8Params>(&LaunchQuantizeQ8);
+      *p = {x.data, x.rows, x.cols, q, qs};
+    }
+  }
+  if (acts_.size() >= 16) acts_.erase(acts_.begin());
+  acts_.push_back(e);
+  *data = e.data;
+  *scales = e.scales;
+}
+
+void CudaBackend::Wrote(const void* p, size_t bytes) {
+  for (size_t i = 0; i < acts_.size();) {
+    const ActEntry& e = acts_[i];
+    if (Overlap(p, bytes, e.x, static_cast<size_t>(e.rows * e.cols) * 4)) {
+      acts_.erase(acts_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+const float* CudaBackend::VectorOf(const WeightView& w, int64_t n) {
+  if (w.type == DType::kF32 && w.n_residuals == 0) {
+    if (const uint8_t* d = FindAdopted(w.data, static_cast<uint64_t>(n) * 4))
+      return reinterpret_cast<const float*>(d);
+  }
+  DevPart parts[3];
+  const int np = Parts(w, parts);
+  float* out = static_cast<float*>(Carve(static_cast<size_t>(n) * 4));
+  auto* p = Add<DequantParams>(&LaunchDequant);
+  SetParts(p, parts, np);
+  p->cols = w.cols;
+  p->r0 = 0;
+  p->n = w.rows;
+  p->out = out;
+  p->ldo = w.cols;
+  return out;
+}
+
+}  // namespace substrate::cuda

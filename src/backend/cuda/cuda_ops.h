@@ -1,0 +1,246 @@
+// The launches of the CUDA backend: each is a plain function that issues stream work from a POD
+// parameter block. CudaBackend records (function, parameters) per op instead of launching at
+// once, so a run of ops between two host synchronisations can be compared with the last run and
+// replayed as a CUDA graph (cuda_backend.cpp). Everything a parameter block points to is device
+// memory; values that change from one decode step to the next (token ids, positions, row lists)
+// are read by the kernels from device memory, never baked into the parameters.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace substrate::cuda {
+
+// Kernel type ids: DType's numeric values (format/dtype.h), the GGUF type ids.
+enum : int {
+  kTypeF32 = 0,
+  kTypeF16 = 1,
+  kTypeQ4_0 = 2,
+  kTypeQ4_1 = 3,
+  kTypeQ5_0 = 6,
+  kTypeQ5_1 = 7,
+  kTypeQ8_0 = 8,
+  kTypeQ2_K = 10,
+  kTypeQ3_K = 11,
+  kTypeQ4_K = 12,
+  kTypeQ5_K = 13,
+  kTypeQ6_K = 14,
+  kTypeIQ4_NL = 20,
+  kTypeIQ4_XS = 23,
+  kTypeBF16 = 30,
+};
+
+using LaunchFn = void (*)(const void* params, cudaStream_t stream);
+
+// Whether kernels are launched with programmatic dependent launch (launch.cuh).
+bool PdlEnabled();
+
+// ---- matrix-vector products (decode: a few tokens) ----
+
+constexpr int kGemvMaxJobs = 8;
+constexpr int kGemvRowsPerBlock = 4;      // float path: one warp per row
+constexpr int kGemvFastRowsPerBlock = 4;  // int8 path: one row per warp (two measured slower)
+
+// One product y[t, :rows] (=|+=) W[rows, cols] . x[t, :cols] for the pass's tokens.
+struct GemvJob {
+  const uint8_t* w = nullptr;  // row 0 (device)
+  int64_t row_bytes = 0;
+  const void* x = nullptr;     // fast path: int8 activations [ntok, cols]; else float
+  const float2* xs = nullptr;  // fast path: per 32 activations (scale d, d * sum of q)
+  float* y = nullptr;
+  int64_t ldy = 0;  // elements between token rows of y
+  int32_t rows = 0;
+  int32_t accumulate = 0;   // add to y (a residual tier) instead of writing it
+  float* add_to = nullptr;  // also add the result here (the residual stream: y + Add fused)
+};
+
+// Jobs of one weight type, one width and one token count, in one launch.
+struct GemvParams {
+  int32_t type = 0;
+  int32_t fast = 0;  // int8 dot products over Q8 activations (else float)
+  int32_t nt = 1;    // tokens per block (1, 2, 4 or 8); gridDim.y = ceil(ntok / nt)
+  int32_t ntok = 0;
+  int64_t cols = 0;
+  int32_t n_jobs = 0;
+  int32_t block_start[kGemvMaxJobs + 1] = {};
+  GemvJob jobs[kGemvMaxJobs];
+};
+void LaunchGemv(const void* params, cudaStream_t stream);
+// Whether the int8 path exists for `type` with rows of `row_bytes` at `w` (alignment).
+bool GemvFastType(int type, int64_t cols, int64_t row_bytes, const void* w);
+
+// x [n, cols] -> int8 blocks of 32 with (d, d * sum q) per block (NaN scales for a block holding
+// a NaN or infinity, so it reaches the products).
+struct QuantizeQ8Params {
+  const float* x = nullptr;
+  int64_t n = 0, cols = 0;
+  int8_t* xq = nullptr;
+  float2* xs = nullptr;
+};
+void LaunchQuantizeQ8(const void* params, cudaStream_t stream);
+
+// ---- dequantization (embeddings, vector weights, the prefill GEMM's operand) ----
+
+struct DequantPart {
+  int32_t type = 0;
+  const uint8_t* w = nullptr;
+  int64_t row_bytes = 0;
+};
+// out[i, :cols] = sum over parts of row (ids ? ids[i] : r0 + i), for i < n; float or half.
+struct DequantParams {
+  int32_t n_parts = 0;
+  int32_t out_half = 0;
+  DequantPart parts[3];
+  int64_t cols = 0;
+  const int32_t* ids = nullptr;  // device
+  int64_t r0 = 0, n = 0;
+  void* out = nullptr;
+  int64_t ldo = 0;
+};
+void LaunchDequant(const void* params, cudaStream_t stream);
+
+// x [n, cols] float -> half, each row divided by a power of two when its largest value would
+// overflow half (scales[t], 1 otherwise); ScaleRows multiplies the product's rows back.
+struct ToHalfParams {
+  const float* x = nullptr;
+  int64_t n = 0, cols = 0;
+  void* xh = nullptr;
+  float* scales = nullptr;
+};
+void LaunchToHalf(const void* params, cudaStream_t stream);
+struct ScaleRowsParams {
+  float* y = nullptr;
+  int64_t n = 0, cols = 0, ld = 0;
+  const float* scales = nullptr;
+};
+void LaunchScaleRows(const void* params, cudaStream_t stream);
+
+// ---- elementwise ----
+
+struct RmsNormParams {
+  const float* x = nullptr;
+  float* y = nullptr;
+  const float* w = nullptr;
+  int64_t rows = 0, cols = 0;
+  float eps = 0;
+  int8_t* xq = nullptr;  // when set: y quantized as by LaunchQuantizeQ8 too (cols % 32 == 0)
+  float2* xs = nullptr;
+};
+void LaunchRmsNorm(const void* params, cudaStream_t stream);
+
+// kind: y += b per row / y = v / y += x / out = silu(g) * u / y[t] *= sigmoid(g[t * gs])
+enum ElementwiseKind : int32_t { kAddBias, kFill, kAdd, kSwiGlu, kScaleSigmoid };
+struct ElementwiseParams {
+  int32_t kind = 0;
+  float value = 0;
+  float* y = nullptr;
+  const float* a = nullptr;  // bias, x, gate or g
+  const float* b = nullptr;  // up
+  int64_t rows = 0, cols = 0;
+  int64_t a_stride = 0;  // g's row stride for kScaleSigmoid
+  int8_t* xq = nullptr;  // kSwiGlu: y quantized too (cols % 32 == 0)
+  float2* xs = nullptr;
+};
+void LaunchElementwise(const void* params, cudaStream_t stream);
+
+struct CopyColumnsParams {
+  const float* src = nullptr;
+  float* dst = nullptr;
+  int64_t rows = 0, src_stride = 0, src_col = 0, dst_stride = 0, dst_col = 0, n_cols = 0;
+};
+void LaunchCopyColumns(const void* params, cudaStream_t stream);
+
+struct RopeParamsDev {
+  float* x = nullptr;  // first rotated element of row 0, head 0
+  int64_t rows = 0;
+  int32_t n_heads = 0, head_dim = 0, n_rot = 0, neox = 0;
+  const int32_t* pos = nullptr;  // device [rows]
+  float freq_base = 0, freq_scale = 1, attn_factor = 1;
+  int32_t yarn = 0;
+  float yarn_factor = 0, corr_lo = 0, corr_hi = 0;
+  float* x2 = nullptr;  // a second tensor rotated alike (q and k of one layer: one launch)
+  int32_t n_heads2 = 0;
+};
+void LaunchRope(const void* params, cudaStream_t stream);
+
+// ---- KV cache and attention ----
+
+struct StoreKvParams {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t rows = 0, k_cols = 0, v_cols = 0;
+  void* kc = nullptr;
+  void* vc = nullptr;
+  int64_t k_stride = 0, v_stride = 0;
+  int32_t f16 = 0;
+  const int64_t* pos0 = nullptr;  // device
+};
+void LaunchStoreKv(const void* params, cudaStream_t stream);
+
+struct StoreMlaKvParams {
+  const float* kvb = nullptr;
+  const float* latent = nullptr;
+  int64_t rows = 0, kvb_cols = 0, lat_cols = 0, rope_col = 0;
+  int32_t n_head = 0, nope = 0, rot = 0, dv = 0;
+  void* kc = nullptr;
+  void* vc = nullptr;
+  int64_t k_stride = 0, v_stride = 0;
+  int32_t f16 = 0;
+  const int64_t* pos0 = nullptr;
+};
+void LaunchStoreMlaKv(const void* params, cudaStream_t stream);
+
+struct AttentionParams {
+  const float* q = nullptr;
+  float* out = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t k_stride = 0, v_stride = 0;
+  int32_t f16 = 0;
+  int32_t n_tok = 0, n_head = 0, n_head_kv = 0, dk = 0, dv = 0;
+  int32_t heads_per_block = 0;  // query heads of one KV head per block (gridDim.y chunks)
+  int32_t q_per_block = 1;      // query tokens per block (gridDim.x = ceil(n_tok / it))
+  int32_t splits = 1;           // blocks sharing one (token, head chunk)'s positions (then
+                                // q_per_block == 1)
+  float scale = 1;
+  const int64_t* pos0 = nullptr;  // device
+  float* partial = nullptr;       // splits > 1: per block (m, l, acc) of its positions
+  uint32_t* counters = nullptr;   // splits > 1: per (token, kv head, chunk), zero between uses
+  int32_t smem_bytes = 0;
+  int32_t vec = 0;  // 16-byte cache loads (dk, dv, strides and head offsets multiples of 8)
+};
+void LaunchAttention(const void* params, cudaStream_t stream);
+// Dynamic shared memory an attention launch of `rows` (q_per_block * heads_per_block) rows
+// needs; launches above 48 KiB need AllowAttentionSmem(bytes) first.
+int AttentionSmemBytes(int rows, int dk, int dv);
+void AllowAttentionSmem(int bytes);
+constexpr int kAttentionMaxAcc = 16;  // accumulators per thread: rows * dv <= 2048
+
+// ---- mixture of experts ----
+
+struct GatherParams {
+  const float* src = nullptr;
+  float* dst = nullptr;
+  const int32_t* rows = nullptr;  // device
+  int64_t n = 0, cols = 0;
+};
+void LaunchGather(const void* params, cudaStream_t stream);
+
+struct ScatterAddParams {
+  const float* src = nullptr;
+  float* dst = nullptr;
+  const int32_t* rows = nullptr;  // device
+  const float* weight = nullptr;  // device
+  int64_t n = 0, cols = 0;
+};
+void LaunchScatterAdd(const void* params, cudaStream_t stream);
+
+// ---- issued directly (not recorded) ----
+
+// *flag = 1 when any of x[0..n) is NaN or infinite (flag zeroed first).
+void AllFiniteAsync(const float* x, int64_t n, int* flag, cudaStream_t stream);
+// Read bandwidth of device memory: best of `reps` full reads of a `bytes` buffer, bytes/s.
+double MeasureReadBandwidth(uint64_t bytes, int reps, cudaStream_t stream);
+
+}  // namespace substrate::cuda
