@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -40,6 +41,8 @@ Expected<double> MeasureGemv(DType type, int64_t cols) {
   if (!row || *row == 0) return InvalidArgument("no GEMV probe for this type");
   const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>((64ull << 20) / *row));
   ASSIGN_OR_RETURN(AlignedBuffer w, AlignedBuffer::Allocate(*row * rows));
+  // Not zeros: a block whose scale is 0 could take a shorter path than real weights do.
+  std::memset(w.data(), 0x11, *row * rows);
   WeightView v;
   v.type = type;
   v.data = w.data();
@@ -82,6 +85,11 @@ uint64_t SmallestBudget(const std::string& path, uint64_t lo, uint64_t hi, uint6
 }
 
 std::string Gb(uint64_t b) { return FormatBytes(b); }
+
+// A budget as --max-ram takes it: whole MiB where it is one, else bytes.
+std::string Flag(uint64_t b) {
+  return b % (1ull << 20) == 0 ? std::to_string(b >> 20) + "M" : std::to_string(b);
+}
 
 }  // namespace
 
@@ -147,7 +155,7 @@ Expected<FitReport> PredictFit(const std::string& path, const FitOptions& o) {
     r.verdict = FitReport::Verdict::kResident;
     r.resident_weights = r.weights;
     r.total = r.weights + reserve;
-    r.command = base + (o.max_ram ? " --max-ram " + Gb(o.max_ram) : "");
+    r.command = base + (o.max_ram ? " --max-ram " + Flag(o.max_ram) : "");
   } else {
     auto plan = PlanOutOfCore(path, r.budget, reserve, o.prefetch_depth);
     if (plan.ok()) {
@@ -166,7 +174,7 @@ Expected<FitReport> PredictFit(const std::string& path, const FitOptions& o) {
       const uint64_t streamed_dense = dense_all > r.resident_weights ? dense_all - r.resident_weights : 0;
       r.disk_bytes = streamed_dense +
                      static_cast<uint64_t>(experts_per_token * expert_avg * (1 - r.expert_hit_rate));
-      r.command = base + " --max-ram " + Gb(r.budget);
+      r.command = base + " --max-ram " + Flag(r.budget);
     } else {
       r.verdict = FitReport::Verdict::kImpossible;
       r.message = plan.status().message();

@@ -1,5 +1,7 @@
 #include "runtime/prefetch_scheduler.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 
 namespace substrate {
@@ -140,6 +142,11 @@ Status PrefetchScheduler::Execute(IoReader& io, const ReadRequest& r) {
       const RandomAccessFile& f = index_.file(s.file);
       const int64_t start = NowUs();
       RETURN_IF_ERROR(io.Read(f, s.offset, s.bytes, base + op.SlabOffset(k) + s.slab_pos));
+      // A file system that refused O_DIRECT: drop what the read cached, or the page cache grows
+      // past the budget (the slab holds the bytes now).
+      if (!f.direct() && f.fd() >= 0)
+        ::posix_fadvise(f.fd(), static_cast<off_t>(s.offset), static_cast<off_t>(s.bytes),
+                        POSIX_FADV_DONTNEED);
       if (trace_) {
         const std::string name = f.path().substr(f.path().rfind('/') + 1);
         ReadEvent e{&op.id, &name, s.offset, s.bytes, start, NowUs(), f.direct(), io.uring(),

@@ -33,6 +33,10 @@ Expected<std::unique_ptr<StoreIndex>> StoreIndex::OpenGguf(const std::string& pa
                              "' is not stored as one range; pack the model (substrate pack)");
   Env* env = options.env ? options.env : Env::Default();
   ASSIGN_OR_RETURN(auto f, env->NewRandomAccessFile(path, options.direct_io));
+  if (options.direct_io && !f->direct())
+    LOG_WARN("%s: the file system refuses O_DIRECT; reading through the page cache, dropping "
+             "each range once read (posix_fadvise) to keep the cache inside the budget",
+             path.c_str());
   ix->files_.push_back(std::move(f));
 
   std::set<std::string> types;
