@@ -170,7 +170,8 @@ int RunBench(const std::vector<std::string>& args) {
   if (!t.ok()) return PrintError("bench", t.status());
   if (*p < 0 || *n < 0 || *r < 1)
     return PrintError("bench", InvalidArgument("-p/-n must be >= 0, -r >= 1"));
-  auto bw_bytes = ParseBytes(f.Get({"--bw-bytes"}, f.Has("--store") ? "128M" : "2G"));
+  // Under a budget (a store, or a GGUF that may run in place) the probe buffer is inside it.
+  auto bw_bytes = ParseBytes(f.Get({"--bw-bytes"}, f.Has("--store") || f.Has("--max-ram") ? "128M" : "2G"));
   if (!bw_bytes.ok()) return PrintError("bench", bw_bytes.status());
   auto probe_bytes = ParseBytes(f.Get({"--probe-bytes"}, "256M"));
   if (!probe_bytes.ok()) return PrintError("bench", probe_bytes.status());

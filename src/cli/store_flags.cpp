@@ -36,10 +36,16 @@ Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {
   }
   RETURN_IF_ERROR(ApplyAdaptiveFlags(f, &opt->adaptive));
   if (opt->store.empty()) {
-    for (const char* flag :
-         {"--plan", "--trace", "--prefetch-depth", "--io", "--io-threads", "--tier", "--adaptive"})
+    // Without a store, a GGUF under --max-ram may run out of core read in place (Engine): the
+    // runtime's flags apply to it; tiers and escalations need a store's residuals.
+    for (const char* flag : {"--tier", "--adaptive"})
       if (f.Has(flag)) return InvalidArgument(std::string(flag) + " needs --store STORE/");
-    return Status::Ok();
+    if (!f.Has("--max-ram")) {
+      for (const char* flag : {"--plan", "--trace", "--prefetch-depth", "--io", "--io-threads"})
+        if (f.Has(flag))
+          return InvalidArgument(std::string(flag) + " needs --max-ram SIZE (and a GGUF or --store STORE/)");
+      return Status::Ok();
+    }
   }
   if (!f.Has("--max-ram")) return InvalidArgument("--store needs --max-ram SIZE (the RAM budget)");
   ResidencyOptions& ro = opt->residency;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 
 #include "backend/backend_factory.h"
 #include "model/prompt_lookup.h"
@@ -62,19 +63,30 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
   // Architecture and tensor checks first, so an unsupported model fails before any weight read.
   auto hp = ModelHParams::FromMetadata(e->file_->metadata());
   if (!hp.ok()) return hp.status().WithContext(path);
-  if (!opt.store.empty()) {
+  // Out of core: a store, or a GGUF under a budget its weights and the reserve do not fit.
+  const int64_t ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min<int64_t>(hp->n_ctx_train, 4096);
+  const uint64_t kv = KvCache::Bytes(*hp, ctx, opt.kv_type);
+  const uint64_t reserve =
+      EstimateRunReserve(*hp, ctx, std::min<int64_t>(ctx, Model::kMaxBatch), opt.kv_type) +
+      kv * static_cast<uint64_t>(std::max(opt.n_sessions, 1) - 1) + opt.extra_reserve;
+  bool in_place = false;
+  if (opt.store.empty() && opt.max_ram > 0 && std::filesystem::is_regular_file(path) &&
+      opt.gguf_in_place != EngineOptions::InPlace::kNever) {
+    uint64_t weights = 0;
+    for (const TensorInfo& t : e->file_->tensors()) weights += t.bytes;
+    in_place = opt.gguf_in_place == EngineOptions::InPlace::kAlways ||
+               weights + reserve > opt.max_ram;
+  }
+  if (!opt.store.empty() || in_place) {
     ResidencyOptions ro = opt.residency;
     // Adaptive: the skeletons resident; escalations read their residuals.
     if (opt.adaptive.on && ro.resident_max_tier < 0) ro.resident_max_tier = 0;
     if (opt.adaptive.on) ro.lower_tier_by_default = !opt.adaptive.wait_for_escalations;
     ro.budget_bytes = opt.max_ram;
-    const int64_t ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min<int64_t>(hp->n_ctx_train, 4096);
     // Each session's KV cache, plus the scratch of one pass at a time.
-    const uint64_t kv = KvCache::Bytes(*hp, ctx, opt.kv_type);
-    ro.reserve_bytes =
-        EstimateRunReserve(*hp, ctx, std::min<int64_t>(ctx, Model::kMaxBatch), opt.kv_type) +
-        kv * static_cast<uint64_t>(std::max(opt.n_sessions, 1) - 1) + opt.extra_reserve;
-    auto m = ResidencyManager::Open(opt.store, e->ledger_, ro);
+    ro.reserve_bytes = reserve;
+    auto m = in_place ? ResidencyManager::OpenGguf(path, e->ledger_, ro)
+                      : ResidencyManager::Open(opt.store, e->ledger_, ro);
     if (!m.ok()) return m.status().WithContext(path);
     e->runtime_ = m->get();
     e->weights_ = std::move(m).value();
@@ -82,8 +94,23 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
     ResidentWeightSource::Options ro;
     ro.backend = e->backend_.get();
     auto weights = ResidentWeightSource::Load(*e->file_, e->ledger_, ro);
-    if (!weights.ok()) return weights.status().WithContext(path);
-    e->weights_ = std::move(weights).value();
+    // The resident layout may take more than the file's bytes (repacked kernels' layouts): a
+    // GGUF that then misses the budget by a little runs in place instead.
+    if (!weights.ok() && weights.status().code() == StatusCode::kOutOfMemory &&
+        opt.store.empty() && opt.max_ram > 0 && std::filesystem::is_regular_file(path) &&
+        opt.gguf_in_place == EngineOptions::InPlace::kAuto) {
+      ResidencyOptions rr = opt.residency;
+      rr.budget_bytes = opt.max_ram;
+      rr.reserve_bytes = reserve;
+      auto m = ResidencyManager::OpenGguf(path, e->ledger_, rr);
+      if (!m.ok()) return m.status().WithContext(path);
+      e->runtime_ = m->get();
+      e->weights_ = std::move(m).value();
+    } else if (!weights.ok()) {
+      return weights.status().WithContext(path);
+    } else {
+      e->weights_ = std::move(weights).value();
+    }
   }
   auto model =
       Model::Create(e->file_->metadata(), e->weights_.get(), e->backend_.get(), e->ledger_);

@@ -70,6 +70,11 @@ struct EngineOptions {
   // store's model.gguf. `residency` carries the plan, trace, prefetch and I/O choices and the
   // tier served (its budget and reserve are filled in here).
   std::string store;
+  // Without a store, under max_ram: a GGUF whose weights and reserve do not fit the budget runs
+  // out of core read in place (ResidencyManager::OpenGguf: tier 0 is the file's own bytes); kAlways
+  // reads it in place even when it would fit, kNever loads it resident (and fails if it does not fit).
+  enum class InPlace { kAuto, kAlways, kNever };
+  InPlace gguf_in_place = InPlace::kAuto;
   ResidencyOptions residency;
   // What the runtime reserves beside the weights: the KV caches of `n_sessions` sessions of
   // n_ctx positions (0: min(model's training context, 4096)), scratch for their passes, and

@@ -1,5 +1,7 @@
 #include "runtime/prefetch_scheduler.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 
 namespace substrate {
@@ -136,15 +138,21 @@ Status PrefetchScheduler::Execute(IoReader& io, const ReadRequest& r) {
   // Tier k lands at its slab offset, less the offset of the first tier read.
   uint8_t* const base = r.dst - op.SlabOffset(r.first_tier);
   for (int k = r.first_tier; k <= top; ++k) {
-    const StoreOp::Span& s = op.span[k];
-    const RandomAccessFile& f = index_.file(s.file);
-    const int64_t start = NowUs();
-    RETURN_IF_ERROR(io.Read(f, s.offset, s.bytes, base + op.SlabOffset(k)));
-    if (trace_) {
-      const std::string name = f.path().substr(f.path().rfind('/') + 1);
-      ReadEvent e{&op.id, &name, s.offset, s.bytes, start, NowUs(), f.direct(), io.uring(),
-                  r.issue_us, r.during >= 0 ? &index_.ops()[r.during].id : nullptr};
-      trace_->Read(e);
+    for (const StoreOp::Span& s : op.spans[k]) {
+      const RandomAccessFile& f = index_.file(s.file);
+      const int64_t start = NowUs();
+      RETURN_IF_ERROR(io.Read(f, s.offset, s.bytes, base + op.SlabOffset(k) + s.slab_pos));
+      // A file system that refused O_DIRECT: drop what the read cached, or the page cache grows
+      // past the budget (the slab holds the bytes now).
+      if (!f.direct() && f.fd() >= 0)
+        ::posix_fadvise(f.fd(), static_cast<off_t>(s.offset), static_cast<off_t>(s.bytes),
+                        POSIX_FADV_DONTNEED);
+      if (trace_) {
+        const std::string name = f.path().substr(f.path().rfind('/') + 1);
+        ReadEvent e{&op.id, &name, s.offset, s.bytes, start, NowUs(), f.direct(), io.uring(),
+                    r.issue_us, r.during >= 0 ? &index_.ops()[r.during].id : nullptr};
+        trace_->Read(e);
+      }
     }
   }
   // Checksums after the reads, so the disk stays busy while the CPU verifies the next op's data.
@@ -152,7 +160,7 @@ Status PrefetchScheduler::Execute(IoReader& io, const ReadRequest& r) {
     const StoreUnit& u = index_.tensors()[id].units[slice >= 0 ? slice : 0];
     for (int k = r.first_tier; k <= top && k < u.n_tiers; ++k) {
       const StoreRange& rg = u.tier[k];
-      RETURN_IF_ERROR(index_.Verify(rg, base + op.SlabOffset(k) + (rg.offset - op.span[k].offset)));
+      RETURN_IF_ERROR(index_.Verify(rg, base + op.SlabOffset(k) + rg.slab_pos));
     }
   }
   return Status::Ok();

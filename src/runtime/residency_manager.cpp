@@ -11,17 +11,36 @@
 
 namespace substrate {
 
-Expected<std::unique_ptr<ResidencyManager>> ResidencyManager::Open(
-    const std::string& store_dir, MemoryLedger* ledger, const ResidencyOptions& options) {
-  std::unique_ptr<ResidencyManager> m(new ResidencyManager());
-  m->origin_ = RuntimeClock::now();
+Expected<std::unique_ptr<ResidencyManager>> ResidencyManager::Open(const std::string& store_dir,
+                                                                   MemoryLedger* ledger,
+                                                                   const ResidencyOptions& options) {
   StoreIndexOptions io;
   io.max_tier = options.serve_tier < 0 ? 2 : options.serve_tier;
   io.direct_io = options.direct_io;
   io.env = options.env;
-  ASSIGN_OR_RETURN(m->index_, StoreIndex::Open(store_dir, io));
+  ASSIGN_OR_RETURN(auto index, StoreIndex::Open(store_dir, io));
+  return OpenIndex(std::move(index), ledger, options, "store '" + store_dir + "'");
+}
+
+Expected<std::unique_ptr<ResidencyManager>> ResidencyManager::OpenGguf(
+    const std::string& path, MemoryLedger* ledger, const ResidencyOptions& options) {
+  StoreIndexOptions io;
+  io.max_tier = 0;
+  io.direct_io = options.direct_io;
+  io.env = options.env;
+  io.checksums = !options.dry_run;
+  ASSIGN_OR_RETURN(auto index, StoreIndex::OpenGguf(path, io));
+  return OpenIndex(std::move(index), ledger, options, "'" + path + "' read in place");
+}
+
+Expected<std::unique_ptr<ResidencyManager>> ResidencyManager::OpenIndex(
+    std::unique_ptr<StoreIndex> index, MemoryLedger* ledger, const ResidencyOptions& options,
+    const std::string& what) {
+  std::unique_ptr<ResidencyManager> m(new ResidencyManager());
+  m->origin_ = RuntimeClock::now();
+  m->index_ = std::move(index);
   Status st = m->Setup(ledger, options);
-  if (!st.ok()) return st.WithContext("runtime: store '" + store_dir + "'");
+  if (!st.ok()) return st.WithContext("runtime: " + what);
   return m;
 }
 
@@ -135,6 +154,14 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
                        " expert slots of " + FormatBytes(expert_slot) + " and the reserve (" +
                        FormatBytes(options.reserve_bytes) + "): " + FormatBytes(need) + " asked");
 
+  if (options.dry_run) {
+    stats_.n_slabs = n_slabs;
+    stats_.slab_bytes = slab_bytes_;
+    stats_.expert_slots = slots;
+    stats_.expert_slot_bytes = expert_slot;
+    stats_.resident_bytes = resident;
+    return Status::Ok();
+  }
   if (!options.trace_path.empty()) {
     ASSIGN_OR_RETURN(trace_, TraceWriter::Open(options.trace_path, options.env));
   }
@@ -203,10 +230,11 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
   const uint64_t slabs = static_cast<uint64_t>(options_.prefetch_depth + 1);
   // cost(k): the k largest resident, the rest streamed through slabs of the (k+1)-th's size.
   int best_k = -1;
-  uint64_t prefix = 0, best_used = 0;
+  uint64_t prefix = 0, best_used = 0, minimum = UINT64_MAX;
   for (size_t k = 0; k <= order.size(); ++k) {
     const uint64_t slab = std::max(k < order.size() ? OpBytes(order[k]) : 0, residual_slab);
     const uint64_t used = prefix + slabs * slab + reserve + expert_min;
+    minimum = std::min(minimum, used);
     if (used <= budget) {
       best_k = static_cast<int>(k);
       best_used = used;
@@ -214,11 +242,12 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
     if (k < order.size()) prefix += ResidentBytes(order[k]);
   }
   if (best_k < 0)
-    return OutOfMemory(
-        "budget " + FormatBytes(budget) + " cannot stream this model: " + std::to_string(slabs) +
-        " slabs of the largest op (" + FormatBytes(order.empty() ? 0 : OpBytes(order[0])) +
-        "), the reserve (" + FormatBytes(reserve) + ") and " + std::to_string(min_slots) +
-        " expert slots need more");
+    return OutOfMemory("budget " + FormatBytes(budget) + " is below this model's minimum of " +
+                       FormatBytes(minimum) + ": " +
+                       std::to_string(slabs) + " slabs of the largest op (" +
+                       FormatBytes(order.empty() ? 0 : OpBytes(order[0])) + "), the reserve (" +
+                       FormatBytes(reserve) + ") and " + std::to_string(min_slots) +
+                       " expert slots need more");
   for (int k = 0; k < best_k; ++k) st_[order[k]].where = Where::kResident;
   uint64_t used = best_used;
   for (int o : seq_) {
@@ -579,7 +608,7 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
   const uint8_t* ptr[3] = {nullptr, nullptr, nullptr};
   for (int k = 0; k <= use; ++k)
     ptr[k] = (k <= s.resident_top ? s.resident.data() : read) + op.SlabOffset(k) +
-             (u->tier[k].offset - op.span[k].offset);
+             u->tier[k].slab_pos;
   return WeightHandle(this, index_->MakeView(id, slice, *u, offset_el, use, ptr), 0);
 }
 

@@ -61,6 +61,9 @@ struct ResidencyOptions {
   ExpertCache::Policy expert_policy = ExpertCache::Policy::kLru;
   int expert_slots = 0;  // 0: as many as the budget leaves
   Env* env = nullptr;    // the store's files, reads and trace; nullptr: Env::Default()
+  // Plans only: chooses the resident set, slabs and expert slots (stats()) and stops before
+  // allocating or reading anything, for `substrate fit`. Such a manager serves no weights.
+  bool dry_run = false;
 };
 
 struct ResidencyStats {
@@ -92,6 +95,16 @@ class ResidencyManager : public WeightSource {
   static Expected<std::unique_ptr<ResidencyManager>> Open(const std::string& store_dir,
                                                           MemoryLedger* ledger,
                                                           const ResidencyOptions& options);
+  // The same runtime over a GGUF file read in place (StoreIndex::OpenGguf): one tier, the
+  // file's own bytes.
+  static Expected<std::unique_ptr<ResidencyManager>> OpenGguf(const std::string& path,
+                                                              MemoryLedger* ledger,
+                                                              const ResidencyOptions& options);
+  // Over an index already open; `what` names it in errors.
+  static Expected<std::unique_ptr<ResidencyManager>> OpenIndex(std::unique_ptr<StoreIndex> index,
+                                                               MemoryLedger* ledger,
+                                                               const ResidencyOptions& options,
+                                                               const std::string& what);
   ~ResidencyManager() override;
 
   const Metadata& metadata() const { return index_->meta().metadata(); }

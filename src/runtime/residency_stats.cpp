@@ -23,6 +23,7 @@ uint64_t EstimateRunReserve(const ModelHParams& hp, int64_t n_ctx, int64_t n_bat
 ResidencyStats ResidencyManager::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   ResidencyStats s = stats_;
+  if (!sched_) return s;  // a dry run (ResidencyOptions::dry_run): the plan only
   s.open_bytes_read = open_bytes_;
   s.stream_bytes_read = sched_->bytes_read() - open_bytes_;
   s.read_seconds = sched_->read_seconds();
@@ -45,7 +46,7 @@ std::string ResidencyManager::StatsJson() const {
       "\"read_seconds\":%.4f,\"read_bandwidth\":%.1f,\"hits\":%llu,\"misses\":%llu,"
       "\"stall_us\":%lld,\"predicted_late\":%llu,\"demoted\":%llu,\"demand_loads\":%llu,"
       "\"expert_hits\":%llu,\"expert_misses\":%llu,\"expert_late\":%llu,\"expert_hinted\":%llu,"
-      "\"uring\":%s,\"direct\":%s}",
+      "\"uring\":%s,\"direct\":%s,\"source\":\"%s\"}",
       s.serve_tier, s.n_ops_resident, s.n_ops_streamed, s.n_ops_expert,
       static_cast<unsigned long long>(s.resident_bytes), s.n_slabs, s.slabs_wanted,
       static_cast<unsigned long long>(s.slab_bytes), s.expert_slots,
@@ -59,7 +60,7 @@ std::string ResidencyManager::StatsJson() const {
       static_cast<unsigned long long>(s.expert_misses),
       static_cast<unsigned long long>(s.expert_late),
       static_cast<unsigned long long>(s.expert_hinted), s.uring ? "true" : "false",
-      s.direct ? "true" : "false");
+      s.direct ? "true" : "false", index_->gguf_path().empty() ? "store" : "gguf");
   return b;
 }
 

@@ -37,10 +37,6 @@ struct UnitTypes {
   std::vector<DType> residuals;
 };
 
-bool IsExpertTensor(const TensorInfo& t) {
-  return t.ne.size() == 3 && t.name.find("_exps.") != std::string::npos;
-}
-
 bool IsMatrix(const TensorInfo& t) {
   int dims = 0;
   for (uint64_t d : t.ne) dims += d > 1;
@@ -200,6 +196,10 @@ void ConvertRows(const TensorInfo& t, const UnitTypes& ut, const uint8_t* raw, i
 }
 
 }  // namespace
+
+bool IsExpertTensor(const TensorInfo& t) {
+  return t.ne.size() == 3 && t.name.find("_exps.") != std::string::npos;
+}
 
 Expected<PackPlan> ParsePackPlan(const std::string& text) {
   PackPlan plan;

@@ -34,6 +34,7 @@
 namespace substrate {
 
 class ModelFile;
+struct TensorInfo;
 
 // 2: the manifest carries model.gguf's size and CRC32C (1, without them, still opens).
 constexpr int kStoreSchemaVersion = 2;
@@ -48,6 +49,9 @@ struct PackPlan {
 };
 
 // Reads those fields of a plan document; errors name the field or op.
+// Whether a tensor is stored (and streamed) one expert slice at a time: a 3-D `*_exps.*` tensor.
+bool IsExpertTensor(const TensorInfo& t);
+
 Expected<PackPlan> ParsePackPlan(const std::string& json_text);
 
 struct PackOptions {

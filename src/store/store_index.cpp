@@ -26,9 +26,15 @@ uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
 
+uint64_t StoreOp::TierBytes(int tier) const {
+  uint64_t n = 0;
+  for (const Span& s : spans[tier]) n += RoundUp(s.bytes, kStoreAlignment);
+  return n;
+}
+
 uint64_t StoreOp::SlabOffset(int tier) const {
   uint64_t off = 0;
-  for (int k = 0; k < tier && k < n_tiers; ++k) off += RoundUp(span[k].bytes, kStoreAlignment);
+  for (int k = 0; k < tier && k < n_tiers; ++k) off += TierBytes(k);
   return off;
 }
 
@@ -159,18 +165,6 @@ Status StoreIndex::Parse(const std::string& text) {
                         std::to_string(bytes) + ") past end of file (size " +
                         std::to_string(f.size()) + "): truncated store");
     r.file = fi - 1;
-    StoreOp& o = ops_[u.op];
-    StoreOp::Span& s = o.span[tier];
-    if (s.file >= 0 && s.file != r.file)
-      return Corruption(mpath + ": " + what + ": op '" + op + "' tier " + std::to_string(tier) +
-                        " spans two files");
-    const uint64_t begin = s.file < 0 ? offset : std::min(s.offset, offset);
-    const uint64_t end = std::min(RoundUp(std::max(s.offset + s.bytes, offset + bytes), kStoreAlignment),
-                                  f.size());
-    s.file = r.file;
-    s.offset = begin;
-    s.bytes = end - begin;
-    o.n_tiers = std::max(o.n_tiers, tier + 1);
   }
   for (const StoreTensor& t : tensors_)
     for (size_t s = 0; s < t.units.size(); ++s)
@@ -178,14 +172,45 @@ Status StoreIndex::Parse(const std::string& text) {
         return Corruption(mpath + ": tensor '" + t.info.name + "' slice " + std::to_string(s) +
                           " has no data");
   RETURN_IF_ERROR(CheckMatchesModel());
-  // A unit's loadable tiers must be all of its op's loadable tiers, or the slab layout breaks.
-  for (const StoreOp& o : ops_)
-    for (const auto& [id, slice] : o.units) {
-      const StoreUnit& u = tensors_[id].units[slice >= 0 ? slice : 0];
-      for (int k = 0; k < std::min(u.n_tiers, options_.max_tier + 1); ++k)
-        if (o.span[k].file != u.tier[k].file)
-          return Corruption(mpath + ": " + u.tier[k].what + ": op '" + o.id + "' is inconsistent");
+  return LayOutSpans();
+}
+
+Status StoreIndex::LayOutSpans() {
+  for (StoreOp& o : ops_) {
+    o.n_tiers = 0;
+    for (int k = 0; k <= options_.max_tier && k < 3; ++k) {
+      std::vector<StoreRange*> rs;
+      for (const auto& [id, slice] : o.units) {
+        StoreUnit& u = tensors_[id].units[slice >= 0 ? slice : 0];
+        if (k < u.n_tiers && u.tier[k].file >= 0) rs.push_back(&u.tier[k]);
+      }
+      o.spans[k].clear();
+      if (rs.empty()) continue;
+      std::sort(rs.begin(), rs.end(), [](const StoreRange* a, const StoreRange* b) {
+        return a->file != b->file ? a->file < b->file : a->offset < b->offset;
+      });
+      uint64_t pos = 0;
+      for (StoreRange* r : rs) {
+        const uint64_t size = files_[r->file]->size();
+        if (r->offset > size || r->bytes > size - r->offset)
+          return Corruption(r->what + ": range [" + std::to_string(r->offset) + ", +" +
+                            std::to_string(r->bytes) + ") past end of file (size " +
+                            std::to_string(size) + "): truncated");
+        const uint64_t begin = r->offset / kStoreAlignment * kStoreAlignment;
+        const uint64_t end = std::min(RoundUp(r->offset + r->bytes, kStoreAlignment), size);
+        std::vector<StoreOp::Span>& sp = o.spans[k];
+        // Ranges whose aligned extents meet share a span: one read, no byte read twice.
+        if (sp.empty() || sp.back().file != r->file || begin > sp.back().offset + sp.back().bytes) {
+          if (!sp.empty()) pos += RoundUp(sp.back().bytes, kStoreAlignment);
+          sp.push_back({r->file, begin, 0, pos});
+        }
+        StoreOp::Span& s = sp.back();
+        s.bytes = std::max(s.bytes, end - s.offset);
+        r->slab_pos = s.slab_pos + (r->offset - s.offset);
+      }
+      o.n_tiers = k + 1;
     }
+  }
   return Status::Ok();
 }
 
@@ -323,6 +348,11 @@ WeightView StoreIndex::MakeView(TensorId id, int slice, const StoreUnit& u, uint
 Status StoreIndex::Verify(const StoreRange& r, const uint8_t* data) const {
   const uint32_t got = Crc32c(data, r.bytes);
   if (got == r.crc) return Status::Ok();
+  if (!gguf_path_.empty())
+    return Corruption("'" + gguf_path_ + "': " + r.what + " at offset " + std::to_string(r.offset) +
+                      ": checksum mismatch (crc32c " + std::to_string(got) + ", " +
+                      std::to_string(r.crc) + " when its checksums were taken): the file changed "
+                      "under the running session; stopping rather than computing with mixed bytes");
   return Corruption(dir_ + "/" + r.what + " at offset " + std::to_string(r.offset) +
                     ": checksum mismatch (crc32c " + std::to_string(got) + ", manifest says " +
                     std::to_string(r.crc) + ")");

@@ -23,6 +23,7 @@ struct StoreRange {
   uint64_t offset = 0;
   uint32_t crc = 0;
   int file = -1;     // index into StoreIndex files; -1 for a tier above max_tier (not opened)
+  uint64_t slab_pos = 0;  // where its bytes start in its op's tier area of a slab (StoreOp)
   std::string what;  // "FILE: tensor 'x' slice s tier k", for errors
 };
 
@@ -39,20 +40,26 @@ struct StoreTensor {
   std::vector<StoreUnit> units;  // one, or one per expert slice
 };
 
-// An op's data: per tier one contiguous span of one file holding all its units' ranges.
+// An op's data: per tier the aligned spans of file bytes holding all its units' ranges. A packed
+// store has one span per tier (pack writes an op's ranges together); a GGUF read in place has one
+// per run of adjacent tensors (an expert's gate, up and down slices lie apart). A slab lays out
+// tier 0's spans one after the other, each rounded up to 4096, then tier 1's, ...
 struct StoreOp {
   struct Span {
     int file = -1;
-    uint64_t offset = 0;  // 4096-aligned
-    uint64_t bytes = 0;   // a multiple of 4096 where the file allows (packs pad to it)
+    uint64_t offset = 0;    // 4096-aligned
+    uint64_t bytes = 0;     // a multiple of 4096 where the file allows (packs pad to it)
+    uint64_t slab_pos = 0;  // where it lands in its tier's area of a slab (4096-aligned)
   };
   std::string id;
-  Span span[3];
+  std::vector<Span> spans[3];
   int n_tiers = 0;  // loadable tiers (<= max_tier + 1)
   std::vector<std::pair<TensorId, int>> units;  // (tensor, slice or -1)
-  // Bytes of tiers 0..tier (each span rounded up to 4096, as laid out in a slab).
+  // Bytes of tier k's area in a slab (its spans, each rounded up to 4096).
+  uint64_t TierBytes(int tier) const;
+  // Bytes of tiers 0..tier (as laid out in a slab).
   uint64_t SlabBytes(int tier) const;
-  // Offset of tier k's span inside a slab laid out as tier 0, tier 1, ...
+  // Offset of tier k's area inside a slab laid out as tier 0, tier 1, ...
   uint64_t SlabOffset(int tier) const;
 };
 
@@ -60,6 +67,9 @@ struct StoreIndexOptions {
   int max_tier = 2;        // tiers above it are not opened nor checked
   bool direct_io = false;  // open data files with O_DIRECT (falls back where refused)
   Env* env = nullptr;      // opens and reads the store's files; nullptr: Env::Default()
+  // OpenGguf: false skips the checksums (a plan made from the tensor table alone, reading
+  // nothing; Verify would then fail every range).
+  bool checksums = true;
 };
 
 // The fingerprint of a store's weights at tiers 0..tier, from its manifest alone (nothing else
@@ -74,6 +84,16 @@ class StoreIndex {
   // tensor for a malformed manifest or a truncated data file.
   static Expected<std::unique_ptr<StoreIndex>> Open(const std::string& dir,
                                                     const StoreIndexOptions& options = {});
+  // A GGUF file read in place as a one-tier store (store/gguf_store.cpp): tier 0 of each unit is
+  // the tensor's (or expert slice's) own bytes in the file, grouped by op as pack would group
+  // them; each range's CRC32C comes from the file's checksum record (store/gguf_checksums.h),
+  // computed on first use and recomputed when the file changed.
+  static Expected<std::unique_ptr<StoreIndex>> OpenGguf(const std::string& path,
+                                                        const StoreIndexOptions& options = {});
+  // The GGUF read in place (OpenGguf), or "" for a packed store.
+  const std::string& gguf_path() const { return gguf_path_; }
+  // Where a GGUF's checksum record is kept ("" when it could not be written).
+  const std::string& checksum_record() const { return checksum_record_; }
 
   const ModelFile& meta() const { return *meta_; }
   const std::string& dir() const { return dir_; }
@@ -106,6 +126,9 @@ class StoreIndex {
   Status Parse(const std::string& text);
   Status CheckMatchesModel() const;
   Status VerifyModelFile(const std::string& name, uint64_t bytes, uint32_t crc) const;
+  // Lays out each op's tiers: its units' ranges grouped into aligned spans, and every range's
+  // position in a slab. Corruption (naming the range) for one past the end of its file.
+  Status LayOutSpans();
 
   StoreIndexOptions options_;
   std::string dir_;
@@ -117,6 +140,8 @@ class StoreIndex {
   std::unordered_map<std::string, int> op_ids_;
   int n_tiers_ = 1;
   std::vector<std::string> tier_names_;  // manifest "tiers": a type per tier, or "plan"/"keep"
+  std::string gguf_path_;
+  std::string checksum_record_;
 };
 
 }  // namespace substrate

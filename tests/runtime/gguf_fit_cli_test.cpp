@@ -1,0 +1,112 @@
+// The command line over a GGUF read in place: `substrate run -m FILE.gguf --max-ram SIZE` below
+// the weights prints the resident run's text from the runtime (its stats say "source": "gguf"),
+// and `substrate fit` answers resident / out of core / impossible (exit 3, with the smallest
+// budget that runs, which then does run).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "store/store_fixture.h"
+
+namespace substrate {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct Out {
+  int rc = -1;
+  std::string text;
+};
+
+Out Cmd(const std::string& args) {
+  const std::string cache = testing::StoreTestPath("cli_cache");
+  FILE* f = popen(("SUBSTRATE_CACHE_DIR=" + cache + " " + SUBSTRATE_BINARY + " " + args + " 2>&1").c_str(), "r");
+  Out o;
+  if (!f) return o;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) o.text.append(buf, n);
+  const int st = pclose(f);
+  o.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return o;
+}
+
+json LastJson(const std::string& text) {
+  const size_t at = text.find('{');
+  if (at == std::string::npos) return json();
+  return json::parse(text.substr(at), nullptr, false);
+}
+
+const std::string kModel = std::string(SUBSTRATE_SHARED_DIR) + "/gguf/tiny-coder-moe-Q8_0.gguf";
+
+class GgufCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(kModel)) GTEST_SKIP() << "no fixture " << kModel;
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(testing::StoreTestPath("cli_cache"), ec);
+  }
+};
+
+TEST_F(GgufCli, RunInPlaceGivesTheResidentText) {
+  const std::string args = "run -m " + kModel + " -p 'def fib(n):' -n 16 -c 256 --json";
+  Out resident = Cmd(args);
+  ASSERT_EQ(resident.rc, 0) << resident.text;
+  Out in_place = Cmd(args + " --max-ram 26M");
+  ASSERT_EQ(in_place.rc, 0) << in_place.text;
+  const json a = LastJson(resident.text), b = LastJson(in_place.text);
+  ASSERT_TRUE(b.contains("store")) << in_place.text;
+  EXPECT_EQ(b["store"]["source"], "gguf");
+  EXPECT_GT(b["store"]["stream_bytes_read"].get<uint64_t>(), 0u);
+  EXPECT_LE(b["memory"]["peak"].get<uint64_t>(), 26ull << 20);
+  EXPECT_EQ(a["text"], b["text"]);
+}
+
+TEST_F(GgufCli, FitSaysResidentOutOfCoreOrImpossible) {
+  Out roomy = Cmd("fit -m " + kModel + " --max-ram 1G -c 256 --json --no-measure");
+  ASSERT_EQ(roomy.rc, 0) << roomy.text;
+  EXPECT_EQ(LastJson(roomy.text)["verdict"], "resident");
+
+  Out tight = Cmd("fit -m " + kModel + " --max-ram 26M -c 256 --json --no-measure");
+  ASSERT_EQ(tight.rc, 0) << tight.text;
+  const json t = LastJson(tight.text);
+  EXPECT_EQ(t["verdict"], "out_of_core");
+  EXPECT_LE(t["memory"]["total"].get<uint64_t>(), 26ull << 20);
+  EXPECT_GT(t["per_token"]["disk_bytes"].get<uint64_t>(), 0u);
+  EXPECT_NE(t["command"].get<std::string>().find("--max-ram"), std::string::npos);
+
+  Out none = Cmd("fit -m " + kModel + " --max-ram 10M -c 256 --json --no-measure");
+  ASSERT_EQ(none.rc, 3) << none.text;
+  const json n = LastJson(none.text);
+  EXPECT_EQ(n["verdict"], "impossible");
+  const uint64_t minimum = n["minimum_budget"].get<uint64_t>();
+  ASSERT_GT(minimum, 10ull << 20);
+  EXPECT_NE(n["message"].get<std::string>().find("minimum"), std::string::npos);
+  // The minimum it names runs; a little less does not.
+  Out at_min = Cmd("run -m " + kModel + " -p 'x' -n 2 -c 256 --json --max-ram " + std::to_string(minimum));
+  EXPECT_EQ(at_min.rc, 0) << at_min.text;
+  Out below = Cmd("fit -m " + kModel + " -c 256 --json --no-measure --max-ram " +
+                  std::to_string(minimum - (512ull << 10)));
+  EXPECT_EQ(below.rc, 3) << below.text;
+}
+
+TEST_F(GgufCli, FitMeasuresAndPredicts) {
+  Out o = Cmd("fit -m " + kModel + " --max-ram 26M -c 256 --json");
+  ASSERT_EQ(o.rc, 0) << o.text;
+  const json j = LastJson(o.text);
+  EXPECT_GT(j["measured"]["disk_bytes_per_s"].get<double>(), 0);
+  EXPECT_GT(j["measured"]["compute_bytes_per_s"].get<double>(), 0);
+  EXPECT_GT(j["predicted"]["tokens_per_s"].get<double>(), 0);
+  const std::string bound = j["predicted"]["bound"];
+  EXPECT_TRUE(bound == "disk" || bound == "compute") << bound;
+}
+
+}  // namespace
+}  // namespace substrate

@@ -1,0 +1,248 @@
+// A GGUF read in place as the out-of-core runtime's store (StoreIndex::OpenGguf): under a ledger
+// cap below its weights, `Engine::Load(FILE.gguf, {max_ram})` streams the file's own bytes and
+// gives the golden greedy continuation of tiny-coder and tiny-coder-moe (bf16 files) and the
+// resident run's tokens (Q4_K_M), under the cap; the checksum record is taken once and reused;
+// a file changed under a running session stops it with a clear error; a budget below the
+// minimum names the minimum.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "runtime/engine.h"
+#include "store/gguf_checksums.h"
+#include "store/store_fixture.h"
+
+namespace substrate {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using testing::StoreTestPath;
+
+std::string Gguf(const std::string& name) {
+  return std::string(SUBSTRATE_SHARED_DIR) + "/gguf/" + name + ".gguf";
+}
+
+// Records of the read-only fixtures go to a temp cache folder, not the user's.
+class GgufInPlace : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    static const std::string dir = StoreTestPath("gguf_cache");
+    setenv("SUBSTRATE_CACHE_DIR", dir.c_str(), 1);
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(StoreTestPath("gguf_cache"), ec);
+  }
+};
+
+uint64_t WeightBytes(const std::string& path) {
+  auto f = ModelFile::Open(path);
+  uint64_t n = 0;
+  for (const TensorInfo& t : (*f)->tensors()) n += t.bytes;
+  return n;
+}
+
+// What a run of 256 positions reserves beside the weights (Engine's reserve for n_ctx 256).
+uint64_t Reserve(const std::string& path) {
+  auto f = ModelFile::Open(path);
+  auto hp = ModelHParams::FromMetadata((*f)->metadata());
+  return EstimateRunReserve(*hp, 256, 256);
+}
+
+// A budget of `frac` of the weights beside the reserve.
+uint64_t Cap(const std::string& path, double frac) {
+  return static_cast<uint64_t>(WeightBytes(path) * frac) + Reserve(path);
+}
+
+struct GreedyRun {
+  std::vector<int32_t> tokens;
+  Status status;
+  bool in_place = false;
+  int streamed = 0;
+  uint64_t peak = 0;
+};
+
+GreedyRun Greedy(const std::string& path, uint64_t max_ram, const std::vector<int32_t>& prompt, int n,
+           const std::function<void()>& after_open = nullptr) {
+  GreedyRun r;
+  MemoryLedger ledger;
+  EngineOptions o;
+  o.ledger = &ledger;
+  o.max_ram = max_ram;
+  o.n_ctx = 256;
+  o.require_tokenizer = false;
+  auto e = Engine::Load(path, o);
+  if (!e.ok()) {
+    r.status = e.status();
+    return r;
+  }
+  if ((*e)->runtime()) {
+    r.in_place = !(*e)->runtime()->index().gguf_path().empty();
+    r.streamed = (*e)->runtime()->stats().n_ops_streamed;
+  }
+  if (after_open) after_open();
+  auto s = (*e)->NewSession(256);
+  if (!s.ok()) {
+    r.status = s.status();
+    return r;
+  }
+  GenerateOptions g;
+  g.max_tokens = n;
+  g.stop_at_eog = false;
+  auto st = (*e)->Generate(**s, prompt, g, [&](int32_t tok, const std::string&) {
+    if (tok >= 0) r.tokens.push_back(tok);
+    return true;
+  });
+  if (!st.ok()) r.status = st.status();
+  r.peak = ledger.peak();
+  return r;
+}
+
+json Golden(const std::string& model) {
+  std::ifstream in(std::string(SUBSTRATE_SHARED_DIR) + "/models/" + model + "/golden.json");
+  return json::parse(in);
+}
+
+// Budget: the weights' fraction `frac`, plus the run's reserve (a few MiB for 256 positions).
+void ExpectGoldenInPlace(const std::string& model, double frac) {
+  const std::string path = Gguf(model + "-bf16");
+  if (!fs::exists(path)) GTEST_SKIP() << "no fixture " << path;
+  const json g = Golden(model);
+  const auto prompt = g["greedy"]["prompt"].get<std::vector<int32_t>>();
+  const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
+  const uint64_t weights = WeightBytes(path);
+  const uint64_t cap = Cap(path, frac);
+  ASSERT_LT(cap, weights + Reserve(path));
+  GreedyRun r = Greedy(path, cap, prompt, static_cast<int>(want.size()));
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_TRUE(r.in_place) << "a budget below the weights must read the GGUF in place";
+  EXPECT_GT(r.streamed, 0);
+  EXPECT_EQ(r.tokens, want);
+  EXPECT_LE(r.peak, cap);
+}
+
+TEST_F(GgufInPlace, TinyCoderGoldenUnderCap) { ExpectGoldenInPlace("tiny-coder", 0.75); }
+
+TEST_F(GgufInPlace, TinyCoderMoeGoldenUnderCap) { ExpectGoldenInPlace("tiny-coder-moe", 0.4); }
+
+// A quantized file: the tokens of the resident run of the same file.
+TEST_F(GgufInPlace, QuantizedMatchesResident) {
+  const std::string path = Gguf("tiny-coder-moe-Q4_K_M");
+  if (!fs::exists(path)) GTEST_SKIP() << "no fixture " << path;
+  const auto prompt = Golden("tiny-coder-moe")["greedy"]["prompt"].get<std::vector<int32_t>>();
+  GreedyRun resident = Greedy(path, 0, prompt, 24);
+  ASSERT_TRUE(resident.status.ok()) << resident.status.ToString();
+  EXPECT_FALSE(resident.in_place);
+  const uint64_t cap = Cap(path, 0.5);
+  GreedyRun streamed = Greedy(path, cap, prompt, 24);
+  ASSERT_TRUE(streamed.status.ok()) << streamed.status.ToString();
+  EXPECT_TRUE(streamed.in_place);
+  EXPECT_EQ(streamed.tokens, resident.tokens);
+  EXPECT_LE(streamed.peak, cap);
+}
+
+// The record is written beside a writable file, reused while the file stays as it was, and
+// taken again once it changed.
+TEST_F(GgufInPlace, ChecksumRecordKeptAndRenewed) {
+  const std::string src = Gguf("tiny-coder-Q4_0");
+  if (!fs::exists(src)) GTEST_SKIP() << "no fixture " << src;
+  const std::string path = StoreTestPath("record.gguf");
+  fs::copy_file(src, path, fs::copy_options::overwrite_existing);
+  const std::string record = path + ".crc32c.json";
+  fs::remove(record);
+  auto open = [&]() { return StoreIndex::OpenGguf(path); };
+  auto a = open();
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ((*a)->checksum_record(), record);
+  ASSERT_TRUE(fs::exists(record));
+  const auto written = fs::last_write_time(record);
+  auto b = open();
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(fs::last_write_time(record), written) << "a valid record is read, not rewritten";
+  // Same size, other bytes in a weight: the file's key changed, so the record is taken again.
+  const TensorInfo& t = (*a)->tensors()[(*a)->Resolve("blk.0.attn_q.weight")].info;
+  {
+    const int fd = ::open(path.c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    const char x = 0x5a;
+    ASSERT_EQ(::pwrite(fd, &x, 1, static_cast<off_t>(t.parts[0].offset + 7)), 1);
+    ::close(fd);
+  }
+  const uint32_t before = (*a)->tensors()[(*a)->Resolve("blk.0.attn_q.weight")].units[0].tier[0].crc;
+  auto c = open();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_NE((*c)->tensors()[(*c)->Resolve("blk.0.attn_q.weight")].units[0].tier[0].crc, before);
+  fs::remove(path);
+  fs::remove(record);
+}
+
+// A file rewritten under a running session: the next read of a changed range fails with an
+// error naming the file and the tensor, instead of computing with mixed bytes.
+TEST_F(GgufInPlace, FileChangedUnderSessionStopsIt) {
+  const std::string src = Gguf("tiny-coder-moe-Q8_0");
+  if (!fs::exists(src)) GTEST_SKIP() << "no fixture " << src;
+  const std::string path = StoreTestPath("changed.gguf");
+  fs::copy_file(src, path, fs::copy_options::overwrite_existing);
+  const auto prompt = Golden("tiny-coder-moe")["greedy"]["prompt"].get<std::vector<int32_t>>();
+  auto f = ModelFile::Open(path);
+  ASSERT_TRUE(f.ok());
+  // Every expert of layer 0 gets one byte flipped: whichever the router picks is read after it.
+  std::vector<std::pair<uint64_t, uint64_t>> slices;
+  for (const TensorInfo& t : (*f)->tensors())
+    if (t.name == "blk.0.ffn_gate_exps.weight")
+      for (uint64_t s = 0; s < t.outer(); ++s)
+        slices.emplace_back(t.parts[0].offset + s * t.slice_bytes() + 100, 0);
+  ASSERT_FALSE(slices.empty());
+  GreedyRun r = Greedy(path, Cap(path, 0.4), prompt, 8, [&] {
+    const int fd = ::open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    for (const auto& [off, unused] : slices) {
+      unsigned char x = 0;
+      ASSERT_EQ(::pread(fd, &x, 1, static_cast<off_t>(off)), 1);
+      x ^= 0xff;
+      ASSERT_EQ(::pwrite(fd, &x, 1, static_cast<off_t>(off)), 1);
+    }
+    ::close(fd);
+  });
+  EXPECT_TRUE(r.in_place);
+  EXPECT_EQ(r.status.code(), StatusCode::kCorruption) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("ffn_gate_exps"), std::string::npos) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("changed"), std::string::npos) << r.status.ToString();
+  fs::remove(path);
+  fs::remove(path + ".crc32c.json");
+}
+
+TEST_F(GgufInPlace, BudgetBelowMinimumNamesIt) {
+  const std::string path = Gguf("tiny-coder-moe-Q4_K_M");
+  if (!fs::exists(path)) GTEST_SKIP() << "no fixture " << path;
+  MemoryLedger ledger;
+  EngineOptions o;
+  o.ledger = &ledger;
+  o.max_ram = 3ull << 20;
+  o.n_ctx = 256;
+  auto e = Engine::Load(path, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kOutOfMemory) << e.status().ToString();
+  EXPECT_NE(e.status().message().find("minimum of"), std::string::npos) << e.status().ToString();
+}
+
+TEST_F(GgufInPlace, TruncatedFileIsAClearError) {
+  const std::string src = Gguf("tiny-coder-Q4_0");
+  if (!fs::exists(src)) GTEST_SKIP() << "no fixture " << src;
+  const std::string path = StoreTestPath("truncated.gguf");
+  fs::copy_file(src, path, fs::copy_options::overwrite_existing);
+  fs::resize_file(path, fs::file_size(path) - 5000);
+  auto ix = StoreIndex::OpenGguf(path);
+  ASSERT_FALSE(ix.ok());
+  EXPECT_NE(ix.status().ToString().find("truncated"), std::string::npos) << ix.status().ToString();
+  fs::remove(path);
+}
+
+}  // namespace
+}  // namespace substrate
