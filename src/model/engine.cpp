@@ -126,6 +126,7 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
       st.stop_reason = "eog";
       return false;
     }
+    if (opt.processor) opt.processor->Accept(tok);
     if (opt.on_choice) opt.on_choice(logits, tok);
     history.push_back(tok);
     ++st.n_generated;
@@ -159,6 +160,7 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
   // rejected draft is replaced by the verifier's own choice and the rows after it are dropped,
   // so the tokens shown are exactly those plain decoding would show (Sampler::Verify).
   std::vector<float> rows;
+  if (opt.processor && opt.max_tokens > 0) opt.processor->Apply(s.logits.data(), V, history);
   if (opt.max_tokens > 0 && emit(sampler.Sample(s.logits.data(), V, history), s.logits.data())) {
     for (;;) {
       const int64_t n_past = s.cache.n_past();
@@ -183,7 +185,8 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
       bool more = true;
       int64_t j = 0;
       for (; j <= n_draft; ++j) {
-        const float* logits = out->data() + j * V;
+        float* logits = out->data() + j * V;
+        if (opt.processor) opt.processor->Apply(logits, V, history);
         const int32_t tok = j < n_draft ? sampler.Verify(logits, V, history, batch[j + 1])
                                         : sampler.Sample(logits, V, history);
         const bool accepted = j < n_draft && tok == batch[j + 1];
