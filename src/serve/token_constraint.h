@@ -1,0 +1,89 @@
+// Constrained decoding: the engine's LogitsProcessor that lets through only the tokens whose
+// bytes continue a grammar (the end-of-generation tokens only where the grammar is complete),
+// plus OpenAI's logit_bias. The mask of a grammar state is computed by walking the vocabulary
+// trie once and is then cached by state, so a state seen before (the inside of a JSON string,
+// say) costs a cache lookup.
+//
+// Fails closed: a token the grammar cannot take (which the mask rules out, so only a bug or a
+// grammar over the matcher's state limit) ends generation and sets status().
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "model/engine.h"
+#include "serve/grammar.h"
+#include "serve/grammar_automaton.h"
+#include "serve/token_trie.h"
+
+namespace substrate {
+class Tokenizer;
+}
+
+namespace substrate::serve {
+
+// What a constraint needs to know about a model's vocabulary; built once per model.
+struct ConstraintVocab {
+  int32_t n_vocab = 0;                 // the model's logits per row (may exceed the tokenizer's)
+  std::vector<std::string> pieces;     // each token's bytes
+  std::unique_ptr<TokenTrie> trie;     // every token but control and end-of-generation ones
+  std::vector<std::pair<std::string, int32_t>> control;  // control tokens (text, id)
+  std::vector<int32_t> eog;            // end-of-generation tokens
+
+  static std::shared_ptr<const ConstraintVocab> FromTokenizer(const Tokenizer& tok, int32_t n_vocab);
+  // For tests and benchmarks: a vocabulary of raw pieces, `eog` ids ending generation.
+  static std::shared_ptr<const ConstraintVocab> FromPieces(std::vector<std::string> pieces,
+                                                           std::vector<int32_t> eog);
+};
+
+struct ConstraintStats {
+  uint64_t masks = 0;        // masks applied
+  uint64_t mask_walks = 0;   // of which computed by a trie walk (the rest from the cache)
+  double mask_seconds = 0;   // time spent computing and applying masks
+};
+
+class TokenConstraint : public LogitsProcessor {
+ public:
+  // `grammar` may be null (logit_bias only). With `triggers`, the output is free until one of
+  // them appears in it; the grammar then applies from that trigger on (the grammar's sentences
+  // start with a trigger).
+  TokenConstraint(std::shared_ptr<const ConstraintVocab> vocab,
+                  std::shared_ptr<const Grammar> grammar, std::map<int32_t, float> logit_bias = {},
+                  std::vector<std::string> triggers = {});
+
+  void Apply(float* logits, int64_t n_vocab, const std::vector<int32_t>& history) override;
+  void Accept(int32_t token) override;
+
+  // Whether `token` may come next (the mask's bit), for tests.
+  bool Allowed(int32_t token);
+  // The text so far is a complete sentence of the grammar (true without a grammar).
+  bool complete() const;
+  // The grammar applies now (false before a trigger).
+  bool active() const { return automaton_ && active_; }
+  // Not ok once the output left the grammar (generation must be reported as failed).
+  const Status& status() const { return status_; }
+  const ConstraintStats& stats() const { return stats_; }
+
+ private:
+  const std::vector<uint64_t>& Mask(int32_t state);
+  void Walk(int32_t state, std::vector<uint64_t>* mask);
+
+  std::shared_ptr<const ConstraintVocab> vocab_;
+  std::unique_ptr<GrammarAutomaton> automaton_;
+  std::map<int32_t, float> bias_;
+  std::vector<int32_t> specials_;  // control tokens the grammar names in a literal
+  int32_t state_ = 0;
+  bool active_ = true;
+  std::vector<std::string> triggers_;
+  std::string before_;  // output so far, while waiting for a trigger
+  std::unordered_map<int32_t, std::vector<uint64_t>> masks_;
+  std::vector<int32_t> walk_states_;
+  Status status_;
+  ConstraintStats stats_;
+};
+
+}  // namespace substrate::serve
