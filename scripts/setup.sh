@@ -11,10 +11,24 @@ missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
 if [ ${#missing[@]} -gt 0 ]; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+# For the serve tests driven by Node (the official SDKs, the web page in headless Chromium):
+# optional, those tests skip with a message when these are missing. SUBSTRATE_NO_BROWSER=1
+# leaves them out.
+OPTIONAL=(nodejs npm chromium chromium-driver)
+optional_missing=()
+for p in "${OPTIONAL[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || optional_missing+=("$p")
+done
+if [ ${#optional_missing[@]} -gt 0 ] && [ -z "${SUBSTRATE_NO_BROWSER:-}" ]; then
+  if ! { $SUDO apt-get update -qq &&
+         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${optional_missing[@]}"; }; then
+    echo "setup: could not install ${optional_missing[*]}; the Node/Chromium serve tests will skip" >&2
+  fi
 fi
 
 BUILD_DIR=${BUILD_DIR:-build}

@@ -1,11 +1,14 @@
 // substrate serve: the HTTP server (OpenAI and Anthropic APIs) over a loaded model.
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <cstdlib>
 
 #include "cli/command.h"
 #include "cli/generation_flags.h"
+#include "cli/store_flags.h"
+#include "core/file_io.h"
 #include "core/log.h"
 #include "serve/model_backend.h"
 #include "serve/server.h"
@@ -17,9 +20,13 @@ const char* kUsage =
     "usage: substrate serve -m MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
     "                       [-c CTX] [--parallel N] [-t THREADS] [--max-queue N]\n"
     "                       [--max-body BYTES] [--alias NAME] [--kv-type f32|f16]\n"
-    "                       [--draft-max K]\n"
-    "  endpoints: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,\n"
-    "             POST /v1/completions (OpenAI), POST /v1/messages (Anthropic)\n"
+    "                       [--draft-max K] [--chat-template-file F] [--reasoning-format auto|none]\n"
+    "                       [--slot-save-path DIR] [--prompt-cache-dir DIR] [--prompt-cache-size SIZE]\n"
+    "                       [--store STORE/ --max-ram SIZE ...]\n"
+    "  endpoints: GET / (web page), GET /health, GET /metrics, GET /v1/models,\n"
+    "             POST /v1/chat/completions, POST /v1/completions (OpenAI), POST /v1/messages,\n"
+    "             POST /v1/messages/count_tokens (Anthropic), GET /v1/runtime/events (SSE),\n"
+    "             POST /slots/{id}?action=save|restore\n"
     "  --api-key     required as 'Authorization: Bearer KEY' or 'x-api-key: KEY' on /v1/*\n"
     "                (default: $SUBSTRATE_API_KEY, else none)\n"
     "  -c CTX        tokens per request, prompt and answer (default: min(model's, 4096))\n"
@@ -27,19 +34,31 @@ const char* kUsage =
     "  --max-queue N requests waiting for a slot before 503/529 (default 64)\n"
     "  --kv-type T   KV cache rows: f32 (default, exact) or f16 (half the memory per slot)\n"
     "  --draft-max K speculative decoding: up to K tokens drafted from the context (prompt\n"
-    "                lookup) and verified per model pass; same output (default 0: off)\n";
+    "                lookup) and verified per model pass; same output (default 0: off)\n"
+    "  --chat-template-file F  a Jinja chat template used instead of the model's\n"
+    "  --reasoning-format R    auto (default): <think>...</think> returned apart as\n"
+    "                reasoning_content / thinking blocks; none: left in the text\n"
+    "  --slot-save-path DIR    folder for slot files (POST /slots/{id}?action=save|restore,\n"
+    "                body {\"filename\": \"name\"}); off without it\n"
+    "  --prompt-cache-dir DIR  keep evaluated prompts' KV caches on disk and reuse them for\n"
+    "                prompts that start the same way, across restarts\n"
+    "  --prompt-cache-size S   the most the prompt cache keeps (default 8G; oldest go first)\n"
+    "  --store STORE/ --max-ram SIZE  serve out of core (as for substrate run)\n";
 
 int RunServe(const std::vector<std::string>& args) {
-  Flags f(args, {"-m", "--model", "--host", "--port", "--api-key", "-c", "--ctx-size",
-                 "--parallel", "-np", "-t", "--threads", "--max-queue", "--max-body", "--alias",
-                 "--kv-type", "--cache-type", "--draft-max"});
+  Flags f(args, StoreFlagsWithValue(
+                    {"-m", "--model", "--host", "--port", "--api-key", "-c", "--ctx-size",
+                     "--parallel", "-np", "-t", "--threads", "--max-queue", "--max-body", "--alias",
+                     "--kv-type", "--cache-type", "--draft-max", "--chat-template-file",
+                     "--reasoning-format", "--slot-save-path", "--prompt-cache-dir",
+                     "--prompt-cache-size"}));
   if (!f.status().ok()) return PrintError("serve", f.status());
   if (f.Has("-h") || f.Has("--help")) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  const std::string model = f.Get({"-m", "--model"});
-  if (model.empty()) {
+  std::string model = f.Get({"-m", "--model"});
+  if (model.empty() && !f.Has("--store")) {
     std::fputs(kUsage, stderr);
     return PrintError("serve", InvalidArgument("-m MODEL is required"));
   }
@@ -61,6 +80,29 @@ int RunServe(const std::vector<std::string>& args) {
     return PrintError("serve", InvalidArgument("-c out of range"));
   auto kv_type = ParseKvType(f);
   if (!kv_type.ok()) return PrintError("serve", kv_type.status());
+  const std::string reasoning = f.Get({"--reasoning-format"}, "auto");
+  if (reasoning != "auto" && reasoning != "none" && reasoning != "deepseek")
+    return PrintError("serve", InvalidArgument("--reasoning-format must be auto or none, got '" +
+                                               reasoning + "'"));
+  std::string chat_template;
+  if (f.Has("--chat-template-file")) {
+    auto t = ReadFileToString(f.Get({"--chat-template-file"}), 16ull << 20);
+    if (!t.ok()) return PrintError("serve", t.status().WithContext("--chat-template-file"));
+    chat_template = std::move(*t);
+  }
+  uint64_t prompt_cache_bytes = 8ull << 30;
+  if (f.Has("--prompt-cache-size")) {
+    auto b = ParseBytes(f.Get({"--prompt-cache-size"}));
+    if (!b.ok()) return PrintError("serve", b.status().WithContext("--prompt-cache-size"));
+    prompt_cache_bytes = *b;
+  }
+  const std::string slot_dir = f.Get({"--slot-save-path"});
+  if (!slot_dir.empty()) {
+    struct stat st {};
+    if (::stat(slot_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return PrintError("serve", InvalidArgument("--slot-save-path '" + slot_dir +
+                                                 "' is not a folder (create it first)"));
+  }
   uint64_t max_body = 4ull << 20;
   if (f.Has("--max-body")) {
     auto b = ParseBytes(f.Get({"--max-body"}));
@@ -83,6 +125,20 @@ int RunServe(const std::vector<std::string>& args) {
   mo.model_id = f.Get({"--alias"});
   mo.kv_type = *kv_type;
   mo.draft_max = static_cast<int>(*draft_max);
+  mo.chat_template = std::move(chat_template);
+  mo.prompt_cache_dir = f.Get({"--prompt-cache-dir"});
+  mo.prompt_cache_bytes = prompt_cache_bytes;
+  {
+    // Out of core: the reserve holds every slot's KV cache.
+    EngineOptions eo;
+    eo.kv_type = *kv_type;
+    const int64_t slot_ctx = *ctx > 0 ? *ctx : 4096;
+    auto store = ApplyStoreFlags(f, slot_ctx * *parallel, &model, &eo);
+    if (!store.ok()) return PrintError("serve", store.status());
+    mo.path = model;
+    mo.weights = eo.weights;
+    if (eo.ledger) mo.ledger = eo.ledger;
+  }
   std::fprintf(stderr, "substrate serve: loading %s\n", model.c_str());
   auto backend = serve::ModelBackend::Load(mo);
   if (!backend.ok()) return PrintError("serve", backend.status());
@@ -96,6 +152,9 @@ int RunServe(const std::vector<std::string>& args) {
   so.max_queue = static_cast<int>(*max_queue);
   so.context = (*backend)->ContextLength();
   so.max_body_bytes = max_body;
+  so.reasoning_format = reasoning == "none" ? "none" : "auto";
+  so.slot_save_path = slot_dir;
+  if (mo.ledger) so.ledger = mo.ledger;
   auto server = serve::HttpServer::Create(backend->get(), so);
   if (!server.ok()) return PrintError("serve", server.status());
   const bool loopback = so.host == "127.0.0.1" || so.host == "localhost" || so.host == "::1";
