@@ -156,19 +156,16 @@ int main(int argc, char** argv) {
     // Longest piece matching doc[at..] that the mask allows (walk the trie along the text).
     int32_t best = -1;
     size_t best_len = 0;
-    const auto& nodes = trie.nodes();
     int depth = 0;
     for (size_t i = 0; i < trie.size() && at + depth < doc.size();) {
-      if (nodes[i].depth <= depth) break;  // left the subtree of the matched prefix
-      if (nodes[i].byte != static_cast<uint8_t>(doc[at + depth])) {
-        i = static_cast<size_t>(nodes[i].next);
+      if (trie.depths()[i] <= depth) break;  // left the subtree of the matched prefix
+      if (trie.bytes()[i] != static_cast<uint8_t>(doc[at + depth])) {
+        i = static_cast<size_t>(trie.next()[i]);
         continue;
       }
       ++depth;
-      for (int32_t k = nodes[i].tok_begin; k < nodes[i + 1].tok_begin; ++k) {
-        const int32_t t = trie.tokens()[k];
-        if (!std::isinf(logits[t]) && static_cast<size_t>(depth) > best_len) best = t, best_len = depth;
-      }
+      const int32_t t = trie.token()[i];
+      if (t >= 0 && !std::isinf(logits[t])) best = t, best_len = depth;
       ++i;
     }
     if (best < 0) {

@@ -132,6 +132,7 @@ class Parser {
     Grammar g;
     g.byte_sets = std::move(sets_);
     g.literals = std::move(literals_);
+    g.chains = std::move(chains_);
     g.root = root->second;
     for (const RuleDef& r : rules_) {
       g.rule_names.push_back(r.name);
@@ -297,9 +298,14 @@ class Parser {
       rules_[star].defined = true;
       seq->push_back({Grammar::kRef, star});
     } else if (hi > lo) {
-      // opt_k ::= x opt_{k-1} | ()
+      // opt_k ::= x opt_{k-1} | ()   (a chain: opt_k allows k more)
       uint32_t prev = NewRule(rule, {{x}, {}});
-      for (int k = 2; k <= hi - lo; ++k) prev = NewRule(rule, {{x, {Grammar::kRef, prev}}, {}});
+      std::vector<uint32_t> chain = {prev};
+      for (int k = 2; k <= hi - lo; ++k) {
+        prev = NewRule(rule, {{x, {Grammar::kRef, prev}}, {}});
+        chain.push_back(prev);
+      }
+      if (chain.size() > 2) chains_.push_back(std::move(chain));
       seq->push_back({Grammar::kRef, prev});
     }
     return Status::Ok();
@@ -502,6 +508,7 @@ class Parser {
   std::map<std::string, uint32_t> ids_;
   std::vector<std::bitset<256>> sets_;
   std::vector<std::string> literals_;
+  std::vector<std::vector<uint32_t>> chains_;
 };
 
 }  // namespace

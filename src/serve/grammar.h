@@ -40,6 +40,10 @@ struct Grammar {
   // Every quoted literal of the source, as bytes (control tokens whose text appears in one may
   // be generated; see TokenConstraint).
   std::vector<std::string> literals;
+  // Bounded repetitions x{m,n}: the rules opt_1..opt_(n-m) (opt_k ::= x opt_(k-1) | ()), by k.
+  // Text of at most L bytes cannot tell opt_k from opt_L when k >= L, which lets token masks
+  // be shared between such states (TokenConstraint).
+  std::vector<std::vector<uint32_t>> chains;
 };
 
 // Parses `text`; errors name the line and what is wrong (an undefined rule, left recursion, a

@@ -11,7 +11,6 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "core/status.h"
@@ -22,6 +21,7 @@ namespace substrate::serve {
 class GrammarAutomaton {
  public:
   static constexpr int32_t kDead = -1;
+  static constexpr int32_t kUnknown = -2;  // a transition not computed yet
   static constexpr int32_t kMaxStates = 1 << 15;  // 1 KiB of transitions each: <= 32 MiB
 
   explicit GrammarAutomaton(std::shared_ptr<const Grammar> grammar);
@@ -29,10 +29,8 @@ class GrammarAutomaton {
   int32_t start() const { return start_; }
   // The state after `byte` (kDead: the byte cannot continue the text).
   int32_t Step(int32_t state, uint8_t byte) {
-    const size_t i = static_cast<size_t>(state) * 256 + byte;
-    int32_t t = trans_[i];
-    if (t == kUnknown) trans_[i] = t = Compute(state, byte);  // Compute may grow trans_
-    return t;
+    int32_t t = trans_[static_cast<size_t>(state) * 256 + byte];
+    return t == kUnknown ? Compute(state, byte) : t;
   }
   // Runs `bytes` from `state`; kDead when they leave the grammar.
   int32_t Walk(int32_t state, std::string_view bytes);
@@ -41,15 +39,20 @@ class GrammarAutomaton {
   // More bytes may follow.
   bool can_continue(int32_t state) const { return !states_[static_cast<size_t>(state)].leaves.empty(); }
   size_t n_states() const { return states_.size(); }
-  const Status& status() const { return status_; }
-  const Grammar& grammar() const { return *g_; }
-
- private:
-  static constexpr int32_t kUnknown = -2;
+  // The transition table (state * 256 + byte -> state, kDead or kUnknown), for a caller that
+  // reads it directly in a hot loop; valid until the next Step that computes a transition.
+  const int32_t* transitions() const { return trans_.data(); }
+  // The stacks of a state: its leaves, each a node whose parents lead to the root (-1).
   struct Node {
     uint32_t pos;    // kBytes element (a leaf) or the element to continue at (a frame)
     int32_t parent;  // the frame to return to; -1: the root
   };
+  const std::vector<int32_t>& leaves(int32_t state) const { return states_[static_cast<size_t>(state)].leaves; }
+  const Node& node(int32_t id) const { return nodes_[static_cast<size_t>(id)]; }
+  const Status& status() const { return status_; }
+  const Grammar& grammar() const { return *g_; }
+
+ private:
   struct State {
     std::vector<int32_t> leaves;  // sorted node ids whose element is kBytes
     bool accepting = false;
@@ -63,14 +66,30 @@ class GrammarAutomaton {
   std::vector<Node> nodes_;
   std::unordered_map<uint64_t, int32_t> node_ids_;
   std::vector<State> states_;
-  std::unordered_map<std::string, int32_t> state_ids_;
+  std::unordered_map<uint64_t, std::vector<int32_t>> state_ids_;  // hash of leaves -> states
   std::vector<int32_t> trans_;
   int32_t start_ = kDead;
+  // Bytes no byte set tells apart behave alike in every state: a transition is computed once
+  // per class of bytes and stored for all of them.
+  uint8_t byte_class_[256];
+  std::vector<std::vector<uint8_t>> class_bytes_;
   Status status_;
   // Scratch of Compute.
   std::vector<int32_t> leaves_;
   bool accept_ = false;
-  std::unordered_set<uint64_t> seen_;
+  // (pos, parent) pairs expanded this step: an open-addressing set cleared in O(1) by a stamp.
+  struct SeenSet {
+    std::vector<uint64_t> keys;
+    std::vector<uint32_t> stamps;
+    uint32_t stamp = 1;
+    size_t count = 0;
+    void Clear() {
+      ++stamp;
+      count = 0;
+    }
+    bool Insert(uint64_t key);  // false when present
+  };
+  SeenSet seen_;
   std::vector<std::pair<uint32_t, int32_t>> work_;
 };
 

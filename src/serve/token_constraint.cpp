@@ -71,7 +71,27 @@ TokenConstraint::TokenConstraint(std::shared_ptr<const ConstraintVocab> vocab,
         specials_.push_back(id);
         break;
       }
+  // Bounded repetitions deeper than the longest token collapse into one mask class.
+  size_t longest = static_cast<size_t>(vocab_->trie->max_depth());
+  for (int32_t id : specials_) longest = std::max(longest, vocab_->pieces[id].size());
+  const size_t cap = std::max<size_t>(2, longest);
+  canon_.resize(grammar->elements.size());
+  for (size_t i = 0; i < canon_.size(); ++i) canon_[i] = static_cast<uint32_t>(i);
+  for (const std::vector<uint32_t>& chain : grammar->chains) {
+    if (chain.size() <= cap) continue;
+    const auto& top = grammar->rule_alts[chain[cap - 1]];
+    for (size_t k = cap; k < chain.size(); ++k) {
+      const auto& alts = grammar->rule_alts[chain[k]];
+      for (size_t a = 0; a < alts.size() && a < top.size(); ++a)
+        for (uint32_t o = 0;; ++o) {
+          canon_[alts[a] + o] = top[a] + o;
+          if (grammar->elements[alts[a] + o].kind == Grammar::kEnd) break;
+        }
+    }
+  }
   automaton_ = std::make_unique<GrammarAutomaton>(std::move(grammar));
+  for (int b = 0; b < 256; ++b)
+    if (TokenTrie::Plain(static_cast<uint8_t>(b))) plain_bytes_.push_back(static_cast<uint8_t>(b));
   state_ = automaton_->start();
   walk_states_.resize(static_cast<size_t>(vocab_->trie->max_depth()) + 1);
   if (!automaton_->status().ok()) status_ = automaton_->status();
@@ -85,23 +105,44 @@ void TokenConstraint::Walk(int32_t state, std::vector<uint64_t>* mask) {
   mask->assign((static_cast<size_t>(vocab_->n_vocab) + 63) / 64, 0);
   uint64_t* bits = mask->data();
   const TokenTrie& trie = *vocab_->trie;
-  const TokenTrie::Node* nodes = trie.nodes().data();
-  const int32_t* tokens = trie.tokens();
+  const uint8_t* byte = trie.bytes();
+  const uint8_t* depth = trie.depths();
+  const int32_t* next = trie.next();
+  const int32_t* token = trie.token();
+  const uint8_t* plain_height = trie.plain_height();
+  const int32_t* token_begin = trie.token_begin();
+  const int32_t* subtree_tokens = trie.subtree_tokens();
   int32_t* st = walk_states_.data();
   GrammarAutomaton& a = *automaton_;
+  const int32_t* trans = a.transitions();
   st[0] = state;
   const int32_t n = static_cast<int32_t>(trie.size());
   for (int32_t i = 0; i < n;) {
-    const TokenTrie::Node& node = nodes[i];
-    const int32_t t = a.Step(st[node.depth - 1], node.byte);
-    if (t < 0) {
-      i = node.next;
+    const int32_t from = st[depth[i] - 1];
+    if (plain_height[i] && PlainDepth(from) >= plain_height[i]) {
+      // Every token below is plain text the state survives: all allowed.
+      for (int32_t k = token_begin[i], e = token_begin[next[i]]; k < e; ++k)
+        bits[subtree_tokens[k] >> 6] |= uint64_t{1} << (subtree_tokens[k] & 63);
+      trans = a.transitions();  // PlainDepth may have stepped
+      i = next[i];
       continue;
     }
-    st[node.depth] = t;
-    for (int32_t k = node.tok_begin, e = nodes[i + 1].tok_begin; k < e; ++k)
-      bits[tokens[k] >> 6] |= uint64_t{1} << (tokens[k] & 63);
+    int32_t t = trans[static_cast<size_t>(from) * 256 + byte[i]];
+    if (t == GrammarAutomaton::kUnknown) {
+      t = a.Step(from, byte[i]);
+      trans = a.transitions();  // the table may have grown
+    }
+    if (t < 0) {
+      i = next[i];
+      continue;
+    }
+    st[depth[i]] = t;
+    if (const int32_t k = token[i]; k >= 0) bits[k >> 6] |= uint64_t{1} << (k & 63);
     ++i;
+  }
+  for (const auto& [node, id] : trie.duplicates()) {
+    const int32_t k = token[node];
+    if ((bits[k >> 6] >> (k & 63)) & 1) bits[id >> 6] |= uint64_t{1} << (id & 63);
   }
   for (int32_t id : specials_)
     if (a.Walk(state, vocab_->pieces[id]) >= 0) bits[id >> 6] |= uint64_t{1} << (id & 63);
@@ -110,11 +151,66 @@ void TokenConstraint::Walk(int32_t state, std::vector<uint64_t>* mask) {
   ++stats_.mask_walks;
 }
 
+int TokenConstraint::PlainDepth(int32_t state) {
+  if (static_cast<size_t>(state) >= plain_depth_.size()) plain_depth_.resize(state + 1, -1);
+  if (plain_depth_[state] >= 0) return plain_depth_[state];
+  const int cap = vocab_->trie->max_depth();
+  GrammarAutomaton& a = *automaton_;
+  // Level by level, the states plain text of that length leads to; the first dead one ends it.
+  level_.assign(1, state);
+  int d = 0;
+  while (d < cap) {
+    next_level_.clear();
+    for (int32_t s : level_)
+      for (uint8_t b : plain_bytes_) {
+        const int32_t t = a.Step(s, b);
+        if (t < 0) return plain_depth_[state] = static_cast<int16_t>(d);
+        next_level_.push_back(t);
+      }
+    std::sort(next_level_.begin(), next_level_.end());
+    next_level_.erase(std::unique(next_level_.begin(), next_level_.end()), next_level_.end());
+    ++d;
+    if (next_level_ == level_) {
+      d = cap;  // the same states again: alive at any length
+      break;
+    }
+    if (next_level_.size() > 64) break;  // a wide grammar: keep the depth proven so far
+    level_.swap(next_level_);
+  }
+  return plain_depth_[state] = static_cast<int16_t>(d);
+}
+
+int32_t TokenConstraint::MaskClass(int32_t state) {
+  if (static_cast<size_t>(state) >= class_of_.size()) class_of_.resize(state + 1, -1);
+  if (class_of_[state] >= 0) return class_of_[state];
+  // The stacks with each element replaced by its class, as a sorted set.
+  std::vector<std::string> stacks;
+  for (int32_t leaf : automaton_->leaves(state)) {
+    std::string s;
+    for (int32_t n = leaf; n >= 0; n = automaton_->node(n).parent) {
+      const uint32_t c = canon_[automaton_->node(n).pos];
+      s.append(reinterpret_cast<const char*>(&c), sizeof c);
+    }
+    stacks.push_back(std::move(s));
+  }
+  std::sort(stacks.begin(), stacks.end());
+  stacks.erase(std::unique(stacks.begin(), stacks.end()), stacks.end());
+  std::string key(1, automaton_->accepting(state) ? 'a' : 'n');
+  for (const std::string& s : stacks) {
+    const uint32_t n = static_cast<uint32_t>(s.size());
+    key.append(reinterpret_cast<const char*>(&n), sizeof n);
+    key += s;
+  }
+  auto [it, fresh] = classes_.try_emplace(std::move(key), static_cast<int32_t>(classes_.size()));
+  return class_of_[state] = it->second;
+}
+
 const std::vector<uint64_t>& TokenConstraint::Mask(int32_t state) {
-  auto it = masks_.find(state);
+  const int32_t cls = MaskClass(state);
+  auto it = masks_.find(cls);
   if (it != masks_.end()) return it->second;
   if (masks_.size() >= kMaxCachedMasks) masks_.clear();
-  std::vector<uint64_t>& m = masks_[state];
+  std::vector<uint64_t>& m = masks_[cls];
   Walk(state, &m);
   return m;
 }

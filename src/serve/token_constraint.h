@@ -71,6 +71,13 @@ class TokenConstraint : public LogitsProcessor {
  private:
   const std::vector<uint64_t>& Mask(int32_t state);
   void Walk(int32_t state, std::vector<uint64_t>* mask);
+  // States whose stacks are equal once bounded-repetition counts are capped at the longest
+  // token share one mask (a token cannot tell them apart): the id of that class.
+  int32_t MaskClass(int32_t state);
+  // The longest d (capped at the longest token) such that every plain text (TokenTrie::Plain)
+  // of at most d bytes keeps `state` alive: a trie subtree of plain bytes no deeper than that
+  // is allowed whole, without stepping through it (the inside of a JSON string).
+  int PlainDepth(int32_t state);
 
   std::shared_ptr<const ConstraintVocab> vocab_;
   std::unique_ptr<GrammarAutomaton> automaton_;
@@ -80,7 +87,13 @@ class TokenConstraint : public LogitsProcessor {
   bool active_ = true;
   std::vector<std::string> triggers_;
   std::string before_;  // output so far, while waiting for a trigger
-  std::unordered_map<int32_t, std::vector<uint64_t>> masks_;
+  std::unordered_map<int32_t, std::vector<uint64_t>> masks_;  // by MaskClass
+  std::vector<uint32_t> canon_;  // grammar element -> its class (bounded repetitions capped)
+  std::vector<int32_t> class_of_;  // state -> MaskClass (-1: not yet)
+  std::unordered_map<std::string, int32_t> classes_;
+  std::vector<int16_t> plain_depth_;  // by state; -1: not computed
+  std::vector<uint8_t> plain_bytes_;
+  std::vector<int32_t> level_, next_level_;
   std::vector<int32_t> walk_states_;
   Status status_;
   ConstraintStats stats_;

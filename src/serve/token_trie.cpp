@@ -1,14 +1,8 @@
 #include "serve/token_trie.h"
 
 #include <algorithm>
-#include <numeric>
 
 namespace substrate::serve {
-
-namespace {
-// Token bytes beyond this are not in any real vocabulary; longer pieces are left out.
-constexpr size_t kMaxPiece = 1024;
-}  // namespace
 
 TokenTrie::TokenTrie(const std::vector<std::string>& pieces, const std::vector<char>& include) {
   std::vector<int32_t> order;
@@ -29,32 +23,53 @@ TokenTrie::TokenTrie(const std::vector<std::string>& pieces, const std::vector<c
       while (common < n && (*prev)[common] == s[common]) ++common;
     }
     if (prev && common == s.size() && common == prev->size()) {
-      tokens_.push_back(id);  // same bytes as the previous token: same node
+      dups_.push_back({static_cast<int32_t>(byte_.size() - 1), id});  // same bytes, same node
       continue;
     }
     for (size_t k = common; k < s.size(); ++k) {
-      Node n{};
-      n.byte = static_cast<uint8_t>(s[k]);
-      n.depth = static_cast<uint16_t>(k + 1);
-      n.tok_begin = static_cast<int32_t>(tokens_.size());
-      nodes_.push_back(n);
+      byte_.push_back(static_cast<uint8_t>(s[k]));
+      depth_.push_back(static_cast<uint8_t>(k + 1));
+      token_.push_back(-1);
     }
-    tokens_.push_back(id);
+    token_.back() = id;
     max_depth_ = std::max(max_depth_, static_cast<int>(s.size()));
     prev = &s;
   }
   // next: the first later node at a depth <= this one's.
-  const int32_t n = static_cast<int32_t>(nodes_.size());
+  const int32_t n = static_cast<int32_t>(byte_.size());
+  next_.assign(byte_.size(), n);
   std::vector<int32_t> open;  // nodes whose subtree has not ended, by depth
   for (int32_t i = 0; i < n; ++i) {
-    while (!open.empty() && nodes_[open.back()].depth >= nodes_[i].depth) {
-      nodes_[open.back()].next = i;
+    while (!open.empty() && depth_[open.back()] >= depth_[i]) {
+      next_[open.back()] = i;
       open.pop_back();
     }
     open.push_back(i);
   }
-  for (int32_t i : open) nodes_[i].next = n;
-  nodes_.push_back({n, static_cast<int32_t>(tokens_.size()), 0, 0});
+  // Tokens in preorder (duplicates beside their node), and each node's first one.
+  token_begin_.assign(byte_.size() + 1, 0);
+  size_t d = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    token_begin_[i] = static_cast<int32_t>(preorder_tokens_.size());
+    if (token_[i] >= 0) preorder_tokens_.push_back(token_[i]);
+    while (d < dups_.size() && dups_[d].first == i) preorder_tokens_.push_back(dups_[d++].second);
+  }
+  token_begin_[n] = static_cast<int32_t>(preorder_tokens_.size());
+  // Plain heights, children before parents (reverse preorder).
+  plain_height_.assign(byte_.size(), 0);
+  std::vector<int> height(byte_.size(), 1);
+  std::vector<char> plain(byte_.size(), 0);
+  for (int32_t i = n - 1; i >= 0; --i) {
+    bool all = Plain(byte_[i]);
+    int h = 1;
+    for (int32_t c = i + 1; c < next_[i]; c = next_[c]) {  // the children
+      all = all && plain[c];
+      h = std::max(h, 1 + height[c]);
+    }
+    plain[i] = all;
+    height[i] = h;
+    if (all) plain_height_[i] = static_cast<uint8_t>(std::min(h, 255));
+  }
 }
 
 }  // namespace substrate::serve

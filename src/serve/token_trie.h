@@ -5,32 +5,48 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace substrate::serve {
 
 class TokenTrie {
  public:
-  struct Node {
-    int32_t next;       // index of the first node after this node's subtree
-    int32_t tok_begin;  // tokens ending here: tokens_[tok_begin, nodes_[i + 1].tok_begin)
-    uint16_t depth;     // 1 for a token's first byte
-    uint8_t byte;
-  };
+  // Pieces longer than this are left out (no real vocabulary has them).
+  static constexpr size_t kMaxPiece = 255;
 
   // pieces[i]: token i's bytes. Tokens with include[i] == 0 or empty pieces are left out.
   TokenTrie(const std::vector<std::string>& pieces, const std::vector<char>& include);
 
-  // Nodes in preorder, followed by one sentinel (tok_begin = number of tokens).
-  const std::vector<Node>& nodes() const { return nodes_; }
-  size_t size() const { return nodes_.size() - 1; }
-  const int32_t* tokens() const { return tokens_.data(); }
-  size_t n_tokens() const { return tokens_.size(); }
+  // Node i (preorder): its byte, its depth (1 for a token's first byte), the first node after
+  // its subtree, and the token ending there (-1: none). Separate arrays: a walk reads the first
+  // two and the token of every node, `next` only where it skips.
+  size_t size() const { return byte_.size(); }
+  const uint8_t* bytes() const { return byte_.data(); }
+  const uint8_t* depths() const { return depth_.data(); }
+  const int32_t* next() const { return next_.data(); }
+  const int32_t* token() const { return token_.data(); }
+  // Tokens whose bytes equal another's (node, token): allowed exactly when that node's token is.
+  const std::vector<std::pair<int32_t, int32_t>>& duplicates() const { return dups_; }
+
+  // Plain bytes: printable ASCII except '"' and '\\' (what a JSON string takes as is).
+  static bool Plain(uint8_t b) { return b >= 0x20 && b < 0x7F && b != '"' && b != '\\'; }
+  // plain_height()[i] > 0: every byte in node i's subtree (i included) is plain, and the
+  // longest path from i down has that many bytes; 0 otherwise. With subtree_tokens(), a state
+  // that survives any plain text that long allows the whole subtree at once.
+  const uint8_t* plain_height() const { return plain_height_.data(); }
+  // The tokens of each subtree, contiguous: subtree i holds
+  // subtree_tokens()[token_begin()[i] .. token_begin()[next()[i]]) (token_begin has size()+1).
+  const int32_t* subtree_tokens() const { return preorder_tokens_.data(); }
+  const int32_t* token_begin() const { return token_begin_.data(); }
   int max_depth() const { return max_depth_; }
 
  private:
-  std::vector<Node> nodes_;
-  std::vector<int32_t> tokens_;
+  std::vector<uint8_t> byte_, depth_;
+  std::vector<int32_t> next_, token_;
+  std::vector<std::pair<int32_t, int32_t>> dups_;
+  std::vector<uint8_t> plain_height_;
+  std::vector<int32_t> preorder_tokens_, token_begin_;
   int max_depth_ = 0;
 };
 
