@@ -9,14 +9,16 @@ const path = require("node:path");
 const {chromium} = require("playwright-core");
 
 test("the page chats with streaming and plots the engine live", async () => {
-  const browser = await chromium.launch({
+  // A fresh profile folder (run.sh empties it): playwright's persistent context takes it.
+  const browser = await chromium.launchPersistentContext(path.join(process.env.OUT, "profile"), {
     executablePath: process.env.CHROMIUM,
+    headless: true,
+    viewport: {width: 1280, height: 800},
     args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run",
-           `--user-data-dir=${path.join(process.env.OUT, "profile")}`],
+           "--disable-component-update", "--disable-sync", "--no-first-run"],
   });
   try {
-    const page = await browser.newPage({viewport: {width: 1280, height: 800}});
+    const page = await browser.newPage();
     const errors = [];
     page.on("pageerror", (e) => errors.push(String(e)));
     await page.goto(`http://127.0.0.1:${process.env.BASE_PORT}/`);
