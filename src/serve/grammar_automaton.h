@@ -42,6 +42,8 @@ class GrammarAutomaton {
   // The transition table (state * 256 + byte -> state, kDead or kUnknown), for a caller that
   // reads it directly in a hot loop; valid until the next Step that computes a transition.
   const int32_t* transitions() const { return trans_.data(); }
+  // Bytes of one class lead from every state to the same state.
+  uint8_t byte_class(uint8_t b) const { return byte_class_[b]; }
   // The stacks of a state: its leaves, each a node whose parents lead to the root (-1).
   struct Node {
     uint32_t pos;    // kBytes element (a leaf) or the element to continue at (a frame)

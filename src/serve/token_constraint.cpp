@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 #include <cmath>
 #include <limits>
 
@@ -20,6 +21,10 @@ std::shared_ptr<const ConstraintVocab> Build(std::vector<std::string> pieces, in
   auto v = std::make_shared<ConstraintVocab>();
   v->n_vocab = n_vocab;
   v->trie = std::make_unique<TokenTrie>(pieces, include);
+  std::vector<char> in_trie(static_cast<size_t>(n_vocab), 0);
+  for (size_t k = 0; k < v->trie->n_preorder_tokens(); ++k) in_trie[v->trie->subtree_tokens()[k]] = 1;
+  for (int32_t id = 0; id < n_vocab; ++id)
+    if (!in_trie[id]) v->outside.push_back(id);
   v->pieces = std::move(pieces);
   v->control = std::move(control);
   v->eog = std::move(eog);
@@ -90,8 +95,51 @@ TokenConstraint::TokenConstraint(std::shared_ptr<const ConstraintVocab> vocab,
     }
   }
   automaton_ = std::make_unique<GrammarAutomaton>(std::move(grammar));
-  for (int b = 0; b < 256; ++b)
-    if (TokenTrie::Plain(static_cast<uint8_t>(b))) plain_bytes_.push_back(static_cast<uint8_t>(b));
+  // Text characters by their bytes' classes: one representative per combination.
+  {
+    std::set<std::string> seen;  // the class of each byte, as a key
+    auto add = [&](const unsigned char* s, int n) {
+      std::string key;
+      for (int k = 0; k < n; ++k) key.push_back(static_cast<char>(automaton_->byte_class(s[k])));
+      if (seen.insert(key).second) text_chars_.emplace_back(reinterpret_cast<const char*>(s), n);
+    };
+    unsigned char c[4];
+    for (int b = 0x20; b < 0x7F; ++b) {
+      c[0] = static_cast<unsigned char>(b);
+      if (TokenTrie::TextChar(c, 1)) add(c, 1);
+    }
+    // Multi-byte characters: every lead, every second byte, and the continuation classes after.
+    std::vector<uint8_t> cont_reps;  // one continuation byte per class
+    {
+      std::set<uint8_t> classes;
+      for (int b = 0x80; b <= 0xBF; ++b)
+        if (classes.insert(automaton_->byte_class(static_cast<uint8_t>(b))).second)
+          cont_reps.push_back(static_cast<uint8_t>(b));
+    }
+    for (int lead = 0xC2; lead <= 0xF4; ++lead)
+      for (int second = 0x80; second <= 0xBF; ++second) {
+        c[0] = static_cast<unsigned char>(lead);
+        c[1] = static_cast<unsigned char>(second);
+        c[2] = c[3] = 0x80;
+        const int n = TokenTrie::TextChar(c, 4);
+        if (n == 0) continue;
+        if (n == 2) {
+          add(c, 2);
+        } else {
+          for (uint8_t third : cont_reps) {
+            c[2] = third;
+            if (n == 3) {
+              add(c, 3);
+            } else {
+              for (uint8_t fourth : cont_reps) {
+                c[3] = fourth;
+                add(c, 4);
+              }
+            }
+          }
+        }
+      }
+  }
   state_ = automaton_->start();
   walk_states_.resize(static_cast<size_t>(vocab_->trie->max_depth()) + 1);
   if (!automaton_->status().ok()) status_ = automaton_->status();
@@ -101,17 +149,37 @@ bool TokenConstraint::complete() const {
   return !automaton_ || !active_ || (state_ >= 0 && automaton_->accepting(state_));
 }
 
+namespace {
+
+// Sets bits [lo, hi) of a bit vector.
+void SetRange(uint64_t* bits, int64_t lo, int64_t hi) {
+  if (lo >= hi) return;
+  const int64_t wl = lo >> 6, wh = (hi - 1) >> 6;
+  const uint64_t first = ~uint64_t{0} << (lo & 63);
+  const uint64_t last = ~uint64_t{0} >> (63 - ((hi - 1) & 63));
+  if (wl == wh) {
+    bits[wl] |= first & last;
+    return;
+  }
+  bits[wl] |= first;
+  for (int64_t w = wl + 1; w < wh; ++w) bits[w] = ~uint64_t{0};
+  bits[wh] |= last;
+}
+
+}  // namespace
+
+// The walk marks allowed tokens in the trie's preorder (a subtree is a range, set word by word),
+// then the mask by token id is built from whichever is fewer, the allowed or the forbidden.
 void TokenConstraint::Walk(int32_t state, std::vector<uint64_t>* mask) {
-  mask->assign((static_cast<size_t>(vocab_->n_vocab) + 63) / 64, 0);
-  uint64_t* bits = mask->data();
   const TokenTrie& trie = *vocab_->trie;
+  const int64_t n_pre = static_cast<int64_t>(trie.n_preorder_tokens());
+  pre_.assign(static_cast<size_t>((n_pre + 63) / 64), 0);
+  uint64_t* pre = pre_.data();
   const uint8_t* byte = trie.bytes();
   const uint8_t* depth = trie.depths();
   const int32_t* next = trie.next();
-  const int32_t* token = trie.token();
-  const uint8_t* plain_height = trie.plain_height();
+  const uint8_t* text_height = trie.text_height();
   const int32_t* token_begin = trie.token_begin();
-  const int32_t* subtree_tokens = trie.subtree_tokens();
   int32_t* st = walk_states_.data();
   GrammarAutomaton& a = *automaton_;
   const int32_t* trans = a.transitions();
@@ -119,14 +187,15 @@ void TokenConstraint::Walk(int32_t state, std::vector<uint64_t>* mask) {
   const int32_t n = static_cast<int32_t>(trie.size());
   for (int32_t i = 0; i < n;) {
     const int32_t from = st[depth[i] - 1];
-    if (plain_height[i] && PlainDepth(from) >= plain_height[i]) {
-      // Every token below is plain text the state survives: all allowed.
-      for (int32_t k = token_begin[i], e = token_begin[next[i]]; k < e; ++k)
-        bits[subtree_tokens[k] >> 6] |= uint64_t{1} << (subtree_tokens[k] & 63);
-      trans = a.transitions();  // PlainDepth may have stepped
+    if (text_height[i] && TextDepth(from) >= text_height[i]) {
+      // Every token below is text the state survives: all allowed.
+      SetRange(pre, token_begin[i], token_begin[next[i]]);
+      ++stats_.subtrees_taken;
+      trans = a.transitions();  // TextDepth may have stepped
       i = next[i];
       continue;
     }
+    ++stats_.nodes_stepped;
     int32_t t = trans[static_cast<size_t>(from) * 256 + byte[i]];
     if (t == GrammarAutomaton::kUnknown) {
       t = a.Step(from, byte[i]);
@@ -137,12 +206,36 @@ void TokenConstraint::Walk(int32_t state, std::vector<uint64_t>* mask) {
       continue;
     }
     st[depth[i]] = t;
-    if (const int32_t k = token[i]; k >= 0) bits[k >> 6] |= uint64_t{1} << (k & 63);
+    SetRange(pre, token_begin[i], token_begin[i + 1]);  // this node's token (and duplicates)
     ++i;
   }
-  for (const auto& [node, id] : trie.duplicates()) {
-    const int32_t k = token[node];
-    if ((bits[k >> 6] >> (k & 63)) & 1) bits[id >> 6] |= uint64_t{1} << (id & 63);
+  // By token id.
+  const int32_t* ptok = trie.subtree_tokens();
+  const size_t words = (static_cast<size_t>(vocab_->n_vocab) + 63) / 64;
+  int64_t allowed = 0;
+  for (int64_t w = 0; w < static_cast<int64_t>(pre_.size()); ++w) allowed += __builtin_popcountll(pre[w]);
+  uint64_t* bits;
+  if (allowed * 2 <= n_pre) {
+    mask->assign(words, 0);
+    bits = mask->data();
+    for (int64_t w = 0; w < static_cast<int64_t>(pre_.size()); ++w)
+      for (uint64_t b = pre[w]; b; b &= b - 1) {
+        const int32_t id = ptok[w * 64 + __builtin_ctzll(b)];
+        bits[id >> 6] |= uint64_t{1} << (id & 63);
+      }
+  } else {
+    mask->assign(words, ~uint64_t{0});
+    bits = mask->data();
+    for (int64_t w = 0; w < static_cast<int64_t>(pre_.size()); ++w) {
+      uint64_t no = ~pre[w];
+      if (w == static_cast<int64_t>(pre_.size()) - 1 && (n_pre & 63)) no &= (uint64_t{1} << (n_pre & 63)) - 1;
+      for (; no; no &= no - 1) {
+        const int32_t id = ptok[w * 64 + __builtin_ctzll(no)];
+        bits[id >> 6] &= ~(uint64_t{1} << (id & 63));
+      }
+    }
+    for (int32_t id : vocab_->outside) bits[id >> 6] &= ~(uint64_t{1} << (id & 63));
+    if (vocab_->n_vocab & 63) bits[words - 1] &= (uint64_t{1} << (vocab_->n_vocab & 63)) - 1;
   }
   for (int32_t id : specials_)
     if (a.Walk(state, vocab_->pieces[id]) >= 0) bits[id >> 6] |= uint64_t{1} << (id & 63);
@@ -151,33 +244,54 @@ void TokenConstraint::Walk(int32_t state, std::vector<uint64_t>* mask) {
   ++stats_.mask_walks;
 }
 
-int TokenConstraint::PlainDepth(int32_t state) {
-  if (static_cast<size_t>(state) >= plain_depth_.size()) plain_depth_.resize(state + 1, -1);
-  if (plain_depth_[state] >= 0) return plain_depth_[state];
+// The shortest dying text is a shortest path (edges: text characters, weighted by their bytes)
+// to a dead state. Depth-first with memos: an edge back to a state still being explored is
+// skipped, which is exact for the state where the search started (a path through a cycle is
+// never the shortest) but may not be for those in between, so only their untainted results
+// are kept.
+int TokenConstraint::TextDeath(int32_t state, int* explored, bool* tainted) {
   const int cap = vocab_->trie->max_depth();
-  GrammarAutomaton& a = *automaton_;
-  // Level by level, the states plain text of that length leads to; the first dead one ends it.
-  level_.assign(1, state);
-  int d = 0;
-  while (d < cap) {
-    next_level_.clear();
-    for (int32_t s : level_)
-      for (uint8_t b : plain_bytes_) {
-        const int32_t t = a.Step(s, b);
-        if (t < 0) return plain_depth_[state] = static_cast<int16_t>(d);
-        next_level_.push_back(t);
-      }
-    std::sort(next_level_.begin(), next_level_.end());
-    next_level_.erase(std::unique(next_level_.begin(), next_level_.end()), next_level_.end());
-    ++d;
-    if (next_level_ == level_) {
-      d = cap;  // the same states again: alive at any length
-      break;
-    }
-    if (next_level_.size() > 64) break;  // a wide grammar: keep the depth proven so far
-    level_.swap(next_level_);
+  if (static_cast<size_t>(state) >= text_death_.size()) {
+    text_death_.resize(state + 1, -1);
+    on_path_.resize(state + 1, 0);
   }
-  return plain_depth_[state] = static_cast<int16_t>(d);
+  if (text_death_[state] >= 0) return text_death_[state];
+  if (on_path_[state]) {
+    *tainted = true;
+    return cap + 1;
+  }
+  if (++*explored > 512) {  // a wide grammar: claim the worst (no subtree will be skipped)
+    *tainted = true;
+    return 1;
+  }
+  on_path_[state] = 1;
+  GrammarAutomaton& a = *automaton_;
+  int best = cap + 1;
+  bool taint = false;
+  for (const std::string& ch : text_chars_) {
+    const int n = static_cast<int>(ch.size());
+    if (n >= best) continue;
+    const int32_t t = a.Walk(state, ch);
+    if (t < 0) {
+      best = n;
+    } else if (t != state) {
+      best = std::min(best, n + TextDeath(t, explored, &taint));
+    }
+    if (best <= 1) break;
+  }
+  on_path_[state] = 0;
+  if (!taint) text_death_[state] = static_cast<int16_t>(best);
+  *tainted |= taint;
+  return best;
+}
+
+int TokenConstraint::TextDepth(int32_t state) {
+  int explored = 0;
+  bool tainted = false;
+  const int death = TextDeath(state, &explored, &tainted);
+  // The starting state's answer is exact even when tainted (see TextDeath).
+  if (static_cast<size_t>(state) < text_death_.size()) text_death_[state] = static_cast<int16_t>(death);
+  return std::min(vocab_->trie->max_depth(), death - 1);
 }
 
 int32_t TokenConstraint::MaskClass(int32_t state) {
@@ -236,15 +350,17 @@ void TokenConstraint::Apply(float* logits, int64_t n_vocab, const std::vector<in
   const std::vector<uint64_t>& m = Mask(state_);
   bool any = false;
   for (int64_t w = 0; w * 64 < n_vocab; ++w) {
-    const uint64_t bits = w < static_cast<int64_t>(m.size()) ? m[w] : 0;
-    const int64_t end = std::min<int64_t>(n_vocab, (w + 1) * 64);
-    if (bits == ~uint64_t{0} && end == (w + 1) * 64) {
-      any = true;
+    const int64_t base = w * 64, n = std::min<int64_t>(64, n_vocab - base);
+    uint64_t bits = w < static_cast<int64_t>(m.size()) ? m[w] : 0;
+    if (n < 64) bits &= (uint64_t{1} << n) - 1;
+    any |= bits != 0;
+    if (bits == 0) {
+      std::fill(logits + base, logits + base + n, kNo);
       continue;
     }
-    for (int64_t i = w * 64; i < end; ++i)
-      if (!((bits >> (i & 63)) & 1)) logits[i] = kNo;
-      else any = true;
+    // The forbidden tokens of this word, one by one.
+    for (uint64_t no = ~bits & (n < 64 ? (uint64_t{1} << n) - 1 : ~uint64_t{0}); no; no &= no - 1)
+      logits[base + __builtin_ctzll(no)] = kNo;
   }
   if (!any) {
     // A state with no token (a grammar needing bytes no token has): end, failed.

@@ -33,6 +33,7 @@ struct ConstraintVocab {
   std::unique_ptr<TokenTrie> trie;     // every token but control and end-of-generation ones
   std::vector<std::pair<std::string, int32_t>> control;  // control tokens (text, id)
   std::vector<int32_t> eog;            // end-of-generation tokens
+  std::vector<int32_t> outside;        // tokens not in the trie (control, empty, padding ids)
 
   static std::shared_ptr<const ConstraintVocab> FromTokenizer(const Tokenizer& tok, int32_t n_vocab);
   // For tests and benchmarks: a vocabulary of raw pieces, `eog` ids ending generation.
@@ -43,6 +44,8 @@ struct ConstraintVocab {
 struct ConstraintStats {
   uint64_t masks = 0;        // masks applied
   uint64_t mask_walks = 0;   // of which computed by a trie walk (the rest from the cache)
+  uint64_t nodes_stepped = 0;   // trie nodes the walks stepped through
+  uint64_t subtrees_taken = 0;  // whole subtrees the walks allowed at once (text)
   double mask_seconds = 0;   // time spent computing and applying masks
 };
 
@@ -74,10 +77,13 @@ class TokenConstraint : public LogitsProcessor {
   // States whose stacks are equal once bounded-repetition counts are capped at the longest
   // token share one mask (a token cannot tell them apart): the id of that class.
   int32_t MaskClass(int32_t state);
-  // The longest d (capped at the longest token) such that every plain text (TokenTrie::Plain)
-  // of at most d bytes keeps `state` alive: a trie subtree of plain bytes no deeper than that
-  // is allowed whole, without stepping through it (the inside of a JSON string).
-  int PlainDepth(int32_t state);
+  // The longest d (capped at the longest token) such that all text (TokenTrie::TextChar) of at
+  // most d bytes keeps `state` alive: a trie subtree of text no deeper than that is allowed
+  // whole, without stepping through it (the inside of a JSON string).
+  int TextDepth(int32_t state);
+  // The length of the shortest text from `state` that leaves the grammar, at most cap + 1;
+  // memoized where exact (see the .cpp).
+  int TextDeath(int32_t state, int* explored, bool* tainted);
 
   std::shared_ptr<const ConstraintVocab> vocab_;
   std::unique_ptr<GrammarAutomaton> automaton_;
@@ -91,10 +97,12 @@ class TokenConstraint : public LogitsProcessor {
   std::vector<uint32_t> canon_;  // grammar element -> its class (bounded repetitions capped)
   std::vector<int32_t> class_of_;  // state -> MaskClass (-1: not yet)
   std::unordered_map<std::string, int32_t> classes_;
-  std::vector<int16_t> plain_depth_;  // by state; -1: not computed
-  std::vector<uint8_t> plain_bytes_;
-  std::vector<int32_t> level_, next_level_;
+  std::vector<int16_t> text_death_;  // by state; -1: not computed
+  std::vector<char> on_path_;        // TextDeath's recursion
+  // One text character per combination of byte classes (all others behave as one of these).
+  std::vector<std::string> text_chars_;
   std::vector<int32_t> walk_states_;
+  std::vector<uint64_t> pre_;  // a walk's allowed tokens, in the trie's preorder
   Status status_;
   ConstraintStats stats_;
 };

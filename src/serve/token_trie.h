@@ -29,15 +29,19 @@ class TokenTrie {
   // Tokens whose bytes equal another's (node, token): allowed exactly when that node's token is.
   const std::vector<std::pair<int32_t, int32_t>>& duplicates() const { return dups_; }
 
-  // Plain bytes: printable ASCII except '"' and '\\' (what a JSON string takes as is).
-  static bool Plain(uint8_t b) { return b >= 0x20 && b < 0x7F && b != '"' && b != '\\'; }
-  // plain_height()[i] > 0: every byte in node i's subtree (i included) is plain, and the
-  // longest path from i down has that many bytes; 0 otherwise. With subtree_tokens(), a state
-  // that survives any plain text that long allows the whole subtree at once.
-  const uint8_t* plain_height() const { return plain_height_.data(); }
+  // Text: characters a JSON string takes as they are — printable ASCII except '"' and '\\',
+  // and every well-formed UTF-8 character from U+0080 up. The length in bytes of the text
+  // character at s[0..n), or 0 when none starts there (a partial or ill-formed sequence too).
+  static int TextChar(const unsigned char* s, size_t n);
+  // text_height()[i] > 0: every token below node i (i included) continues from i with whole text
+  // characters only (i starts a character), the longest of them by that many bytes; 0
+  // otherwise. With subtree_tokens(), a state that survives any text that long allows the
+  // whole subtree at once (TokenConstraint).
+  const uint8_t* text_height() const { return text_height_.data(); }
   // The tokens of each subtree, contiguous: subtree i holds
   // subtree_tokens()[token_begin()[i] .. token_begin()[next()[i]]) (token_begin has size()+1).
   const int32_t* subtree_tokens() const { return preorder_tokens_.data(); }
+  size_t n_preorder_tokens() const { return preorder_tokens_.size(); }
   const int32_t* token_begin() const { return token_begin_.data(); }
   int max_depth() const { return max_depth_; }
 
@@ -45,7 +49,7 @@ class TokenTrie {
   std::vector<uint8_t> byte_, depth_;
   std::vector<int32_t> next_, token_;
   std::vector<std::pair<int32_t, int32_t>> dups_;
-  std::vector<uint8_t> plain_height_;
+  std::vector<uint8_t> text_height_;
   std::vector<int32_t> preorder_tokens_, token_begin_;
   int max_depth_ = 0;
 };
