@@ -187,13 +187,16 @@ void TokenConstraint::Walk(int32_t state, std::vector<uint64_t>* mask) {
   const int32_t n = static_cast<int32_t>(trie.size());
   for (int32_t i = 0; i < n;) {
     const int32_t from = st[depth[i] - 1];
-    if (text_height[i] && TextDepth(from) >= text_height[i]) {
-      // Every token below is text the state survives: all allowed.
-      SetRange(pre, token_begin[i], token_begin[next[i]]);
-      ++stats_.subtrees_taken;
-      trans = a.transitions();  // TextDepth may have stepped
-      i = next[i];
-      continue;
+    if (text_height[i]) {
+      const int depth_alive = TextDepth(from);
+      trans = a.transitions();  // TextDepth may have stepped (and grown the table)
+      if (depth_alive >= text_height[i]) {
+        // Every token below is text the state survives: all allowed.
+        SetRange(pre, token_begin[i], token_begin[next[i]]);
+        ++stats_.subtrees_taken;
+        i = next[i];
+        continue;
+      }
     }
     ++stats_.nodes_stepped;
     int32_t t = trans[static_cast<size_t>(from) * 256 + byte[i]];
