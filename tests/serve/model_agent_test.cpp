@@ -230,6 +230,46 @@ TEST_F(ModelAgentTest, ConstrainedDecodingWithDraftsGivesThePlainConstrainedToke
   EXPECT_EQ(got, want);
 }
 
+// `substrate chat` with input lines on stdin; returns what it printed (or "ERROR ...").
+std::string Chat(const std::string& model, const std::string& extra, const std::string& input) {
+  const std::string in = ::testing::TempDir() + "chat_input_" + std::to_string(::getpid());
+  if (!WriteFileAtomic(in, input).ok()) return "ERROR: input";
+  const std::string cmd = std::string(SUBSTRATE_BINARY) + " chat -m '" + model +
+                          "' -n 12 --temp 0 -c 512 " + extra + " < '" + in + "' 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return "ERROR: popen";
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  const int rc = pclose(f);
+  std::remove(in.c_str());
+  return rc == 0 ? out : "ERROR " + out;
+}
+
+TEST_F(ModelAgentTest, ChatSessionContinuesTheConversationInALaterRun) {
+  // One run, two turns: the reference.
+  const std::string both = Chat(model_, "", "def add(a, b):\nclass Stack:\n/exit\n");
+  ASSERT_EQ(both.rfind("ERROR", 0), std::string::npos) << both;
+  // The same two turns over two runs sharing a session file.
+  const std::string session = dir_ + "/talk.session";
+  const std::string first = Chat(model_, "--session '" + session + "'", "def add(a, b):\n/exit\n");
+  ASSERT_EQ(first.rfind("ERROR", 0), std::string::npos) << first;
+  EXPECT_TRUE(FileExists(session));
+  EXPECT_TRUE(FileExists(session + ".messages.json"));
+  const std::string second = Chat(model_, "--session '" + session + "'", "class Stack:\n/exit\n");
+  ASSERT_EQ(second.rfind("ERROR", 0), std::string::npos) << second;
+  EXPECT_NE(second.find("2 earlier messages"), std::string::npos) << second;
+  // The second run's answer is the second answer of the single run (the history was there).
+  const size_t at = both.find("> ", both.find("> ") + 2);  // the second prompt
+  ASSERT_NE(at, std::string::npos) << both;
+  const std::string want = both.substr(at, both.find("\n", at) - at);
+  EXPECT_NE(second.find(want), std::string::npos) << "want: " << want << "\ngot: " << second;
+  auto saved = ReadFileToString(session + ".messages.json");
+  ASSERT_TRUE(saved.ok());
+  EXPECT_EQ(json::parse(*saved).size(), 4u);
+}
+
 TEST_F(ModelAgentTest, LogitBiasMovesTheChoice) {
   auto a = Running::Start(model_, {}, {});
   ASSERT_TRUE(a);
