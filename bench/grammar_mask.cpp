@@ -16,12 +16,11 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "format/model_file.h"
 #include "serve/json_schema.h"
@@ -33,7 +32,8 @@ using namespace substrate::serve;
 
 namespace {
 
-std::vector<std::string> BuildVocab(const std::vector<std::string>& files, size_t size, uint64_t seed) {
+std::vector<std::string> BuildVocab(const std::vector<std::string>& files, size_t size,
+                                    uint64_t seed) {
   std::set<std::string> seen;
   std::vector<std::string> pieces;
   auto add = [&](const std::string& p) {
@@ -48,15 +48,17 @@ std::vector<std::string> BuildVocab(const std::vector<std::string>& files, size_
     }
     auto tok = Tokenizer::FromMetadata((*file)->metadata());
     if (!tok.ok()) {
-      std::fprintf(stderr, "bench_grammar_mask: %s: %s\n", f.c_str(), tok.status().ToString().c_str());
+      std::fprintf(stderr, "bench_grammar_mask: %s: %s\n", f.c_str(),
+                   tok.status().ToString().c_str());
       std::exit(1);
     }
     for (int id = 0; id < (*tok)->n_vocab(); ++id)
       if (!(*tok)->IsControl(id)) add((*tok)->Piece(id));
   }
-  for (const char* w : {" the", " of", " and", " to", " in", " is", " for", " on", " with", " as",
-                        "\"", "\":", "\": \"", "\",", "{\"", "\"}", " {", "},", "],", "[\"",
-                        " true", " false", " null", "ing", "tion", "er", "ed", " a", " an", "es"})
+  for (const char* w :
+       {" the",  " of",    " and",   " to", " in",  " is", " for", " on", " with", " as",
+        "\"",    "\":",    "\": \"", "\",", "{\"",  "\"}", " {",   "},",  "],",    "[\"",
+        " true", " false", " null",  "ing", "tion", "er",  "ed",   " a",  " an",   "es"})
     add(w);
   std::mt19937_64 rng(seed);
   while (pieces.size() < size) {
@@ -88,9 +90,12 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--vocab" && i + 1 < argc) files.push_back(argv[++i]);
-    else if (a == "--size" && i + 1 < argc) size = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
+    if (a == "--vocab" && i + 1 < argc)
+      files.push_back(argv[++i]);
+    else if (a == "--size" && i + 1 < argc)
+      size = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--seed" && i + 1 < argc)
+      seed = std::strtoull(argv[++i], nullptr, 10);
     else {
       std::fprintf(stderr, "usage: bench_grammar_mask [--vocab F.gguf]... [--size N] [--seed S]\n");
       return 2;
@@ -101,7 +106,8 @@ int main(int argc, char** argv) {
   pieces.push_back("");  // end of generation
   const int32_t eog = static_cast<int32_t>(pieces.size() - 1);
   auto vocab = ConstraintVocab::FromPieces(pieces, {eog});
-  const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_vocab).count();
+  const double build_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_vocab).count();
 
   // A tool call's arguments: nested objects, enums, numbers, an array, long free-text strings.
   const nlohmann::ordered_json schema = nlohmann::ordered_json::parse(R"({
@@ -126,7 +132,8 @@ int main(int argc, char** argv) {
     "estimate": 3.5,
     "body": "When more than eight experts miss the cache in one layer, the prefetch scheduler issues reads for the next layer before the current misses complete. The decoder then waits on reads it did not need yet. Expected: demand reads first, prefetches after; measure stall time per token before and after, on the 30B model under a 16 GiB budget, and report the bandwidth ratio against the same-run read probe. Notes: the plan's deadlines already give the order; the admission check should use them.",
     "due": "2026-12-04",
-    "done": false})").dump(1);
+    "done": false})")
+                              .dump(1);
 
   auto text = JsonSchemaGrammar(schema);
   if (!text.ok()) {
@@ -158,7 +165,8 @@ int main(int argc, char** argv) {
     walks_before = c.stats().mask_walks;
     if (at == doc.size()) {
       if (std::isinf(logits[eog])) {
-        std::fprintf(stderr, "bench_grammar_mask: the document is complete but the mask forbids the end\n");
+        std::fprintf(stderr,
+                     "bench_grammar_mask: the document is complete but the mask forbids the end\n");
         return 1;
       }
       break;
@@ -212,9 +220,16 @@ int main(int argc, char** argv) {
       {"mask_ms_max", Percentile(step_ms, 1.0)},
       {"trie_walks", walk_ms.size()},
       {"trie_walk_ms_mean", walk_ms.empty() ? 0.0 : walk_sum / static_cast<double>(walk_ms.size())},
-      {"trie_nodes_stepped_per_walk", walk_ms.empty() ? 0.0 : static_cast<double>(c.stats().nodes_stepped) / static_cast<double>(walk_ms.size())},
-      {"subtrees_taken_whole_per_walk", walk_ms.empty() ? 0.0 : static_cast<double>(c.stats().subtrees_taken) / static_cast<double>(walk_ms.size())},
-      {"cached_fraction", 1.0 - static_cast<double>(walk_ms.size()) / static_cast<double>(step_ms.size())},
+      {"trie_nodes_stepped_per_walk",
+       walk_ms.empty()
+           ? 0.0
+           : static_cast<double>(c.stats().nodes_stepped) / static_cast<double>(walk_ms.size())},
+      {"subtrees_taken_whole_per_walk",
+       walk_ms.empty()
+           ? 0.0
+           : static_cast<double>(c.stats().subtrees_taken) / static_cast<double>(walk_ms.size())},
+      {"cached_fraction",
+       1.0 - static_cast<double>(walk_ms.size()) / static_cast<double>(step_ms.size())},
       {"clock", "thread cpu time"},
       {"limit_ms", 1.0},
       {"ratio_mean", mean / 1.0},

@@ -9,7 +9,7 @@ namespace substrate::serve {
 namespace {
 
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
-constexpr int kMaxRepeat = 10000;   // {m,n} bounds: each repetition is a rule
+constexpr int kMaxRepeat = 10000;  // {m,n} bounds: each repetition is a rule
 constexpr size_t kMaxElements = 4u << 20;
 
 using Range = std::pair<uint32_t, uint32_t>;  // inclusive code point range
@@ -50,7 +50,9 @@ std::vector<Range> Normalize(std::vector<Range> in, bool negate) {
   return out;
 }
 
-int Utf8Length(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
+int Utf8Length(uint32_t cp) {
+  return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+}
 
 void Encode(uint32_t cp, int n, uint8_t* b) {
   if (n == 1) {
@@ -176,8 +178,8 @@ class Parser {
   }
 
   static bool NameChar(char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '-' || c == '_';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_';
   }
   std::string Name() {
     size_t b = pos_;
@@ -260,9 +262,12 @@ class Parser {
     }
     int lo = 1, hi = 1;  // hi < 0: unbounded
     const char q = s_[pos_];
-    if (q == '*') lo = 0, hi = -1, ++pos_;
-    else if (q == '+') lo = 1, hi = -1, ++pos_;
-    else if (q == '?') lo = 0, hi = 1, ++pos_;
+    if (q == '*')
+      lo = 0, hi = -1, ++pos_;
+    else if (q == '+')
+      lo = 1, hi = -1, ++pos_;
+    else if (q == '?')
+      lo = 0, hi = 1, ++pos_;
     else if (q == '{') {
       ++pos_;
       auto number = [&](int* out) {
@@ -340,8 +345,10 @@ class Parser {
       SkipSpace();
       if (pos_ >= s_.size() || s_[pos_] != ')') return Error("expected ')'");
       ++pos_;
-      if (alts.size() == 1) *out = std::move(alts[0]);
-      else out->push_back({Grammar::kRef, NewRule(rule, std::move(alts))});
+      if (alts.size() == 1)
+        *out = std::move(alts[0]);
+      else
+        out->push_back({Grammar::kRef, NewRule(rule, std::move(alts))});
       return Status::Ok();
     }
     if (NameChar(c)) {
@@ -372,8 +379,10 @@ class Parser {
       for (int i = 0; i < digits; ++i) {
         if (pos_ >= s_.size()) return Error("short \\x/\\u escape");
         char h = s_[pos_++];
-        int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+        int d = h >= '0' && h <= '9'   ? h - '0'
+                : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                       : -1;
         if (d < 0) return Error(std::string("bad hex digit '") + h + "' in an escape");
         v = v * 16 + static_cast<uint32_t>(d);
       }
@@ -382,14 +391,32 @@ class Parser {
       return Status::Ok();
     };
     switch (e) {
-      case 'n': *cp = '\n'; return Status::Ok();
-      case 'r': *cp = '\r'; return Status::Ok();
-      case 't': *cp = '\t'; return Status::Ok();
-      case '0': *cp = 0; return Status::Ok();
-      case 'x': return hex(2);
-      case 'u': return hex(4);
-      case 'U': return hex(8);
-      case '\\': case '"': case '\'': case '[': case ']': case '-': case '^': case '/':
+      case 'n':
+        *cp = '\n';
+        return Status::Ok();
+      case 'r':
+        *cp = '\r';
+        return Status::Ok();
+      case 't':
+        *cp = '\t';
+        return Status::Ok();
+      case '0':
+        *cp = 0;
+        return Status::Ok();
+      case 'x':
+        return hex(2);
+      case 'u':
+        return hex(4);
+      case 'U':
+        return hex(8);
+      case '\\':
+      case '"':
+      case '\'':
+      case '[':
+      case ']':
+      case '-':
+      case '^':
+      case '/':
         *cp = static_cast<unsigned char>(e);
         return Status::Ok();
     }
@@ -433,7 +460,8 @@ class Parser {
         }
         Seq alt;
         for (const Range& br : sq)
-          alt.push_back(ByteElement(static_cast<uint8_t>(br.first), static_cast<uint8_t>(br.second)));
+          alt.push_back(
+              ByteElement(static_cast<uint8_t>(br.first), static_cast<uint8_t>(br.second)));
         alts.push_back(std::move(alt));
       }
     }

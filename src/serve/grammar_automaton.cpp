@@ -36,13 +36,15 @@ bool GrammarAutomaton::SeenSet::Insert(uint64_t key) {
   }
 }
 
-GrammarAutomaton::GrammarAutomaton(std::shared_ptr<const Grammar> grammar) : g_(std::move(grammar)) {
+GrammarAutomaton::GrammarAutomaton(std::shared_ptr<const Grammar> grammar)
+    : g_(std::move(grammar)) {
   // Byte classes: bytes with the same membership in every byte set.
   std::map<std::vector<bool>, uint8_t> classes;
   for (int b = 0; b < 256; ++b) {
     std::vector<bool> sig(g_->byte_sets.size());
     for (size_t s = 0; s < sig.size(); ++s) sig[s] = g_->byte_sets[s][static_cast<size_t>(b)];
-    auto [it, fresh] = classes.try_emplace(std::move(sig), static_cast<uint8_t>(class_bytes_.size()));
+    auto [it, fresh] =
+        classes.try_emplace(std::move(sig), static_cast<uint8_t>(class_bytes_.size()));
     if (fresh) class_bytes_.emplace_back();
     byte_class_[b] = it->second;
     class_bytes_[it->second].push_back(static_cast<uint8_t>(b));
@@ -84,8 +86,7 @@ void GrammarAutomaton::Expand(uint32_t pos, int32_t parent) {
       case Grammar::kRef: {
         // A reference at the end of an alternative returns where this one would (a tail call),
         // so repetition does not grow the stack.
-        const int32_t ret =
-            g_->elements[p + 1].kind == Grammar::kEnd ? par : NodeId(p + 1, par);
+        const int32_t ret = g_->elements[p + 1].kind == Grammar::kEnd ? par : NodeId(p + 1, par);
         for (uint32_t alt : g_->rule_alts[e.arg]) work_.push_back({alt, ret});
         break;
       }
@@ -128,7 +129,8 @@ int32_t GrammarAutomaton::Compute(int32_t state, uint8_t byte) {
     if (g_->byte_sets[g_->elements[n.pos].arg][byte]) Expand(n.pos + 1, n.parent);
   }
   const int32_t t = Intern();  // may grow trans_
-  for (uint8_t b : class_bytes_[byte_class_[byte]]) trans_[static_cast<size_t>(state) * 256 + b] = t;
+  for (uint8_t b : class_bytes_[byte_class_[byte]])
+    trans_[static_cast<size_t>(state) * 256 + b] = t;
   return t;
 }
 

@@ -21,7 +21,7 @@ namespace substrate::serve {
 class GrammarAutomaton {
  public:
   static constexpr int32_t kDead = -1;
-  static constexpr int32_t kUnknown = -2;  // a transition not computed yet
+  static constexpr int32_t kUnknown = -2;         // a transition not computed yet
   static constexpr int32_t kMaxStates = 1 << 15;  // 1 KiB of transitions each: <= 32 MiB
 
   explicit GrammarAutomaton(std::shared_ptr<const Grammar> grammar);
@@ -37,7 +37,9 @@ class GrammarAutomaton {
   // The text so far is a complete sentence of the grammar.
   bool accepting(int32_t state) const { return states_[static_cast<size_t>(state)].accepting; }
   // More bytes may follow.
-  bool can_continue(int32_t state) const { return !states_[static_cast<size_t>(state)].leaves.empty(); }
+  bool can_continue(int32_t state) const {
+    return !states_[static_cast<size_t>(state)].leaves.empty();
+  }
   size_t n_states() const { return states_.size(); }
   // The transition table (state * 256 + byte -> state, kDead or kUnknown), for a caller that
   // reads it directly in a hot loop; valid until the next Step that computes a transition.
@@ -49,7 +51,9 @@ class GrammarAutomaton {
     uint32_t pos;    // kBytes element (a leaf) or the element to continue at (a frame)
     int32_t parent;  // the frame to return to; -1: the root
   };
-  const std::vector<int32_t>& leaves(int32_t state) const { return states_[static_cast<size_t>(state)].leaves; }
+  const std::vector<int32_t>& leaves(int32_t state) const {
+    return states_[static_cast<size_t>(state)].leaves;
+  }
   const Node& node(int32_t id) const { return nodes_[static_cast<size_t>(id)]; }
   const Status& status() const { return status_; }
   const Grammar& grammar() const { return *g_; }

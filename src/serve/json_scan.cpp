@@ -33,8 +33,10 @@ JsonScan Number(std::string_view t, size_t pos, size_t* end) {
   };
   if (p < t.size() && t[p] == '-') ++p;
   if (p == t.size()) return JsonScan::kIncomplete;
-  if (t[p] == '0') ++p;
-  else if (digits() == 0) return JsonScan::kInvalid;
+  if (t[p] == '0')
+    ++p;
+  else if (digits() == 0)
+    return JsonScan::kInvalid;
   if (p < t.size() && t[p] == '.') {
     ++p;
     if (digits() == 0) return p == t.size() ? JsonScan::kIncomplete : JsonScan::kInvalid;
@@ -99,8 +101,10 @@ JsonScan ScanJsonValue(std::string_view t, size_t pos, size_t* end) {
     if (v == JsonScan::kInvalid) return v;
     if (v == JsonScan::kIncomplete) {
       // A number is complete once something follows it.
-      if (e > p && e < t.size()) v = JsonScan::kComplete;
-      else return JsonScan::kIncomplete;
+      if (e > p && e < t.size())
+        v = JsonScan::kComplete;
+      else
+        return JsonScan::kIncomplete;
     }
     p = SkipJsonSpace(t, e);
     if (p == t.size()) return JsonScan::kIncomplete;

@@ -29,7 +29,8 @@ const std::map<std::string, std::string>& CommonRules() {
       {"json-member", R"(json-string ws ":" ws json-value)"},
       {"json-array", R"("[" ws ( json-value ( ws "," ws json-value )* ws )? "]")"},
       {"json-hex", "[0-9a-fA-F]"},
-      {"json-date", R"([0-9]{4} "-" ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ))"},
+      {"json-date",
+       R"([0-9]{4} "-" ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ))"},
       {"json-time",
        R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,6} )? )"
        R"(( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))"},
@@ -44,8 +45,8 @@ const std::map<std::string, std::vector<std::string>>& CommonDeps() {
   static const std::map<std::string, std::vector<std::string>> deps = {
       {"json-string", {"json-char"}},
       {"json-number", {"json-int"}},
-      {"json-value", {"json-object", "json-array", "json-string", "json-number", "json-bool",
-                      "json-null"}},
+      {"json-value",
+       {"json-object", "json-array", "json-string", "json-number", "json-bool", "json-null"}},
       {"json-object", {"ws", "json-member"}},
       {"json-member", {"json-string", "ws", "json-value"}},
       {"json-array", {"ws", "json-value"}},
@@ -63,9 +64,10 @@ const std::set<std::string>& Annotations() {
 
 const std::set<std::string>& Supported() {
   static const std::set<std::string> s = {
-      "type",  "enum",     "const",    "anyOf",     "$ref",      "$defs",     "definitions",
-      "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-      "minLength", "maxLength", "format"};
+      "type",  "enum",        "const",      "anyOf",     "$ref",
+      "$defs", "definitions", "properties", "required",  "additionalProperties",
+      "items", "minItems",    "maxItems",   "minLength", "maxLength",
+      "format"};
   return s;
 }
 
@@ -102,7 +104,9 @@ struct SchemaGrammar::Scope {
   std::map<std::string, std::string> refs;  // "$ref" -> its rule
 };
 
-SchemaGrammar::SchemaGrammar() { Common("ws"); }
+SchemaGrammar::SchemaGrammar() {
+  Common("ws");
+}
 
 void SchemaGrammar::Common(const std::string& name) {
   if (common_.count(name)) return;
@@ -157,15 +161,18 @@ Expected<std::string> SchemaGrammar::Compile(const json& s, const std::string& p
         return Unsupported(path, "'" + key + "' beside '$ref' is not supported");
     return Ref(it->get<std::string>(), path, scope);
   }
-  if (auto it = s.find("const"); it != s.end()) return Rule(scope.prefix, GrammarLiteral(it->dump()));
+  if (auto it = s.find("const"); it != s.end())
+    return Rule(scope.prefix, GrammarLiteral(it->dump()));
   if (auto it = s.find("enum"); it != s.end()) {
-    if (!it->is_array() || it->empty()) return Unsupported(path, "'enum' must be a non-empty array");
+    if (!it->is_array() || it->empty())
+      return Unsupported(path, "'enum' must be a non-empty array");
     std::string body;
     for (const json& v : *it) body += (body.empty() ? "" : " | ") + GrammarLiteral(v.dump());
     return Rule(scope.prefix, body);
   }
   if (auto it = s.find("anyOf"); it != s.end()) {
-    if (!it->is_array() || it->empty()) return Unsupported(path, "'anyOf' must be a non-empty array");
+    if (!it->is_array() || it->empty())
+      return Unsupported(path, "'anyOf' must be a non-empty array");
     // Keywords beside anyOf apply to every branch.
     json rest = s;
     rest.erase("anyOf");
@@ -195,7 +202,8 @@ Expected<std::string> SchemaGrammar::Compile(const json& s, const std::string& p
     } else {
       return Unsupported(path, "'type' must be a string or a non-empty array of strings");
     }
-  } else if (s.contains("properties") || s.contains("additionalProperties") || s.contains("required")) {
+  } else if (s.contains("properties") || s.contains("additionalProperties") ||
+             s.contains("required")) {
     types.push_back("object");
   } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
     types.push_back("array");
@@ -215,8 +223,10 @@ Expected<std::string> SchemaGrammar::Compile(const json& s, const std::string& p
     } else if (t == "string") {
       ASSIGN_OR_RETURN(r, String(s, path));
     } else if (t == "integer" || t == "number" || t == "boolean" || t == "null") {
-      r = t == "integer" ? "json-int" : t == "number" ? "json-number"
-          : t == "boolean" ? "json-bool" : "json-null";
+      r = t == "integer"   ? "json-int"
+          : t == "number"  ? "json-number"
+          : t == "boolean" ? "json-bool"
+                           : "json-null";
       Common(r);
     } else {
       return Unsupported(path, "unknown type '" + t + "'");
@@ -275,7 +285,8 @@ Expected<std::string> SchemaGrammar::Object(const json& s, const std::string& pa
   for (size_t i = 0; i < keys.size(); ++i) {
     std::string value = "json-value";
     if (keys[i].second) {
-      ASSIGN_OR_RETURN(value, Compile(*keys[i].second, path + ".properties." + keys[i].first, scope));
+      ASSIGN_OR_RETURN(value,
+                       Compile(*keys[i].second, path + ".properties." + keys[i].first, scope));
     } else {
       Common("json-value");
     }
@@ -310,11 +321,11 @@ Expected<std::string> SchemaGrammar::Array(const json& s, const std::string& pat
   ASSIGN_OR_RETURN(int64_t hi, Count(s, "maxItems", path, -1));
   if (hi >= 0 && hi < lo) return Unsupported(path, "maxItems is less than minItems");
   if (hi == 0) return Rule(scope.prefix, R"("[" ws "]")");
-  const std::string more = "( ws \",\" ws " + item + " )" +
-                           Repeat(lo > 0 ? lo - 1 : 0, hi < 0 ? -1 : hi - 1);
+  const std::string more =
+      "( ws \",\" ws " + item + " )" + Repeat(lo > 0 ? lo - 1 : 0, hi < 0 ? -1 : hi - 1);
   const std::string items = item + " " + more;
-  return Rule(scope.prefix, lo > 0 ? "\"[\" ws " + items + " ws \"]\""
-                                   : "\"[\" ws ( " + items + " ws )? \"]\"");
+  return Rule(scope.prefix,
+              lo > 0 ? "\"[\" ws " + items + " ws \"]\"" : "\"[\" ws ( " + items + " ws )? \"]\"");
 }
 
 Expected<std::string> SchemaGrammar::String(const json& s, const std::string& path) {

@@ -1,6 +1,7 @@
-// JSON Schema -> grammar (ordered_json: properties are generated in the order given), for structured output (docs/serve-agents.md lists the subset).
-// Every output of the grammar parses as JSON and validates against the schema; a keyword
-// outside the subset is an error naming it and where it is, never ignored.
+// JSON Schema -> grammar (ordered_json: properties are generated in the order given), for
+// structured output (docs/serve-agents.md lists the subset). Every output of the grammar parses as
+// JSON and validates against the schema; a keyword outside the subset is an error naming it and
+// where it is, never ignored.
 //
 //   SchemaGrammar g;
 //   auto root = g.Add(schema, "args");          // a rule matching exactly the valid documents
@@ -8,9 +9,8 @@
 #pragma once
 
 #include <map>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "core/status.h"
 
@@ -29,9 +29,12 @@ class SchemaGrammar {
 
  private:
   struct Scope;
-  Expected<std::string> Compile(const nlohmann::ordered_json& s, const std::string& path, Scope& scope);
-  Expected<std::string> Object(const nlohmann::ordered_json& s, const std::string& path, Scope& scope);
-  Expected<std::string> Array(const nlohmann::ordered_json& s, const std::string& path, Scope& scope);
+  Expected<std::string> Compile(const nlohmann::ordered_json& s, const std::string& path,
+                                Scope& scope);
+  Expected<std::string> Object(const nlohmann::ordered_json& s, const std::string& path,
+                               Scope& scope);
+  Expected<std::string> Array(const nlohmann::ordered_json& s, const std::string& path,
+                              Scope& scope);
   Expected<std::string> String(const nlohmann::ordered_json& s, const std::string& path);
   Expected<std::string> Ref(const std::string& ref, const std::string& path, Scope& scope);
   std::string Rule(const std::string& prefix, const std::string& body);

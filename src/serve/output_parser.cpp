@@ -15,7 +15,9 @@ size_t HoldBack(std::string_view t, std::string_view word) {
   return 0;
 }
 
-bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+bool StartsWith(std::string_view s, std::string_view p) {
+  return s.substr(0, p.size()) == p;
+}
 
 }  // namespace
 
@@ -94,7 +96,8 @@ std::vector<OutputEvent> OutputParser::Diff(const Split& s) {
     if (i < calls_.size() && calls_[i].name == c.name) {
       std::string& have = calls_[i].arguments;
       if (c.arguments.size() > have.size() && StartsWith(c.arguments, have)) {
-        ev.push_back({OutputEvent::kToolArgs, static_cast<int>(i), c.arguments.substr(have.size()), ""});
+        ev.push_back(
+            {OutputEvent::kToolArgs, static_cast<int>(i), c.arguments.substr(have.size()), ""});
         have = c.arguments;
       }
     }

@@ -18,11 +18,11 @@
 namespace substrate::serve {
 
 struct OutputOptions {
-  bool parse_tools = false;          // tools were offered (tool_choice other than none)
+  bool parse_tools = false;  // tools were offered (tool_choice other than none)
   ToolFormat format = ToolFormat::kGeneric;
-  bool tools_required = false;       // no call is an error (tool_choice required / named)
-  bool split_reasoning = true;       // false: --reasoning-format none (reasoning stays inline)
-  bool thinking_open = false;        // the prompt ended inside a reasoning block
+  bool tools_required = false;  // no call is an error (tool_choice required / named)
+  bool split_reasoning = true;  // false: --reasoning-format none (reasoning stays inline)
+  bool thinking_open = false;   // the prompt ended inside a reasoning block
   std::string think_open = "<think>";
   std::string think_close = "</think>";
 };

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-
 #include <nlohmann/json.hpp>
 
 #include "core/file_io.h"
@@ -108,7 +107,8 @@ Status DiskPromptCache::Store(const std::vector<int32_t>& tokens,
                               const std::function<Status(const std::string&)>& save) {
   if (tokens.size() < kMinTokens) return Status::Ok();
   char name[40];
-  std::snprintf(name, sizeof name, "%016llx.kv", static_cast<unsigned long long>(HashTokens(tokens)));
+  std::snprintf(name, sizeof name, "%016llx.kv",
+                static_cast<unsigned long long>(HashTokens(tokens)));
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (Entry& e : entries_)
@@ -144,8 +144,9 @@ void DiskPromptCache::EvictLocked() {
   uint64_t total = 0;
   for (const Entry& e : entries_) total += e.bytes;
   while (total > max_bytes_ && !entries_.empty()) {
-    auto oldest = std::min_element(entries_.begin(), entries_.end(),
-                                   [](const Entry& a, const Entry& b) { return a.last_used < b.last_used; });
+    auto oldest =
+        std::min_element(entries_.begin(), entries_.end(),
+                         [](const Entry& a, const Entry& b) { return a.last_used < b.last_used; });
     total -= oldest->bytes;
     ::unlink((dir_ + "/" + oldest->file).c_str());
     entries_.erase(oldest);

@@ -21,11 +21,11 @@
 namespace substrate::serve {
 
 struct PromptCacheStats {
-  uint64_t hits = 0;            // lookups that found a longer prefix than the slot had
+  uint64_t hits = 0;  // lookups that found a longer prefix than the slot had
   uint64_t misses = 0;
   uint64_t stores = 0;
   uint64_t evictions = 0;
-  uint64_t restored_tokens = 0; // prompt tokens restored from disk
+  uint64_t restored_tokens = 0;  // prompt tokens restored from disk
   uint64_t entries = 0;
   uint64_t bytes = 0;
 };
@@ -34,8 +34,8 @@ class DiskPromptCache {
  public:
   // Opens (creating) DIR/<fingerprint as 16 hex digits>/ and reads its index; entries whose
   // file is missing are dropped.
-  static Expected<std::unique_ptr<DiskPromptCache>> Open(const std::string& dir, uint64_t fingerprint,
-                                                         uint64_t max_bytes);
+  static Expected<std::unique_ptr<DiskPromptCache>> Open(const std::string& dir,
+                                                         uint64_t fingerprint, uint64_t max_bytes);
 
   struct Hit {
     std::string path;
@@ -48,13 +48,14 @@ class DiskPromptCache {
   void Restored(const Hit& hit, size_t tokens);
   // Keeps `tokens` (a session's cached tokens) unless an entry already holds them or more;
   // `save(path)` writes the session file. Evicts the oldest entries beyond the size limit.
-  Status Store(const std::vector<int32_t>& tokens, const std::function<Status(const std::string&)>& save);
+  Status Store(const std::vector<int32_t>& tokens,
+               const std::function<Status(const std::string&)>& save);
 
   PromptCacheStats stats() const;
   const std::string& dir() const { return dir_; }
 
-  static constexpr size_t kMinGain = 16;     // tokens
-  static constexpr size_t kMinTokens = 32;   // shorter prompts are not worth a file
+  static constexpr size_t kMinGain = 16;    // tokens
+  static constexpr size_t kMinTokens = 32;  // shorter prompts are not worth a file
 
  private:
   struct Entry {

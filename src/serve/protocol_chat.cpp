@@ -17,7 +17,8 @@ bool ContentText(Reader& r, const json& content, const std::string& where, std::
     *out = content.get<std::string>();
     return true;
   }
-  if (!content.is_array()) return r.WrongType(where, "a string or an array of text blocks", content);
+  if (!content.is_array())
+    return r.WrongType(where, "a string or an array of text blocks", content);
   for (size_t i = 0; i < content.size(); ++i) {
     const json& part = content[i];
     std::string at = where + "[" + std::to_string(i) + "]";
@@ -36,7 +37,6 @@ bool ContentText(Reader& r, const json& content, const std::string& where, std::
   }
   return true;
 }
-
 
 bool ValidToolName(const std::string& n) {
   if (n.empty() || n.size() > 64) return false;
@@ -98,12 +98,14 @@ bool OpenAIMessage(Reader& r, const json& m, const std::string& at, json* out,
       const std::string ct = at + ".tool_calls[" + std::to_string(k) + "]";
       const json& c = calls[k];
       if (!c.is_object() || !c.contains("function") || !c["function"].is_object())
-        return r.Fail("'" + ct + "' must be {\"id\", \"type\": \"function\", \"function\": {...}}", ct);
+        return r.Fail("'" + ct + "' must be {\"id\", \"type\": \"function\", \"function\": {...}}",
+                      ct);
       const json& f = c["function"];
       if (!f.contains("name") || !f["name"].is_string())
         return r.Fail("missing required field '" + ct + ".function.name'", ct + ".function.name");
       json args = json::object();
-      if (f.contains("arguments") && !Arguments(r, f["arguments"], ct + ".function.arguments", &args))
+      if (f.contains("arguments") &&
+          !Arguments(r, f["arguments"], ct + ".function.arguments", &args))
         return false;
       const std::string id = c.value("id", "call_" + std::to_string(k));
       (*names)[id] = f["name"].get<std::string>();
@@ -119,8 +121,10 @@ bool OpenAIMessage(Reader& r, const json& m, const std::string& at, json* out,
     if (m.contains("tool_call_id") && m["tool_call_id"].is_string()) id = m["tool_call_id"];
     msg["tool_call_id"] = id;
     auto n = names->find(id);
-    if (n != names->end()) msg["name"] = n->second;
-    else if (m.contains("name") && m["name"].is_string()) msg["name"] = m["name"];
+    if (n != names->end())
+      msg["name"] = n->second;
+    else if (m.contains("name") && m["name"].is_string())
+      msg["name"] = m["name"];
   }
   out->push_back(std::move(msg));
   return true;
@@ -142,7 +146,8 @@ bool AnthropicMessage(Reader& r, const json& m, const std::string& at, json* out
     out->push_back({{"role", rs}, {"content", content->get<std::string>()}});
     return true;
   }
-  if (!content->is_array()) return r.WrongType(at + ".content", "a string or an array of blocks", *content);
+  if (!content->is_array())
+    return r.WrongType(at + ".content", "a string or an array of blocks", *content);
   std::string text;
   json calls = json::array();
   for (size_t i = 0; i < content->size(); ++i) {
@@ -222,9 +227,11 @@ bool ParseTools(Reader& r, const nlohmann::ordered_json& ordered, bool anthropic
     }
     if (!f->contains("name") || !(*f)["name"].is_string() ||
         !ValidToolName((*f)["name"].get<std::string>()))
-      return r.Fail("'" + at + ".name' must be 1-64 letters, digits, '_', '-' or '.'", at + ".name");
+      return r.Fail("'" + at + ".name' must be 1-64 letters, digits, '_', '-' or '.'",
+                    at + ".name");
     spec.name = (*f)["name"];
-    if (f->contains("description") && (*f)["description"].is_string()) spec.description = (*f)["description"];
+    if (f->contains("description") && (*f)["description"].is_string())
+      spec.description = (*f)["description"];
     const char* schema_key = anthropic ? "input_schema" : "parameters";
     if (f->contains(schema_key) && !(*f)[schema_key].is_null()) {
       if (!(*f)[schema_key].is_object())
@@ -236,7 +243,8 @@ bool ParseTools(Reader& r, const nlohmann::ordered_json& ordered, bool anthropic
       return r.Fail("missing required field '" + at + ".input_schema'", at + ".input_schema");
     }
     for (const ToolSpec& other : out->tools)
-      if (other.name == spec.name) return r.Fail("two tools named '" + spec.name + "'", at + ".name");
+      if (other.name == spec.name)
+        return r.Fail("two tools named '" + spec.name + "'", at + ".name");
     out->tools.push_back(std::move(spec));
   }
   return true;
@@ -265,18 +273,23 @@ bool ParseToolChoice(Reader& r, bool anthropic, GenerationRequest* out) {
   } else {
     return r.WrongType("tool_choice", "a string or an object", *c);
   }
-  if (anthropic ? type == "auto" : type == "auto") out->tool_choice = ToolChoice::kAuto;
-  else if (type == "none") out->tool_choice = ToolChoice::kNone;
-  else if (anthropic ? type == "any" : type == "required") out->tool_choice = ToolChoice::kRequired;
-  else if (anthropic ? type == "tool" : type == "function") out->tool_choice = ToolChoice::kNamed;
+  if (anthropic ? type == "auto" : type == "auto")
+    out->tool_choice = ToolChoice::kAuto;
+  else if (type == "none")
+    out->tool_choice = ToolChoice::kNone;
+  else if (anthropic ? type == "any" : type == "required")
+    out->tool_choice = ToolChoice::kRequired;
+  else if (anthropic ? type == "tool" : type == "function")
+    out->tool_choice = ToolChoice::kNamed;
   else
-    return r.Fail("unknown tool_choice '" + type + "' (" +
-                      (anthropic ? "auto, any, tool, none" : "none, auto, required, or a function") +
-                      ")",
-                  "tool_choice");
+    return r.Fail(
+        "unknown tool_choice '" + type + "' (" +
+            (anthropic ? "auto, any, tool, none" : "none, auto, required, or a function") + ")",
+        "tool_choice");
   if (out->tool_choice == ToolChoice::kNamed) {
     if (!HasTool(*out, name))
-      return r.Fail("tool_choice names '" + name + "', which is not among the tools", "tool_choice");
+      return r.Fail("tool_choice names '" + name + "', which is not among the tools",
+                    "tool_choice");
     out->tool_choice_name = name;
   }
   if ((out->tool_choice == ToolChoice::kRequired || out->tool_choice == ToolChoice::kNamed) &&
@@ -290,9 +303,10 @@ bool ParseFormat(Reader& r, const nlohmann::ordered_json& ordered, bool anthropi
   if (!anthropic) {
     if (const json* rf = r.Find("response_format")) {
       if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
-        return r.Fail("'response_format' must be {\"type\": \"text\" | \"json_object\" | "
-                      "\"json_schema\", ...}",
-                      "response_format");
+        return r.Fail(
+            "'response_format' must be {\"type\": \"text\" | \"json_object\" | "
+            "\"json_schema\", ...}",
+            "response_format");
       const std::string type = (*rf)["type"];
       if (type == "json_object") {
         out->format = OutputFormat::kJsonObject;
@@ -365,7 +379,8 @@ bool ParseChatBody(Reader& r, const json& body, const nlohmann::ordered_json& or
          ParseFormat(r, ordered, anthropic, out);
 }
 
-bool ParseCompletionFormat(Reader& r, const nlohmann::ordered_json& ordered, GenerationRequest* out) {
+bool ParseCompletionFormat(Reader& r, const nlohmann::ordered_json& ordered,
+                           GenerationRequest* out) {
   return ParseFormat(r, ordered, false, out);
 }
 

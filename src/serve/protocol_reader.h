@@ -4,9 +4,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "serve/protocol.h"
 
@@ -16,13 +15,20 @@ using nlohmann::json;
 
 inline const char* TypeName(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "boolean";
-    case json::value_t::string: return "string";
-    case json::value_t::array: return "array";
-    case json::value_t::object: return "object";
-    case json::value_t::number_float: return "number";
-    default: return "integer";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "boolean";
+    case json::value_t::string:
+      return "string";
+    case json::value_t::array:
+      return "array";
+    case json::value_t::object:
+      return "object";
+    case json::value_t::number_float:
+      return "number";
+    default:
+      return "integer";
   }
 }
 
@@ -109,7 +115,8 @@ class Reader {
 // `ordered`: the same body parsed keeping key order (schemas are read from it).
 bool ParseChatBody(Reader& r, const json& body, const nlohmann::ordered_json& ordered,
                    bool anthropic, GenerationRequest* out);
-bool ParseCompletionFormat(Reader& r, const nlohmann::ordered_json& ordered, GenerationRequest* out);
+bool ParseCompletionFormat(Reader& r, const nlohmann::ordered_json& ordered,
+                           GenerationRequest* out);
 bool ParseLogitBias(Reader& r, SamplingParams* out);
 
 }  // namespace substrate::serve

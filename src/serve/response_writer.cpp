@@ -8,7 +8,6 @@ using nlohmann::json;
 
 namespace {
 
-
 const char* OpenAIFinish(Finish f, bool tool_calls) {
   if (f == Finish::kLength) return "length";
   return tool_calls ? "tool_calls" : "stop";
@@ -17,9 +16,12 @@ const char* OpenAIFinish(Finish f, bool tool_calls) {
 const char* AnthropicStop(Finish f, bool tool_calls) {
   if (tool_calls && f != Finish::kLength) return "tool_use";
   switch (f) {
-    case Finish::kEndOfText: return "end_turn";
-    case Finish::kStopSequence: return "stop_sequence";
-    case Finish::kLength: return "max_tokens";
+    case Finish::kEndOfText:
+      return "end_turn";
+    case Finish::kStopSequence:
+      return "stop_sequence";
+    case Finish::kLength:
+      return "max_tokens";
   }
   return "end_turn";
 }
@@ -49,7 +51,10 @@ json AnthropicUsage(const CompletionInfo& i, int output_tokens) {
 }
 
 json OpenAIChunkBase(const CompletionInfo& i, const char* object) {
-  return {{"id", i.id}, {"object", object}, {"created", i.created}, {"model", i.model},
+  return {{"id", i.id},
+          {"object", object},
+          {"created", i.created},
+          {"model", i.model},
           {"system_fingerprint", "substrate"}};
 }
 
@@ -67,7 +72,8 @@ json LogprobsJson(Api api, const std::vector<StepLogprobs>* lps, size_t offset) 
     for (const StepLogprobs& s : *lps) {
       json top = json::array();
       for (const TokenLogprob& t : s.top)
-        top.push_back({{"token", SanitizeUtf8(t.bytes)}, {"logprob", t.logprob}, {"bytes", bytes(t.bytes)}});
+        top.push_back(
+            {{"token", SanitizeUtf8(t.bytes)}, {"logprob", t.logprob}, {"bytes", bytes(t.bytes)}});
       content.push_back({{"token", SanitizeUtf8(s.chosen.bytes)},
                          {"logprob", s.chosen.logprob},
                          {"bytes", bytes(s.chosen.bytes)},
@@ -86,15 +92,18 @@ json LogprobsJson(Api api, const std::vector<StepLogprobs>* lps, size_t offset) 
     offsets.push_back(offset);
     offset += s.chosen.bytes.size();
   }
-  return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops},
+  return {{"tokens", tokens},
+          {"token_logprobs", token_lps},
+          {"top_logprobs", tops},
           {"text_offset", offsets}};
 }
 
-std::string Data(const json& j) { return "data: " + j.dump() + "\n\n"; }
+std::string Data(const json& j) {
+  return "data: " + j.dump() + "\n\n";
+}
 std::string Event(const char* name, const json& j) {
   return std::string("event: ") + name + "\ndata: " + j.dump() + "\n\n";
 }
-
 
 // The arguments as an object (Anthropic's tool_use input); {} when they do not parse.
 json ArgumentsObject(const std::string& args) {
@@ -110,7 +119,8 @@ std::string NewToolCallId(Api api) {
   return (api == Api::kAnthropicMessages ? "toolu_" : "call_") + id;
 }
 
-std::string ChoicesBody(Api api, const CompletionInfo& i, const std::vector<ChoiceResult>& choices) {
+std::string ChoicesBody(Api api, const CompletionInfo& i,
+                        const std::vector<ChoiceResult>& choices) {
   switch (api) {
     case Api::kOpenAIChat:
     case Api::kOpenAICompletion: {
@@ -126,15 +136,16 @@ std::string ChoicesBody(Api api, const CompletionInfo& i, const std::vector<Choi
           choice["text"] = SanitizeUtf8(c.content);
         } else {
           json msg = {{"role", "assistant"}};
-          msg["content"] = c.calls.empty() || !c.content.empty() ? json(SanitizeUtf8(c.content))
-                                                                 : json(nullptr);
+          msg["content"] =
+              c.calls.empty() || !c.content.empty() ? json(SanitizeUtf8(c.content)) : json(nullptr);
           if (!c.reasoning.empty()) msg["reasoning_content"] = SanitizeUtf8(c.reasoning);
           if (!c.calls.empty()) {
             json calls = json::array();
             for (const ToolCall& t : c.calls)
-              calls.push_back({{"id", NewToolCallId(api)},
-                               {"type", "function"},
-                               {"function", {{"name", t.name}, {"arguments", SanitizeUtf8(t.arguments)}}}});
+              calls.push_back(
+                  {{"id", NewToolCallId(api)},
+                   {"type", "function"},
+                   {"function", {{"name", t.name}, {"arguments", SanitizeUtf8(t.arguments)}}}});
             msg["tool_calls"] = calls;
           }
           choice["message"] = msg;
@@ -150,7 +161,8 @@ std::string ChoicesBody(Api api, const CompletionInfo& i, const std::vector<Choi
       const ChoiceResult& c = choices.at(0);
       json content = json::array();
       if (!c.reasoning.empty())
-        content.push_back({{"type", "thinking"}, {"thinking", SanitizeUtf8(c.reasoning)}, {"signature", ""}});
+        content.push_back(
+            {{"type", "thinking"}, {"thinking", SanitizeUtf8(c.reasoning)}, {"signature", ""}});
       if (!c.content.empty() || c.calls.empty())
         content.push_back({{"type", "text"}, {"text", SanitizeUtf8(c.content)}});
       for (const ToolCall& t : c.calls)
@@ -164,7 +176,8 @@ std::string ChoicesBody(Api api, const CompletionInfo& i, const std::vector<Choi
                 {"model", i.model},
                 {"content", content},
                 {"stop_reason", AnthropicStop(c.finish, !c.calls.empty())},
-                {"stop_sequence", c.finish == Finish::kStopSequence ? json(c.stop_sequence) : json(nullptr)},
+                {"stop_sequence",
+                 c.finish == Finish::kStopSequence ? json(c.stop_sequence) : json(nullptr)},
                 {"usage", AnthropicUsage(i, i.completion_tokens)},
                 {"timings", Timings(i)}};
       return j.dump();
@@ -180,8 +193,10 @@ std::string StreamWriter::OpenAIChunk(int choice, const json& delta, const json&
   const bool chat = api_ == Api::kOpenAIChat;
   json j = OpenAIChunkBase(info_, chat ? "chat.completion.chunk" : "text_completion");
   json c = {{"index", choice}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
-  if (chat) c["delta"] = delta;
-  else c["text"] = delta.value("content", "");
+  if (chat)
+    c["delta"] = delta;
+  else
+    c["text"] = delta.value("content", "");
   j["choices"] = json::array({c});
   return Data(j);
 }
@@ -197,14 +212,10 @@ std::string StreamWriter::Start() {
     case Api::kOpenAICompletion:
       return "";
     case Api::kAnthropicMessages: {
-      json msg = {{"id", info_.id},
-                  {"type", "message"},
-                  {"role", "assistant"},
-                  {"model", info_.model},
-                  {"content", json::array()},
-                  {"stop_reason", nullptr},
-                  {"stop_sequence", nullptr},
-                  {"usage", AnthropicUsage(info_, 0)}};
+      json msg = {{"id", info_.id},           {"type", "message"},
+                  {"role", "assistant"},      {"model", info_.model},
+                  {"content", json::array()}, {"stop_reason", nullptr},
+                  {"stop_sequence", nullptr}, {"usage", AnthropicUsage(info_, 0)}};
       return Event("message_start", {{"type", "message_start"}, {"message", msg}});
     }
   }
@@ -213,7 +224,8 @@ std::string StreamWriter::Start() {
 
 std::string StreamWriter::CloseBlock(Choice& c) {
   if (c.block < 0) return "";
-  std::string out = Event("content_block_stop", {{"type", "content_block_stop"}, {"index", c.block}});
+  std::string out =
+      Event("content_block_stop", {{"type", "content_block_stop"}, {"index", c.block}});
   c.block = -1;
   return out;
 }
@@ -239,7 +251,8 @@ std::string StreamWriter::Events(int choice, const std::vector<OutputEvent>& eve
           out += OpenAIChunk(choice, {{"reasoning_content", SanitizeUtf8(e.text)}}, take_lp());
           break;
         case OutputEvent::kToolStart: {
-          if (c.ids.size() <= static_cast<size_t>(e.index)) c.ids.resize(static_cast<size_t>(e.index) + 1);
+          if (c.ids.size() <= static_cast<size_t>(e.index))
+            c.ids.resize(static_cast<size_t>(e.index) + 1);
           c.ids[e.index] = NewToolCallId(api_);
           json tc = {{"index", e.index},
                      {"id", c.ids[e.index]},
@@ -273,7 +286,10 @@ std::string StreamWriter::Events(int choice, const std::vector<OutputEvent>& eve
         block = {{"type", "thinking"}, {"thinking", ""}};
       } else {
         c.tool = e.index;
-        block = {{"type", "tool_use"}, {"id", NewToolCallId(api_)}, {"name", e.name}, {"input", json::object()}};
+        block = {{"type", "tool_use"},
+                 {"id", NewToolCallId(api_)},
+                 {"name", e.name},
+                 {"input", json::object()}};
       }
       out += Event("content_block_start",
                    {{"type", "content_block_start"}, {"index", c.block}, {"content_block", block}});
@@ -281,7 +297,8 @@ std::string StreamWriter::Events(int choice, const std::vector<OutputEvent>& eve
       continue;  // arguments of a call whose block is not open (cannot happen: starts come first)
     }
     json delta;
-    if (e.kind == OutputEvent::kContent) delta = {{"type", "text_delta"}, {"text", SanitizeUtf8(e.text)}};
+    if (e.kind == OutputEvent::kContent)
+      delta = {{"type", "text_delta"}, {"text", SanitizeUtf8(e.text)}};
     else if (e.kind == OutputEvent::kReasoning)
       delta = {{"type", "thinking_delta"}, {"thinking", SanitizeUtf8(e.text)}};
     else if (e.kind == OutputEvent::kToolArgs)
@@ -314,9 +331,13 @@ std::string StreamWriter::EndChoice(int choice, Finish finish, const std::string
   }
   const bool chat = api_ == Api::kOpenAIChat;
   json j = OpenAIChunkBase(info_, chat ? "chat.completion.chunk" : "text_completion");
-  json ch = {{"index", choice}, {"logprobs", nullptr}, {"finish_reason", OpenAIFinish(finish, tool_calls)}};
-  if (chat) ch["delta"] = json::object();
-  else ch["text"] = "";
+  json ch = {{"index", choice},
+             {"logprobs", nullptr},
+             {"finish_reason", OpenAIFinish(finish, tool_calls)}};
+  if (chat)
+    ch["delta"] = json::object();
+  else
+    ch["text"] = "";
   j["choices"] = json::array({ch});
   return Data(j);
 }
@@ -332,7 +353,8 @@ std::string StreamWriter::Done(const CompletionInfo& info, bool include_usage) {
   }
   std::string out;
   if (include_usage) {
-    json u = OpenAIChunkBase(info, api_ == Api::kOpenAIChat ? "chat.completion.chunk" : "text_completion");
+    json u = OpenAIChunkBase(
+        info, api_ == Api::kOpenAIChat ? "chat.completion.chunk" : "text_completion");
     u["choices"] = json::array();
     u["usage"] = OpenAIUsage(info);
     u["timings"] = Timings(info);

@@ -26,7 +26,8 @@ struct ChoiceResult {
 std::string NewToolCallId(Api api);
 
 // The non-streaming body.
-std::string ChoicesBody(Api api, const CompletionInfo& info, const std::vector<ChoiceResult>& choices);
+std::string ChoicesBody(Api api, const CompletionInfo& info,
+                        const std::vector<ChoiceResult>& choices);
 
 // One streamed response (n choices for OpenAI, one for Anthropic). Each method returns complete
 // SSE events, ready to write.
@@ -40,15 +41,16 @@ class StreamWriter {
   std::string Events(int choice, const std::vector<OutputEvent>& events,
                      const std::vector<StepLogprobs>* lps = nullptr, size_t text_offset = 0);
   // The end of one choice.
-  std::string EndChoice(int choice, Finish finish, const std::string& stop_sequence, bool tool_calls);
+  std::string EndChoice(int choice, Finish finish, const std::string& stop_sequence,
+                        bool tool_calls);
   // The end of the response (after every choice ended); `info` carries the final usage.
   std::string Done(const CompletionInfo& info, bool include_usage);
 
  private:
   struct Choice {
-    int block = -1;             // Anthropic: the open content block's index (-1: none)
+    int block = -1;  // Anthropic: the open content block's index (-1: none)
     OutputEvent::Kind kind = OutputEvent::kContent;
-    int tool = -1;              // the tool call the open block holds
+    int tool = -1;                 // the tool call the open block holds
     std::vector<std::string> ids;  // tool-call ids by call index
   };
   std::string OpenAIChunk(int choice, const nlohmann::json& delta, const nlohmann::json& logprobs);

@@ -1,9 +1,9 @@
 // Routes beyond generation: slot files (POST /slots/{id}?action=save|restore), the engine's
 // live numbers as server-sent events (GET /v1/runtime/events), and the web page (GET /).
+#include <httplib.h>
+
 #include <chrono>
 #include <thread>
-
-#include <httplib.h>
 
 #include "serve/protocol.h"
 #include "serve/server.h"
@@ -55,9 +55,13 @@ nlohmann::json HttpServer::RuntimeSnapshot() const {
       {"slots_busy", st.busy},
       {"queued", st.queued},
       {"tokens",
-       {{"generated", st.generated_tokens}, {"prompt", st.prompt_tokens}, {"cached", st.cached_tokens}}},
+       {{"generated", st.generated_tokens},
+        {"prompt", st.prompt_tokens},
+        {"cached", st.cached_tokens}}},
       {"memory",
-       {{"cap", ledger.cap()}, {"current", ledger.current()}, {"peak", ledger.peak()},
+       {{"cap", ledger.cap()},
+        {"current", ledger.current()},
+        {"peak", ledger.peak()},
         {"accounts", accounts}}},
       {"runtime", backend_->RuntimeStats()},
   };
@@ -98,8 +102,8 @@ void HttpServer::InstallAgentRoutes() {
       const int code = st.code() == StatusCode::kInvalidArgument ? 400
                        : st.code() == StatusCode::kNotFound || st.code() == StatusCode::kIOError
                            ? (action == "restore" ? 404 : 500)
-                           : st.code() == StatusCode::kCorruption ? 400
-                                                                   : 500;
+                       : st.code() == StatusCode::kCorruption ? 400
+                                                              : 500;
       return SendJsonError(res, code, st.message());
     }
     nlohmann::json out = {{"id_slot", id}, {"filename", name}};
@@ -117,7 +121,8 @@ void HttpServer::InstallAgentRoutes() {
   // RuntimeSnapshot's object. Documented in docs/serve-agents.md.
   http.Get("/v1/runtime/events", [this](const httplib::Request& req, httplib::Response& res) {
     int interval = 500;
-    if (req.has_param("interval_ms")) interval = std::atoi(req.get_param_value("interval_ms").c_str());
+    if (req.has_param("interval_ms"))
+      interval = std::atoi(req.get_param_value("interval_ms").c_str());
     interval = std::clamp(interval, 100, 10000);
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");

@@ -3,10 +3,10 @@
 // included), an optional grammar (tool calls, response_format, `grammar`), n jobs on the
 // scheduler, and an answer split into reasoning, text and tool calls (OutputParser), written in
 // the API's shape (response_writer.h).
+#include <httplib.h>
+
 #include <chrono>
 #include <random>
-
-#include <httplib.h>
 
 #include "core/log.h"
 #include "serve/json_schema.h"
@@ -46,9 +46,12 @@ int64_t UnixNow() {
 
 Finish ToFinish(JobEnd end) {
   switch (end) {
-    case JobEnd::kEndOfText: return Finish::kEndOfText;
-    case JobEnd::kStopSequence: return Finish::kStopSequence;
-    default: return Finish::kLength;
+    case JobEnd::kEndOfText:
+      return Finish::kEndOfText;
+    case JobEnd::kStopSequence:
+      return Finish::kStopSequence;
+    default:
+      return Finish::kLength;
   }
 }
 
@@ -73,12 +76,16 @@ Expected<GrammarSpec> GrammarFor(const GenerationRequest& gr, const ChatPrompt* 
   // With reasoning left open by the prompt, the constrained part follows it.
   std::string prefix;
   if (cp && cp->thinking_open)
-    prefix = "( " + GrammarTextWithout(cp->think_close) + " ) " + GrammarLiteral(cp->think_close) + " ws";
-  if (tools_on && (gr.tool_choice == ToolChoice::kRequired || gr.tool_choice == ToolChoice::kNamed)) {
+    prefix = "( " + GrammarTextWithout(cp->think_close) + " ) " + GrammarLiteral(cp->think_close) +
+             " ws";
+  if (tools_on &&
+      (gr.tool_choice == ToolChoice::kRequired || gr.tool_choice == ToolChoice::kNamed)) {
     std::vector<ToolSpec> subset;
     for (const ToolSpec& t : gr.tools)
-      if (gr.tool_choice == ToolChoice::kRequired || t.name == gr.tool_choice_name) subset.push_back(t);
-    ASSIGN_OR_RETURN(g.text, ToolCallGrammar(cp->tool_format, subset, gr.parallel_tool_calls, prefix));
+      if (gr.tool_choice == ToolChoice::kRequired || t.name == gr.tool_choice_name)
+        subset.push_back(t);
+    ASSIGN_OR_RETURN(g.text,
+                     ToolCallGrammar(cp->tool_format, subset, gr.parallel_tool_calls, prefix));
     return g;
   }
   if (tools_on) {
@@ -95,13 +102,18 @@ Expected<GrammarSpec> GrammarFor(const GenerationRequest& gr, const ChatPrompt* 
     return g;
   }
   switch (gr.format) {
-    case OutputFormat::kText: break;
-    case OutputFormat::kJsonObject: g.text = JsonObjectGrammar(prefix); break;
+    case OutputFormat::kText:
+      break;
+    case OutputFormat::kJsonObject:
+      g.text = JsonObjectGrammar(prefix);
+      break;
     case OutputFormat::kJsonSchema: {
       ASSIGN_OR_RETURN(g.text, JsonSchemaGrammar(gr.schema, prefix));
       break;
     }
-    case OutputFormat::kGrammar: g.text = gr.grammar; break;  // covers the whole answer
+    case OutputFormat::kGrammar:
+      g.text = gr.grammar;
+      break;  // covers the whole answer
   }
   return g;
 }
@@ -149,8 +161,8 @@ void HttpServer::InstallGenerateRoutes() {
       p->prompt = cp.tokens;
       p->output.parse_tools = tools_on;
       p->output.format = cp.tool_format;
-      p->output.tools_required =
-          tools_on && (gr.tool_choice == ToolChoice::kRequired || gr.tool_choice == ToolChoice::kNamed);
+      p->output.tools_required = tools_on && (gr.tool_choice == ToolChoice::kRequired ||
+                                              gr.tool_choice == ToolChoice::kNamed);
       p->output.split_reasoning = options_.reasoning_format != "none";
       p->output.thinking_open = cp.thinking_open;
       p->output.think_open = cp.think_open;
@@ -179,10 +191,10 @@ void HttpServer::InstallGenerateRoutes() {
       }
     auto spec = GrammarFor(gr, api == Api::kOpenAICompletion ? nullptr : &cp);
     if (!spec.ok()) {
-      *err = BadRequest(spec.status().message(),
-                        gr.format == OutputFormat::kGrammar ? "grammar"
-                        : gr.format == OutputFormat::kText  ? "tools"
-                                                            : "response_format");
+      *err = BadRequest(spec.status().message(), gr.format == OutputFormat::kGrammar ? "grammar"
+                                                 : gr.format == OutputFormat::kText
+                                                     ? "tools"
+                                                     : "response_format");
       return false;
     }
     p->sampling = gr.sampling;
@@ -198,8 +210,7 @@ void HttpServer::InstallGenerateRoutes() {
     }
     // Clients often ask for more than a small context leaves: answer up to its end.
     const int room = context_ - n_prompt;
-    p->sampling.max_tokens =
-        gr.max_tokens_given ? std::min(p->sampling.max_tokens, room) : room;
+    p->sampling.max_tokens = gr.max_tokens_given ? std::min(p->sampling.max_tokens, room) : room;
     return true;
   };
 
@@ -288,8 +299,8 @@ void HttpServer::InstallGenerateRoutes() {
       const OutputOptions output = p.output;
       res.set_chunked_content_provider(
           "text/event-stream",
-          [jobs, api, info, include_usage, logprobs, sched, fill, writer, output,
-           job_error](size_t, httplib::DataSink& sink) mutable {
+          [jobs, api, info, include_usage, logprobs, sched, fill, writer, output, job_error](
+              size_t, httplib::DataSink& sink) mutable {
             auto cancel_all = [&] {
               for (auto& j : jobs) sched->Cancel(j);  // the client is gone: free the slots now
             };
@@ -315,7 +326,8 @@ void HttpServer::InstallGenerateRoutes() {
                 std::vector<OutputEvent> ev = parsers[i].Push(text);
                 std::string out;
                 if (!ev.empty() || !lps.empty()) {
-                  out = writer->Events(static_cast<int>(i), ev, logprobs ? &lps : nullptr, offsets[i]);
+                  out = writer->Events(static_cast<int>(i), ev, logprobs ? &lps : nullptr,
+                                       offsets[i]);
                   for (const StepLogprobs& lp : lps) offsets[i] += lp.chosen.bytes.size();
                 }
                 if (end) {
@@ -365,19 +377,21 @@ void HttpServer::InstallGenerateRoutes() {
   http.Post("/v1/messages", generate(Api::kAnthropicMessages));
 
   // Anthropic's token count: the prompt the request would make, tools included.
-  http.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
-    const Api api = Api::kAnthropicMessages;
-    nlohmann::json body = nlohmann::json::parse(req.body, nullptr, false);
-    if (body.is_object() && !body.contains("max_tokens")) body["max_tokens"] = 1;
-    GenerationRequest gr;
-    ApiError err;
-    if (!ParseRequest(api, body.is_discarded() ? req.body : body.dump(), &gr, &err))
-      return Send(res, api, err);
-    const bool tools_on = !gr.tools.empty() && gr.tool_choice != ToolChoice::kNone;
-    auto chat = backend_->EncodeChat(gr.messages, tools_on ? ToolsJson(gr.tools) : nullptr);
-    if (!chat.ok()) return Send(res, api, BadRequest(chat.status().message(), "messages"));
-    res.set_content(nlohmann::json{{"input_tokens", chat->tokens.size()}}.dump(), "application/json");
-  });
+  http.Post(
+      "/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
+        const Api api = Api::kAnthropicMessages;
+        nlohmann::json body = nlohmann::json::parse(req.body, nullptr, false);
+        if (body.is_object() && !body.contains("max_tokens")) body["max_tokens"] = 1;
+        GenerationRequest gr;
+        ApiError err;
+        if (!ParseRequest(api, body.is_discarded() ? req.body : body.dump(), &gr, &err))
+          return Send(res, api, err);
+        const bool tools_on = !gr.tools.empty() && gr.tool_choice != ToolChoice::kNone;
+        auto chat = backend_->EncodeChat(gr.messages, tools_on ? ToolsJson(gr.tools) : nullptr);
+        if (!chat.ok()) return Send(res, api, BadRequest(chat.status().message(), "messages"));
+        res.set_content(nlohmann::json{{"input_tokens", chat->tokens.size()}}.dump(),
+                        "application/json");
+      });
 }
 
 }  // namespace substrate::serve

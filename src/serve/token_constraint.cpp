@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <set>
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "tokenizer/tokenizer.h"
 
@@ -22,7 +22,8 @@ std::shared_ptr<const ConstraintVocab> Build(std::vector<std::string> pieces, in
   v->n_vocab = n_vocab;
   v->trie = std::make_unique<TokenTrie>(pieces, include);
   std::vector<char> in_trie(static_cast<size_t>(n_vocab), 0);
-  for (size_t k = 0; k < v->trie->n_preorder_tokens(); ++k) in_trie[v->trie->subtree_tokens()[k]] = 1;
+  for (size_t k = 0; k < v->trie->n_preorder_tokens(); ++k)
+    in_trie[v->trie->subtree_tokens()[k]] = 1;
   for (int32_t id = 0; id < n_vocab; ++id)
     if (!in_trie[id]) v->outside.push_back(id);
   v->pieces = std::move(pieces);
@@ -216,7 +217,8 @@ void TokenConstraint::Walk(int32_t state, std::vector<uint64_t>* mask) {
   const int32_t* ptok = trie.subtree_tokens();
   const size_t words = (static_cast<size_t>(vocab_->n_vocab) + 63) / 64;
   int64_t allowed = 0;
-  for (int64_t w = 0; w < static_cast<int64_t>(pre_.size()); ++w) allowed += __builtin_popcountll(pre[w]);
+  for (int64_t w = 0; w < static_cast<int64_t>(pre_.size()); ++w)
+    allowed += __builtin_popcountll(pre[w]);
   uint64_t* bits;
   if (allowed * 2 <= n_pre) {
     mask->assign(words, 0);
@@ -231,7 +233,8 @@ void TokenConstraint::Walk(int32_t state, std::vector<uint64_t>* mask) {
     bits = mask->data();
     for (int64_t w = 0; w < static_cast<int64_t>(pre_.size()); ++w) {
       uint64_t no = ~pre[w];
-      if (w == static_cast<int64_t>(pre_.size()) - 1 && (n_pre & 63)) no &= (uint64_t{1} << (n_pre & 63)) - 1;
+      if (w == static_cast<int64_t>(pre_.size()) - 1 && (n_pre & 63))
+        no &= (uint64_t{1} << (n_pre & 63)) - 1;
       for (; no; no &= no - 1) {
         const int32_t id = ptok[w * 64 + __builtin_ctzll(no)];
         bits[id >> 6] &= ~(uint64_t{1} << (id & 63));
@@ -293,7 +296,8 @@ int TokenConstraint::TextDepth(int32_t state) {
   bool tainted = false;
   const int death = TextDeath(state, &explored, &tainted);
   // The starting state's answer is exact even when tainted (see TextDeath).
-  if (static_cast<size_t>(state) < text_death_.size()) text_death_[state] = static_cast<int16_t>(death);
+  if (static_cast<size_t>(state) < text_death_.size())
+    text_death_[state] = static_cast<int16_t>(death);
   return std::min(vocab_->trie->max_depth(), death - 1);
 }
 

@@ -28,25 +28,26 @@ namespace substrate::serve {
 
 // What a constraint needs to know about a model's vocabulary; built once per model.
 struct ConstraintVocab {
-  int32_t n_vocab = 0;                 // the model's logits per row (may exceed the tokenizer's)
-  std::vector<std::string> pieces;     // each token's bytes
-  std::unique_ptr<TokenTrie> trie;     // every token but control and end-of-generation ones
+  int32_t n_vocab = 0;              // the model's logits per row (may exceed the tokenizer's)
+  std::vector<std::string> pieces;  // each token's bytes
+  std::unique_ptr<TokenTrie> trie;  // every token but control and end-of-generation ones
   std::vector<std::pair<std::string, int32_t>> control;  // control tokens (text, id)
-  std::vector<int32_t> eog;            // end-of-generation tokens
-  std::vector<int32_t> outside;        // tokens not in the trie (control, empty, padding ids)
+  std::vector<int32_t> eog;                              // end-of-generation tokens
+  std::vector<int32_t> outside;  // tokens not in the trie (control, empty, padding ids)
 
-  static std::shared_ptr<const ConstraintVocab> FromTokenizer(const Tokenizer& tok, int32_t n_vocab);
+  static std::shared_ptr<const ConstraintVocab> FromTokenizer(const Tokenizer& tok,
+                                                              int32_t n_vocab);
   // For tests and benchmarks: a vocabulary of raw pieces, `eog` ids ending generation.
   static std::shared_ptr<const ConstraintVocab> FromPieces(std::vector<std::string> pieces,
                                                            std::vector<int32_t> eog);
 };
 
 struct ConstraintStats {
-  uint64_t masks = 0;        // masks applied
-  uint64_t mask_walks = 0;   // of which computed by a trie walk (the rest from the cache)
+  uint64_t masks = 0;           // masks applied
+  uint64_t mask_walks = 0;      // of which computed by a trie walk (the rest from the cache)
   uint64_t nodes_stepped = 0;   // trie nodes the walks stepped through
   uint64_t subtrees_taken = 0;  // whole subtrees the walks allowed at once (text)
-  double mask_seconds = 0;   // time spent computing and applying masks
+  double mask_seconds = 0;      // time spent computing and applying masks
 };
 
 class TokenConstraint : public LogitsProcessor {
@@ -94,7 +95,7 @@ class TokenConstraint : public LogitsProcessor {
   std::vector<std::string> triggers_;
   std::string before_;  // output so far, while waiting for a trigger
   std::unordered_map<int32_t, std::vector<uint64_t>> masks_;  // by MaskClass
-  std::vector<uint32_t> canon_;  // grammar element -> its class (bounded repetitions capped)
+  std::vector<uint32_t> canon_;    // grammar element -> its class (bounded repetitions capped)
   std::vector<int32_t> class_of_;  // state -> MaskClass (-1: not yet)
   std::unordered_map<std::string, int32_t> classes_;
   std::vector<int16_t> text_death_;  // by state; -1: not computed

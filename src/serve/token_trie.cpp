@@ -10,10 +10,14 @@ int TokenTrie::TextChar(const unsigned char* s, size_t n) {
   if (c < 0x80) return c >= 0x20 && c < 0x7F && c != '"' && c != '\\' ? 1 : 0;
   int len;
   unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range (no overlongs, no surrogates)
-  if (c >= 0xC2 && c <= 0xDF) len = 2;
-  else if (c >= 0xE0 && c <= 0xEF) len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-  else if (c >= 0xF0 && c <= 0xF4) len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-  else return 0;
+  if (c >= 0xC2 && c <= 0xDF)
+    len = 2;
+  else if (c >= 0xE0 && c <= 0xEF)
+    len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+  else if (c >= 0xF0 && c <= 0xF4)
+    len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+  else
+    return 0;
   if (n < static_cast<size_t>(len) || s[1] < lo || s[1] > hi) return 0;
   for (int k = 2; k < len; ++k)
     if (s[k] < 0x80 || s[k] > 0xBF) return 0;

@@ -10,17 +10,28 @@ using nlohmann::json;
 
 const char* ToolFormatName(ToolFormat f) {
   switch (f) {
-    case ToolFormat::kGeneric: return "generic";
-    case ToolFormat::kHermes: return "hermes";
-    case ToolFormat::kLlama3: return "llama3";
-    case ToolFormat::kMistral: return "mistral";
-    case ToolFormat::kDeepSeekR1: return "deepseek-r1";
-    case ToolFormat::kDeepSeekV3: return "deepseek-v3";
-    case ToolFormat::kFunctionaryV32: return "functionary-v3.2";
-    case ToolFormat::kFunctionaryV31: return "functionary-v3.1";
-    case ToolFormat::kCommandR7B: return "command-r7b";
-    case ToolFormat::kCommandRPlus: return "command-r-plus";
-    case ToolFormat::kFirefunction: return "firefunction";
+    case ToolFormat::kGeneric:
+      return "generic";
+    case ToolFormat::kHermes:
+      return "hermes";
+    case ToolFormat::kLlama3:
+      return "llama3";
+    case ToolFormat::kMistral:
+      return "mistral";
+    case ToolFormat::kDeepSeekR1:
+      return "deepseek-r1";
+    case ToolFormat::kDeepSeekV3:
+      return "deepseek-v3";
+    case ToolFormat::kFunctionaryV32:
+      return "functionary-v3.2";
+    case ToolFormat::kFunctionaryV31:
+      return "functionary-v3.1";
+    case ToolFormat::kCommandR7B:
+      return "command-r7b";
+    case ToolFormat::kCommandRPlus:
+      return "command-r-plus";
+    case ToolFormat::kFirefunction:
+      return "firefunction";
   }
   return "generic";
 }
@@ -45,25 +56,34 @@ ToolFormat DetectToolFormat(std::string_view src) {
 std::vector<std::string> ToolCallTriggers(ToolFormat f) {
   switch (f) {
     case ToolFormat::kGeneric:
-    case ToolFormat::kHermes: return {"<tool_call>"};
-    case ToolFormat::kLlama3: return {"<|python_tag|>", "{\"name\""};
-    case ToolFormat::kMistral: return {"[TOOL_CALLS]"};
+    case ToolFormat::kHermes:
+      return {"<tool_call>"};
+    case ToolFormat::kLlama3:
+      return {"<|python_tag|>", "{\"name\""};
+    case ToolFormat::kMistral:
+      return {"[TOOL_CALLS]"};
     case ToolFormat::kDeepSeekR1:
     case ToolFormat::kDeepSeekV3:
       return {kDsCallsBegin, kDsCallBegin};
-    case ToolFormat::kFunctionaryV32: return {">>>"};
-    case ToolFormat::kFunctionaryV31: return {"<function="};
-    case ToolFormat::kCommandR7B: return {"<|START_ACTION|>"};
-    case ToolFormat::kCommandRPlus: return {"Action:"};
-    case ToolFormat::kFirefunction: return {"functools["};
+    case ToolFormat::kFunctionaryV32:
+      return {">>>"};
+    case ToolFormat::kFunctionaryV31:
+      return {"<function="};
+    case ToolFormat::kCommandR7B:
+      return {"<|START_ACTION|>"};
+    case ToolFormat::kCommandRPlus:
+      return {"Action:"};
+    case ToolFormat::kFirefunction:
+      return {"functools["};
   }
   return {};
 }
 
 namespace {
 
-
-std::string L(std::string_view s) { return GrammarLiteral(s); }
+std::string L(std::string_view s) {
+  return GrammarLiteral(s);
+}
 
 }  // namespace
 
@@ -155,8 +175,8 @@ Expected<std::string> ToolCallGrammar(ToolFormat f, const std::vector<ToolSpec>&
       break;
     case ToolFormat::kCommandRPlus:
       call = item([&](const std::string& n, const std::string& a) {
-        return "( " + L("{\"tool_name\": ") + " " + quoted(n) + " " + L(", \"parameters\": ") + " " +
-               a + " " + L("}") + " )";
+        return "( " + L("{\"tool_name\": ") + " " + quoted(n) + " " + L(", \"parameters\": ") +
+               " " + a + " " + L("}") + " )";
       });
       open = L("Action:\n```json\n[");
       sep = L(",\n");
@@ -174,8 +194,8 @@ Expected<std::string> ToolCallGrammar(ToolFormat f, const std::vector<ToolSpec>&
   }
   std::string calls = "tool-call";
   if (parallel) calls += " ( " + (sep.empty() ? std::string() : sep + " ") + "tool-call )*";
-  std::string head = "root ::= " + (prefix.empty() ? "" : prefix + " ") + open + " " + calls +
-                     " " + close + "\ntool-call ::= " + call;
+  std::string head = "root ::= " + (prefix.empty() ? "" : prefix + " ") + open + " " + calls + " " +
+                     close + "\ntool-call ::= " + call;
   return sg.Text(head);
 }
 

@@ -4,8 +4,8 @@
 #include <initializer_list>
 
 #include "serve/json_scan.h"
-#include "serve/tool_markers.h"
 #include "serve/tool_format.h"
+#include "serve/tool_markers.h"
 
 namespace substrate::serve {
 
@@ -15,7 +15,6 @@ namespace {
 
 // Where a scan stands: done, needs more text, or not the expected syntax.
 enum class Got { kDone, kMore, kBad };
-
 
 // text[pos..] against `word`: kDone when it starts with it, kMore when text ends inside it.
 Got Expect(std::string_view t, size_t pos, std::string_view word) {
@@ -46,7 +45,8 @@ struct Section {
 
 // One call written as a JSON object: its name under one of `name_keys`, its arguments under
 // one of `args_keys` (a JSON string holding JSON is unwrapped).
-Got ScanCallObject(std::string_view t, size_t pos, std::initializer_list<std::string_view> name_keys,
+Got ScanCallObject(std::string_view t, size_t pos,
+                   std::initializer_list<std::string_view> name_keys,
                    std::initializer_list<std::string_view> args_keys, size_t* end, Section* s) {
   auto is = [](std::initializer_list<std::string_view> keys, const std::string& k) {
     return std::find(keys.begin(), keys.end(), k) != keys.end();
@@ -147,7 +147,8 @@ Got ScanCallArray(std::string_view t, size_t pos, std::initializer_list<std::str
     if (g != Got::kDone) return g;
     p = SkipJsonSpace(t, e);
     if (p >= t.size()) return Got::kMore;
-    if (t[p] == ',') p = SkipJsonSpace(t, p + 1);
+    if (t[p] == ',')
+      p = SkipJsonSpace(t, p + 1);
     else if (t[p] != ']') {
       s->error = "expected ',' or ']' between tool calls";
       return Got::kBad;
@@ -248,7 +249,8 @@ Got LlamaPython(std::string_view t, size_t pos, bool final, size_t* end, Section
 }
 
 // One format's call section starting at `pos` (where a trigger was found).
-Got ParseSection(ToolFormat f, std::string_view t, size_t pos, bool final, size_t* end, Section* s) {
+Got ParseSection(ToolFormat f, std::string_view t, size_t pos, bool final, size_t* end,
+                 Section* s) {
   switch (f) {
     case ToolFormat::kGeneric:
     case ToolFormat::kHermes:

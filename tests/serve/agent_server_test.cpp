@@ -21,7 +21,8 @@ using testing::ParseSse;
 using testing::PostStream;
 
 const char* kCallAnswer =
-    "Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": [1, 2]}}"
+    "Sure.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": "
+    "[1, 2]}}"
     "\n</tool_call>";
 
 json Tools() {
@@ -30,7 +31,9 @@ json Tools() {
       "days": {"type": "array", "items": {"type": "integer"}}}}}}])");
 }
 
-json Say(const std::string& text) { return {{"role", "user"}, {"content", "[[say:" + text + ":yas]]"}}; }
+json Say(const std::string& text) {
+  return {{"role", "user"}, {"content", "[[say:" + text + ":yas]]"}};
+}
 
 class AgentServerTest : public ::testing::Test {
  protected:
@@ -99,7 +102,8 @@ TEST_F(AgentServerTest, OpenAIToolCallsWholeAndStreamed) {
           EXPECT_EQ(tc["index"], 0);
           if (tc.contains("id")) id = tc["id"];
           if (tc["function"].contains("name")) name += tc["function"]["name"].get<std::string>();
-          if (tc["function"].contains("arguments") && !tc["function"]["arguments"].get<std::string>().empty()) {
+          if (tc["function"].contains("arguments") &&
+              !tc["function"]["arguments"].get<std::string>().empty()) {
             args += tc["function"]["arguments"].get<std::string>();
             ++fragments;
           }
@@ -115,9 +119,12 @@ TEST_F(AgentServerTest, OpenAIToolCallsWholeAndStreamed) {
   backend_.token_delay_us = 0;
 
   // The tools reached the prompt (the fake renders them), and a tool message goes back in.
-  json back = {{"messages", {Say("ok"), choice["message"],
-                             {{"role", "tool"}, {"tool_call_id", call["id"]}, {"content", "18 C"}}}},
-               {"tools", Tools()}, {"max_tokens", 10}};
+  json back = {{"messages",
+                {Say("ok"),
+                 choice["message"],
+                 {{"role", "tool"}, {"tool_call_id", call["id"]}, {"content", "18 C"}}}},
+               {"tools", Tools()},
+               {"max_tokens", 10}};
   int status = 0;
   json r2 = Post("/v1/chat/completions", back, &status);
   EXPECT_EQ(status, 200) << r2.dump();
@@ -126,8 +133,12 @@ TEST_F(AgentServerTest, OpenAIToolCallsWholeAndStreamed) {
 
 TEST_F(AgentServerTest, AnthropicToolUseWholeAndStreamed) {
   StartServer();
-  json body = {{"model", "m"}, {"max_tokens", 400}, {"messages", {Say(kCallAnswer)}},
-               {"tools", {{{"name", "get_weather"}, {"input_schema", Tools()[0]["function"]["parameters"]}}}}};
+  json body = {
+      {"model", "m"},
+      {"max_tokens", 400},
+      {"messages", {Say(kCallAnswer)}},
+      {"tools",
+       {{{"name", "get_weather"}, {"input_schema", Tools()[0]["function"]["parameters"]}}}}};
   json r = Post("/v1/messages", body);
   EXPECT_EQ(r["stop_reason"], "tool_use") << r.dump();
   ASSERT_EQ(r["content"].size(), 2u) << r.dump();
@@ -173,12 +184,16 @@ TEST_F(AgentServerTest, AnthropicToolUseWholeAndStreamed) {
   EXPECT_EQ(stop_reason, "tool_use");
 
   // tool_use / tool_result blocks in the history reach the template as a call and a tool turn.
-  json back = {{"model", "m"}, {"max_tokens", 10},
-               {"tools", body["tools"]},
-               {"messages", {Say("ok"), {{"role", "assistant"}, {"content", r["content"]}},
-                             {{"role", "user"}, {"content", {{{"type", "tool_result"},
-                                                              {"tool_use_id", use["id"]},
-                                                              {"content", "18 C"}}}}}}}};
+  json back = {
+      {"model", "m"},
+      {"max_tokens", 10},
+      {"tools", body["tools"]},
+      {"messages",
+       {Say("ok"),
+        {{"role", "assistant"}, {"content", r["content"]}},
+        {{"role", "user"},
+         {"content",
+          {{{"type", "tool_result"}, {"tool_use_id", use["id"]}, {"content", "18 C"}}}}}}}};
   int status = 0;
   json r2 = Post("/v1/messages", back, &status);
   EXPECT_EQ(status, 200) << r2.dump();
@@ -191,8 +206,10 @@ TEST_F(AgentServerTest, AnthropicToolUseWholeAndStreamed) {
 
 TEST_F(AgentServerTest, RequiredToolWithoutACallIsAnErrorTheClientSees) {
   StartServer();
-  json body = {{"messages", {Say("The weather is nice.")}}, {"tools", Tools()},
-               {"tool_choice", "required"}, {"max_tokens", 100}};
+  json body = {{"messages", {Say("The weather is nice.")}},
+               {"tools", Tools()},
+               {"tool_choice", "required"},
+               {"max_tokens", 100}};
   int status = 0;
   httplib::Headers headers;
   json r = Post("/v1/chat/completions", body, &status, &headers);
@@ -208,7 +225,9 @@ TEST_F(AgentServerTest, RequiredToolWithoutACallIsAnErrorTheClientSees) {
   json last = json::parse(events.back().data);
   EXPECT_EQ(last["error"]["code"], "tool_call_parse_error") << events.back().data;
   // Anthropic: an error event.
-  json a = {{"model", "m"}, {"max_tokens", 100}, {"messages", {Say("No tools today.")}},
+  json a = {{"model", "m"},
+            {"max_tokens", 100},
+            {"messages", {Say("No tools today.")}},
             {"tools", {{{"name", "f"}, {"input_schema", {{"type", "object"}}}}}},
             {"tool_choice", {{"type", "any"}}}};
   auto ae = Stream("/v1/messages", a);
@@ -224,7 +243,8 @@ TEST_F(AgentServerTest, RequiredToolWithoutACallIsAnErrorTheClientSees) {
 
 TEST_F(AgentServerTest, ReasoningIsSplitUnlessTurnedOff) {
   StartServer();
-  json body = {{"messages", {Say("<think>I add 2 and 2.</think>\n\nIt is 4.")}}, {"max_tokens", 100}};
+  json body = {{"messages", {Say("<think>I add 2 and 2.</think>\n\nIt is 4.")}},
+               {"max_tokens", 100}};
   json r = Post("/v1/chat/completions", body);
   EXPECT_EQ(r["choices"][0]["message"]["reasoning_content"], "I add 2 and 2.") << r.dump();
   EXPECT_EQ(r["choices"][0]["message"]["content"], "It is 4.");
@@ -233,7 +253,8 @@ TEST_F(AgentServerTest, ReasoningIsSplitUnlessTurnedOff) {
     if (e.data == "[DONE]") continue;
     json d = json::parse(e.data);
     for (const json& c : d["choices"]) {
-      if (c["delta"].contains("reasoning_content")) reasoning += c["delta"]["reasoning_content"].get<std::string>();
+      if (c["delta"].contains("reasoning_content"))
+        reasoning += c["delta"]["reasoning_content"].get<std::string>();
       if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
     }
   }
@@ -259,14 +280,18 @@ TEST_F(AgentServerTest, ReasoningIsSplitUnlessTurnedOff) {
   off.reasoning_format = "none";
   StartServer(off);
   json inline_r = Post("/v1/chat/completions", body);
-  EXPECT_EQ(inline_r["choices"][0]["message"]["content"], "<think>I add 2 and 2.</think>\n\nIt is 4.");
+  EXPECT_EQ(inline_r["choices"][0]["message"]["content"],
+            "<think>I add 2 and 2.</think>\n\nIt is 4.");
   EXPECT_FALSE(inline_r["choices"][0]["message"].contains("reasoning_content"));
 }
 
 TEST_F(AgentServerTest, SeveralChoices) {
   StartServer();
-  json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 6}, {"n", 3},
-               {"temperature", 1.0}, {"seed", 11}};
+  json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+               {"max_tokens", 6},
+               {"n", 3},
+               {"temperature", 1.0},
+               {"seed", 11}};
   json r = Post("/v1/chat/completions", body);
   ASSERT_EQ(r["choices"].size(), 3u) << r.dump();
   for (int i = 0; i < 3; ++i) EXPECT_EQ(r["choices"][i]["index"], i);
@@ -301,8 +326,8 @@ TEST_F(AgentServerTest, WebPageAndRuntimeEvents) {
   ASSERT_TRUE(page);
   EXPECT_EQ(page->status, 200);
   EXPECT_NE(page->get_header_value("Content-Type").find("text/html"), std::string::npos);
-  for (const char* id : {"id=\"plot-tps\"", "id=\"plot-memory\"", "id=\"plot-disk\"", "/v1/runtime/events",
-                         "/v1/chat/completions"})
+  for (const char* id : {"id=\"plot-tps\"", "id=\"plot-memory\"", "id=\"plot-disk\"",
+                         "/v1/runtime/events", "/v1/chat/completions"})
     EXPECT_NE(page->body.find(id), std::string::npos) << id;
   EXPECT_EQ(page->body.find("http://"), std::string::npos);  // nothing from elsewhere
   EXPECT_EQ(page->body.find("https://"), std::string::npos);

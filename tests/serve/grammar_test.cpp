@@ -2,12 +2,13 @@
 // rejects, UTF-8 classes, repetition bounds, errors naming the problem, masks that admit
 // exactly the tokens that continue the text, end-of-generation only when complete, lazy
 // triggers, and logit_bias.
+#include "serve/grammar.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "grammar_test_util.h"
-#include "serve/grammar.h"
 #include "serve/token_constraint.h"
 
 namespace substrate::serve {
@@ -23,7 +24,8 @@ TEST(Grammar, LiteralsClassesAndRepetition) {
     digits ::= [0-9]{2,3}
   )");
   ASSERT_TRUE(g);
-  for (const char* ok : {"id-a", "id-abc12", "id-c123!?", "id-b!!"}) EXPECT_TRUE(Accepts(g, ok)) << ok;
+  for (const char* ok : {"id-a", "id-abc12", "id-c123!?", "id-b!!"})
+    EXPECT_TRUE(Accepts(g, ok)) << ok;
   for (const char* bad : {"id-", "id-d", "id-a1", "id-a1234", "id-a!!!", "xid-a"})
     EXPECT_FALSE(Accepts(g, bad)) << bad;
   EXPECT_TRUE(Continues(g, "id-"));
@@ -36,7 +38,7 @@ TEST(Grammar, EscapesAndUnicodeClasses) {
   EXPECT_TRUE(Accepts(g, "\"caf\xC3\xA9 \xF0\x9F\x98\x80\"\xCE\xB2\xC3\xA9x\n"));
   EXPECT_TRUE(Accepts(g, "\"\"\xCF\x89\xC3\xA9\xE2\x82\xAC\n"));
   EXPECT_FALSE(Accepts(g, "\"a\"b\xC3\xA9x\n"));            // 'b' is not in [α-ω]
-  EXPECT_FALSE(Accepts(g, "\"\x01\"\xCE\xB2\xC3\xA9x\n"));   // a control character
+  EXPECT_FALSE(Accepts(g, "\"\x01\"\xCE\xB2\xC3\xA9x\n"));  // a control character
   EXPECT_FALSE(Continues(g, "\"\xC3("));                    // a broken UTF-8 sequence
   EXPECT_FALSE(Continues(g, "\"\xED\xA0\x80"));             // a surrogate is not a character
 }

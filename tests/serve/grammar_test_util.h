@@ -42,10 +42,12 @@ inline bool Continues(const std::shared_ptr<const Grammar>& g, std::string_view 
 inline std::vector<std::string> TestVocab() {
   std::vector<std::string> v;
   for (int b = 0; b < 256; ++b) v.push_back(std::string(1, static_cast<char>(b)));
-  for (const char* t : {"\"", "\": ", "{\"", "\"}", "true", "false", "null", "  ", "\n  ", "\", \"",
-                        "name", "arguments", "<tool_call>", "</tool_call>", "12", "-0.5", "e+3",
-                        "Paris", "caf\xC3\xA9", "\xC3", "\xA9", "\\n", "\\u00e9", "]", "[", ", ",
-                        "2024-05-0", "T12:00", ":00Z", "</think>", "<think>", "functools["})
+  for (const char* t :
+       {"\"",   "\": ",     "{\"",     "\"}",       "true",        "false",       "null",
+        "  ",   "\n  ",     "\", \"",  "name",      "arguments",   "<tool_call>", "</tool_call>",
+        "12",   "-0.5",     "e+3",     "Paris",     "caf\xC3\xA9", "\xC3",        "\xA9",
+        "\\n",  "\\u00e9",  "]",       "[",         ", ",          "2024-05-0",   "T12:00",
+        ":00Z", "</think>", "<think>", "functools["})
     v.push_back(t);
   v.push_back("");  // the end-of-generation token
   return v;
@@ -72,8 +74,10 @@ inline std::string RandomSentence(const std::shared_ptr<const Grammar>& g, uint6
       allowed.push_back(i);
       const std::string& p = vocab_pieces[i];
       double w = 1;
-      if (i == eog) w = 1e6;  // end as soon as the sentence may end
-      else if (p.find_first_of("\"]}") != std::string::npos || p == "</think>") w = 40;
+      if (i == eog)
+        w = 1e6;  // end as soon as the sentence may end
+      else if (p.find_first_of("\"]}") != std::string::npos || p == "</think>")
+        w = 40;
       weight.push_back(w);
     }
     if (allowed.empty()) {

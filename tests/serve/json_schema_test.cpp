@@ -2,13 +2,14 @@
 // validate (checked by an independent validator written here), for random schemas of the
 // documented subset; known-bad documents are rejected; keywords outside the subset are errors
 // naming them.
+#include "serve/json_schema.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
 #include <regex>
 
 #include "grammar_test_util.h"
-#include "serve/json_schema.h"
 
 namespace substrate::serve {
 namespace {
@@ -54,8 +55,10 @@ bool Valid(const ojson& s, const ojson& v, const ojson& root, std::string* why) 
   }
   if (s.contains("type")) {
     std::vector<std::string> types;
-    if (s["type"].is_string()) types.push_back(s["type"]);
-    else for (const auto& t : s["type"]) types.push_back(t);
+    if (s["type"].is_string())
+      types.push_back(s["type"]);
+    else
+      for (const auto& t : s["type"]) types.push_back(t);
     bool ok = false;
     for (const std::string& t : types)
       ok |= (t == "string" && v.is_string()) || (t == "integer" && v.is_number_integer()) ||
@@ -85,14 +88,21 @@ bool Valid(const ojson& s, const ojson& v, const ojson& root, std::string* why) 
   }
   if (v.is_string()) {
     const std::string str = v;
-    if (s.contains("minLength") && CodePoints(str) < s["minLength"].get<size_t>()) return fail("short");
-    if (s.contains("maxLength") && CodePoints(str) > s["maxLength"].get<size_t>()) return fail("long");
+    if (s.contains("minLength") && CodePoints(str) < s["minLength"].get<size_t>())
+      return fail("short");
+    if (s.contains("maxLength") && CodePoints(str) > s["maxLength"].get<size_t>())
+      return fail("long");
     if (s.contains("format")) {
       static const std::string date = R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))";
-      static const std::string time = R"(([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))";
+      static const std::string time =
+          R"(([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d))";
       const std::string f = s["format"];
-      const std::string re = f == "date" ? date : f == "time" ? time : f == "date-time" ? date + "T" + time
-                             : R"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})";
+      const std::string re =
+          f == "date"   ? date
+          : f == "time" ? time
+          : f == "date-time"
+              ? date + "T" + time
+              : R"([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12})";
       if (!std::regex_match(str, std::regex(re))) return fail("bad " + f);
     }
   }
@@ -110,21 +120,27 @@ ojson RandomSchema(std::mt19937_64& rng, int depth, ojson* defs) {
       if (pick(3) == 0) s["minLength"] = pick(2);
       return s;
     }
-    case 1: return {{"type", "integer"}, {"description", "a count"}};
-    case 2: return {{"type", pick(2) ? "number" : "boolean"}};
-    case 3: return {{"enum", {"red", "green", 7, nullptr}}};
+    case 1:
+      return {{"type", "integer"}, {"description", "a count"}};
+    case 2:
+      return {{"type", pick(2) ? "number" : "boolean"}};
+    case 3:
+      return {{"enum", {"red", "green", 7, nullptr}}};
     case 4: {
       static const char* formats[] = {"date", "time", "date-time", "uuid"};
       return {{"type", "string"}, {"format", formats[pick(4)]}};
     }
-    case 5: return {{"type", {"string", "null"}}, {"maxLength", 5}};
+    case 5:
+      return {{"type", {"string", "null"}}, {"maxLength", 5}};
     case 6:
     case 7: {
-      ojson s = {{"type", "object"}, {"properties", ojson::object()}, {"additionalProperties", false}};
+      ojson s = {
+          {"type", "object"}, {"properties", ojson::object()}, {"additionalProperties", false}};
       ojson req = ojson::array();
       const int n = 1 + pick(4);
       for (int i = 0; i < n; ++i) {
-        const std::string key = std::string("k") + static_cast<char>('a' + i) + (pick(2) ? "_x" : "");
+        const std::string key =
+            std::string("k") + static_cast<char>('a' + i) + (pick(2) ? "_x" : "");
         s["properties"][key] = RandomSchema(rng, depth + 1, defs);
         if (pick(2)) req.push_back(key);
       }
@@ -180,10 +196,10 @@ TEST(JsonSchema, ObjectsKeepOrderRequireAndRejectExtras) {
   EXPECT_TRUE(Accepts(g, R"({"name": "x", "age": 3, "tags": []})"));
   EXPECT_TRUE(Accepts(g, R"({"name":"x","tags":["a","b"]})"));
   EXPECT_TRUE(Accepts(g, "{\n  \"name\": \"\\u00e9\",\n  \"tags\": [\"a\"]\n}"));
-  EXPECT_FALSE(Accepts(g, R"({"name": "x", "age": 3})"));                  // tags required
-  EXPECT_FALSE(Accepts(g, R"({"name": "x", "tags": [], "extra": 1})"));   // no extras
-  EXPECT_FALSE(Accepts(g, R"({"tags": [], "name": "x"})"));               // declared order
-  EXPECT_FALSE(Accepts(g, R"({"name": "x", "tags": ["a","b","c"]})"));    // maxItems
+  EXPECT_FALSE(Accepts(g, R"({"name": "x", "age": 3})"));                // tags required
+  EXPECT_FALSE(Accepts(g, R"({"name": "x", "tags": [], "extra": 1})"));  // no extras
+  EXPECT_FALSE(Accepts(g, R"({"tags": [], "name": "x"})"));              // declared order
+  EXPECT_FALSE(Accepts(g, R"({"name": "x", "tags": ["a","b","c"]})"));   // maxItems
   EXPECT_FALSE(Accepts(g, R"({"name": 1, "tags": []})"));
   EXPECT_FALSE(Accepts(g, R"({"name": "x", "age": 3.5, "tags": []})"));
 }
@@ -197,7 +213,8 @@ TEST(JsonSchema, RecursiveRefsAndMaps) {
   auto g = MustParse(*text);
   EXPECT_TRUE(Accepts(g, R"({"v": 1, "kids": [{"v": 2}, {"v": 3, "kids": []}]})"));
   EXPECT_FALSE(Accepts(g, R"({"v": 1, "kids": [{"w": 2}]})"));
-  auto map = JsonSchemaGrammar(ojson::parse(R"({"type":"object","additionalProperties":{"type":"boolean"}})"));
+  auto map = JsonSchemaGrammar(
+      ojson::parse(R"({"type":"object","additionalProperties":{"type":"boolean"}})"));
   ASSERT_TRUE(map.ok());
   auto m = MustParse(*map);
   EXPECT_TRUE(Accepts(m, R"({"a": true, "b": false})"));

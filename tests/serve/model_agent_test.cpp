@@ -4,18 +4,17 @@
 // (counted: usage, timings.prompt_n, /metrics); constrained decoding with speculative drafts
 // gives the tokens plain constrained decoding gives; logit_bias moves the model's choice.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <filesystem>
 
 #include "core/file_io.h"
+#include "grammar_test_util.h"
 #include "model/engine.h"
 #include "serve/json_schema.h"
 #include "serve/model_backend.h"
 #include "serve/server.h"
 #include "serve/token_constraint.h"
-#include <httplib.h>
-
-#include "grammar_test_util.h"
 
 namespace substrate::serve {
 namespace {
@@ -93,7 +92,8 @@ class ModelAgentTest : public ::testing::Test {
 TEST_F(ModelAgentTest, SavedSlotContinuesAfterARestartWithTheSameTokens) {
   ServerOptions so;
   so.slot_save_path = dir_;
-  const std::string p1 = "import os\n\ndef list_files(path):\n    \"\"\"Return the files under path.\"\"\"\n";
+  const std::string p1 =
+      "import os\n\ndef list_files(path):\n    \"\"\"Return the files under path.\"\"\"\n";
   std::string p2;
   std::string without_restart;
   {
@@ -138,8 +138,10 @@ TEST_F(ModelAgentTest, PromptCacheOnDiskSkipsTheRepeatedPrefillAcrossARestart) {
   std::string system = "You review Python code. ";
   for (int i = 0; i < 12; ++i) system += "Point out bugs, style problems and missing tests. ";
   auto chat = [&](const std::string& q) {
-    return json{{"messages", {{{"role", "system"}, {"content", system}}, {{"role", "user"}, {"content", q}}}},
-                {"max_tokens", 8}, {"temperature", 0}};
+    return json{{"messages",
+                 {{{"role", "system"}, {"content", system}}, {{"role", "user"}, {"content", q}}}},
+                {"max_tokens", 8},
+                {"temperature", 0}};
   };
   std::string first_text;
   int prompt_tokens = 0;
@@ -158,7 +160,8 @@ TEST_F(ModelAgentTest, PromptCacheOnDiskSkipsTheRepeatedPrefillAcrossARestart) {
   ASSERT_TRUE(b);
   // The same prompt after the restart: everything but the last token comes from disk.
   json same = b->Post("/v1/chat/completions", chat("def f(x): return x+1"));
-  EXPECT_EQ(same["usage"]["prompt_tokens_details"]["cached_tokens"], prompt_tokens - 1) << same.dump();
+  EXPECT_EQ(same["usage"]["prompt_tokens_details"]["cached_tokens"], prompt_tokens - 1)
+      << same.dump();
   EXPECT_EQ(same["timings"]["prompt_n"], 1);
   EXPECT_EQ(same["choices"][0]["message"]["content"], first_text);
   const std::string m = b->Metrics();
@@ -172,10 +175,14 @@ TEST_F(ModelAgentTest, PromptCacheOnDiskSkipsTheRepeatedPrefillAcrossARestart) {
   json other = c->Post("/v1/chat/completions", chat("class A: pass"));
   const int cached = other["usage"]["prompt_tokens_details"]["cached_tokens"];
   EXPECT_GT(cached, prompt_tokens - 20) << other.dump();
-  EXPECT_EQ(other["timings"]["prompt_n"].get<int>(), other["usage"]["prompt_tokens"].get<int>() - cached);
+  EXPECT_EQ(other["timings"]["prompt_n"].get<int>(),
+            other["usage"]["prompt_tokens"].get<int>() - cached);
   // Anthropic reports the same as cache_read_input_tokens.
-  json a = c->Post("/v1/messages", {{"model", "m"}, {"max_tokens", 4}, {"system", system},
-                                    {"messages", {{{"role", "user"}, {"content", "def g(): pass"}}}}});
+  json a =
+      c->Post("/v1/messages", {{"model", "m"},
+                               {"max_tokens", 4},
+                               {"system", system},
+                               {"messages", {{{"role", "user"}, {"content", "def g(): pass"}}}}});
   EXPECT_GT(a["usage"]["cache_read_input_tokens"].get<int>(), prompt_tokens - 20) << a.dump();
 }
 
@@ -184,7 +191,8 @@ TEST_F(ModelAgentTest, ConstrainedDecodingWithDraftsGivesThePlainConstrainedToke
   auto engine = Engine::Load(model_, eo);
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
   Engine& e = **engine;
-  auto vocab = ConstraintVocab::FromTokenizer(*e.tokenizer(), static_cast<int32_t>(e.model().hparams().n_vocab));
+  auto vocab = ConstraintVocab::FromTokenizer(*e.tokenizer(),
+                                              static_cast<int32_t>(e.model().hparams().n_vocab));
   auto schema = nlohmann::ordered_json::parse(R"({"type":"object","properties":{
       "name":{"type":"string","maxLength":20},"args":{"type":"array","items":{"type":"integer"},"maxItems":6},
       "ok":{"type":"boolean"}},"required":["name","args","ok"],"additionalProperties":false})");
@@ -193,8 +201,7 @@ TEST_F(ModelAgentTest, ConstrainedDecodingWithDraftsGivesThePlainConstrainedToke
   auto grammar = testing::MustParse(*text);
   // A prompt full of the shape the answer takes, so prompt lookup drafts something.
   std::string prompt = "# calls\n";
-  for (int i = 0; i < 6; ++i)
-    prompt += "{\"name\": \"add\", \"args\": [1, 2, 3], \"ok\": true}\n";
+  for (int i = 0; i < 6; ++i) prompt += "{\"name\": \"add\", \"args\": [1, 2, 3], \"ok\": true}\n";
   auto ids = e.tokenizer()->Encode(prompt, {});
   ASSERT_TRUE(ids.ok());
   std::vector<int32_t> p(ids->begin(), ids->end());

@@ -4,12 +4,13 @@
 // templates written here from the format's description. The constrained grammar of each
 // format produces only calls the parser reads, and parsing text as it streams (byte by byte)
 // gives events that reassemble into the same calls.
+#include "serve/tool_format.h"
+
 #include <gtest/gtest.h>
 
 #include "core/file_io.h"
 #include "grammar_test_util.h"
 #include "serve/output_parser.h"
-#include "serve/tool_format.h"
 #include "tokenizer/chat_template.h"
 
 namespace substrate::serve {
@@ -32,12 +33,14 @@ std::string AssistantText(const std::string& tmpl, bool args_as_string, const oj
   ojson user = {{"role", "user"}, {"content", "Weather in Paris?"}};
   ojson call = {{"id", "call_1"},
                 {"type", "function"},
-                {"function", {{"name", "get_weather"},
-                              {"arguments", args_as_string ? ojson(call_args.dump()) : call_args}}}};
+                {"function",
+                 {{"name", "get_weather"},
+                  {"arguments", args_as_string ? ojson(call_args.dump()) : call_args}}}};
   ojson assistant = {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {call}}};
   auto render = [&](ojson msgs, bool gen) {
-    ojson ctx = {{"messages", msgs}, {"tools", Tools()}, {"add_generation_prompt", gen},
-                 {"bos_token", "<s>"}, {"eos_token", "</s>"}, {"functions", ""}, {"datetime", ""}};
+    ojson ctx = {{"messages", msgs},   {"tools", Tools()},    {"add_generation_prompt", gen},
+                 {"bos_token", "<s>"}, {"eos_token", "</s>"}, {"functions", ""},
+                 {"datetime", ""}};
     auto out = RenderChatTemplate(tmpl, ctx);
     if (!out.ok()) {
       // Some templates fail on `tools` as Python does (llama-cpp-deepseek-r1): without them.
@@ -56,7 +59,9 @@ std::string AssistantText(const std::string& tmpl, bool args_as_string, const oj
   while (common > 0 && full[common - 1] != '>' && full[common - 1] != '\n') --common;
   std::string out = full.substr(common);
   if (out.rfind("<|CHATBOT_TOKEN|>", 0) == 0) out = out.substr(17);  // Command R+
-  for (const char* end : {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
+  for (const char* end : {"<|im_end|>", "<|eot_id|>", "<|eom_id|>",
+                          "<\xEF\xBD\x9C"
+                          "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
                           "<|END_OF_TURN_TOKEN|>", "<|START_OF_TURN_TOKEN|>", "</s>"}) {
     const size_t at = out.find(end);
     if (at != std::string::npos) out.resize(at);
@@ -76,8 +81,12 @@ Streamed Stream(const OutputOptions& o, const std::string& text, OutputParser* f
   auto take = [&](const std::vector<OutputEvent>& ev) {
     for (const OutputEvent& e : ev) {
       switch (e.kind) {
-        case OutputEvent::kReasoning: s.reasoning += e.text; break;
-        case OutputEvent::kContent: s.content += e.text; break;
+        case OutputEvent::kReasoning:
+          s.reasoning += e.text;
+          break;
+        case OutputEvent::kContent:
+          s.content += e.text;
+          break;
         case OutputEvent::kToolStart:
           ASSERT_EQ(static_cast<size_t>(e.index), s.calls.size());
           s.calls.push_back({e.name, ""});
@@ -169,9 +178,12 @@ TEST(ToolFormats, OtherFormatsRenderCallsThatParseBack) {
        R"({%- for c in m.tool_calls %}[TOOL_CALLS]{{ c.function.name }}[ARGS]{{ c.function.arguments|tojson }}{%- endfor %}</s>)"
        R"({%- endif %}{%- endfor %})"},
       {ToolFormat::kDeepSeekV3,
-       "{%- for m in messages %}{%- if m.role == 'user' %}<｜User｜>{{ m.content }}<｜Assistant｜>{%- elif m.tool_calls %}"
-       "<｜tool▁calls▁begin｜>{%- for c in m.tool_calls %}<｜tool▁call▁begin｜>{{ c.function.name }}<｜tool▁sep｜>"
-       "{{ c.function.arguments|tojson }}<｜tool▁call▁end｜>{%- endfor %}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
+       "{%- for m in messages %}{%- if m.role == 'user' %}<｜User｜>{{ m.content "
+       "}}<｜Assistant｜>{%- elif m.tool_calls %}"
+       "<｜tool▁calls▁begin｜>{%- for c in m.tool_calls %}<｜tool▁call▁begin｜>{{ c.function.name "
+       "}}<｜tool▁sep｜>"
+       "{{ c.function.arguments|tojson }}<｜tool▁call▁end｜>{%- endfor "
+       "%}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
        "{%- endif %}{%- endfor %}"},
       {ToolFormat::kFunctionaryV32,
        R"({%- for m in messages %}{%- if m.role == 'user' %}<|start_header_id|>user<|end_header_id|>\n\n{{ m.content }}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n)"
@@ -236,7 +248,8 @@ TEST(ToolFormats, TextAroundCallsParallelCallsAndAutoMode) {
   EXPECT_EQ(s.calls[1].arguments, "{\"y\": [1, 2]}");
   EXPECT_EQ(s.content, "Let me check.\n");
   // Auto mode: a broken call is text; required mode: an error.
-  const std::string broken = "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": }\n</tool_call>";
+  const std::string broken =
+      "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": }\n</tool_call>";
   OutputParser autop(o);
   autop.Push(broken);
   autop.Finish();
@@ -268,15 +281,17 @@ TEST(ToolFormats, TextAroundCallsParallelCallsAndAutoMode) {
 TEST(ToolFormats, GrammarOfEachFormatProducesCallsTheParserReads) {
   std::vector<ToolSpec> tools(2);
   tools[0].name = "get_weather";
-  tools[0].parameters = ojson::parse(R"({"type":"object","properties":{"city":{"type":"string","maxLength":12},
+  tools[0].parameters =
+      ojson::parse(R"({"type":"object","properties":{"city":{"type":"string","maxLength":12},
       "unit":{"enum":["c","f"]}},"required":["city"],"additionalProperties":false})");
   tools[1].name = "add";
   tools[1].parameters = ojson::parse(R"({"type":"object","properties":{"a":{"type":"integer"},
       "b":{"type":"integer"}},"required":["a","b"],"additionalProperties":false})");
-  for (ToolFormat f : {ToolFormat::kGeneric, ToolFormat::kHermes, ToolFormat::kLlama3,
-                       ToolFormat::kMistral, ToolFormat::kDeepSeekR1, ToolFormat::kDeepSeekV3,
-                       ToolFormat::kFunctionaryV32, ToolFormat::kFunctionaryV31,
-                       ToolFormat::kCommandR7B, ToolFormat::kCommandRPlus, ToolFormat::kFirefunction}) {
+  for (ToolFormat f :
+       {ToolFormat::kGeneric, ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral,
+        ToolFormat::kDeepSeekR1, ToolFormat::kDeepSeekV3, ToolFormat::kFunctionaryV32,
+        ToolFormat::kFunctionaryV31, ToolFormat::kCommandR7B, ToolFormat::kCommandRPlus,
+        ToolFormat::kFirefunction}) {
     SCOPED_TRACE(ToolFormatName(f));
     auto text = ToolCallGrammar(f, tools, /*parallel=*/true);
     ASSERT_TRUE(text.ok()) << text.status().ToString();
