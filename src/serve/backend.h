@@ -98,6 +98,9 @@ class Session {
   virtual Status Restore(const std::string& path) {
     return Unimplemented("this backend cannot restore slots");
   }
+  // Work that need not delay the answer (writing the prompt cache): called after the answer
+  // was handed over, before the slot takes another request.
+  virtual void AfterAnswer() {}
 };
 
 // A rendered and encoded conversation, and what the template tells about the answer.

@@ -202,18 +202,23 @@ class ModelSession : public Session {
       b_->masks_ += r.masks;
       b_->mask_ns_ += static_cast<uint64_t>(r.mask_seconds * 1e9);
     }
-    // Keep what was evaluated for later prompts (and later runs) that start the same way.
-    if (DiskPromptCache* pc = b_->prompt_cache_.get();
-        pc && st->n_prompt - st->n_reused >= static_cast<int64_t>(DiskPromptCache::kMinGain)) {
-      Status saved = pc->Store(s_->cache.tokens(), [&](const std::string& path) {
-        return SaveKvSession(path, engine, *s_);
-      });
-      if (!saved.ok()) LOG_WARN("serve: prompt cache: %s", saved.ToString().c_str());
-    }
+    // Keep what was evaluated for later prompts (and later runs) that start the same way, once
+    // the answer is out (AfterAnswer).
+    store_pending_ = b_->prompt_cache_ &&
+                     st->n_prompt - st->n_reused >= static_cast<int64_t>(DiskPromptCache::kMinGain);
     return r;
   }
 
   std::vector<int32_t> CachedTokens() const override { return s_->cache.tokens(); }
+
+  void AfterAnswer() override {
+    if (!store_pending_) return;
+    store_pending_ = false;
+    Status saved = b_->prompt_cache_->Store(s_->cache.tokens(), [&](const std::string& path) {
+      return SaveKvSession(path, *b_->engine_, *s_);
+    });
+    if (!saved.ok()) LOG_WARN("serve: prompt cache: %s", saved.ToString().c_str());
+  }
 
   Status Save(const std::string& path) override {
     return SaveKvSession(path, *b_->engine_, *s_);
@@ -228,6 +233,7 @@ class ModelSession : public Session {
  private:
   ModelBackend* b_;
   std::unique_ptr<substrate::Session> s_;
+  bool store_pending_ = false;
 };
 
 Expected<std::unique_ptr<ModelBackend>> ModelBackend::Load(const ModelBackendOptions& options) {

@@ -249,6 +249,9 @@ void Scheduler::WorkerLoop(int index) {
       stats_.ttft_seconds_sum += job->time_to_first_token();
       ++stats_.ttft_count;
     }
+    lock.unlock();
+    slot.session->AfterAnswer();  // the client has its answer; the slot is still ours
+    lock.lock();
     slot.cached = std::move(cached);
     slot.job.reset();
     --stats_.busy;

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "core/file_io.h"
 #include "grammar_test_util.h"
@@ -154,7 +156,13 @@ TEST_F(ModelAgentTest, PromptCacheOnDiskSkipsTheRepeatedPrefillAcrossARestart) {
     EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     EXPECT_EQ(r["timings"]["prompt_n"], prompt_tokens);  // all evaluated
     first_text = r["choices"][0]["message"]["content"];
-    EXPECT_EQ(Metric(a->Metrics(), "substrate_prompt_cache_disk_stores_total"), 1);
+    // The entry is written after the answer went out: wait for it.
+    double stores = 0;
+    for (int i = 0; i < 200 && stores < 1; ++i) {
+      stores = Metric(a->Metrics(), "substrate_prompt_cache_disk_stores_total");
+      if (stores < 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(stores, 1);
   }
   auto b = Running::Start(model_, mo, {});
   ASSERT_TRUE(b);
