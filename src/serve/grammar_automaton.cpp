@@ -142,4 +142,11 @@ int32_t GrammarAutomaton::Walk(int32_t state, std::string_view bytes) {
   return state;
 }
 
+uint64_t GrammarAutomaton::bytes() const {
+  uint64_t b = trans_.capacity() * sizeof(int32_t) + nodes_.capacity() * sizeof(Node) +
+               node_ids_.size() * 32 + states_.capacity() * sizeof(State) + state_ids_.size() * 48;
+  for (const State& s : states_) b += s.leaves.capacity() * sizeof(int32_t);
+  return b;
+}
+
 }  // namespace substrate::serve

@@ -41,6 +41,8 @@ class GrammarAutomaton {
     return !states_[static_cast<size_t>(state)].leaves.empty();
   }
   size_t n_states() const { return states_.size(); }
+  // Bytes this automaton holds (its tables, states and stacks), roughly.
+  uint64_t bytes() const;
   // The transition table (state * 256 + byte -> state, kDead or kUnknown), for a caller that
   // reads it directly in a hot loop; valid until the next Step that computes a transition.
   const int32_t* transitions() const { return trans_.data(); }

@@ -146,9 +146,11 @@ class ModelSession : public Session {
         if (id < 0 || id >= n_vocab)
           return InvalidArgument("logit_bias names token " + std::to_string(id) +
                                  ", outside the vocabulary (" + std::to_string(n_vocab) + " tokens)");
-      constraint = std::make_unique<TokenConstraint>(b_->constraint_vocab(), p.grammar,
-                                                     p.logit_bias, p.grammar_triggers);
+      ASSIGN_OR_RETURN(auto vocab, b_->constraint_vocab());
+      constraint = std::make_unique<TokenConstraint>(std::move(vocab), p.grammar, p.logit_bias,
+                                                     p.grammar_triggers);
       RETURN_IF_ERROR(constraint->status());
+      constraint->set_ledger(&engine.ledger());
       go.processor = constraint.get();
     }
     StepLogprobs lp;
@@ -395,11 +397,16 @@ Expected<ChatPrompt> ModelBackend::EncodeChat(const nlohmann::json& messages,
   return out;
 }
 
-std::shared_ptr<const ConstraintVocab> ModelBackend::constraint_vocab() const {
+Expected<std::shared_ptr<const ConstraintVocab>> ModelBackend::constraint_vocab() const {
   std::lock_guard<std::mutex> lock(vocab_mu_);
-  if (!vocab_)
-    vocab_ = ConstraintVocab::FromTokenizer(*engine_->tokenizer(),
+  if (!vocab_) {
+    auto v = ConstraintVocab::FromTokenizer(*engine_->tokenizer(),
                                             static_cast<int32_t>(engine_->model().hparams().n_vocab));
+    auto charge = engine_->ledger().Charge("grammar", v->bytes());
+    if (!charge.ok()) return charge.status().WithContext("constrained decoding's vocabulary");
+    vocab_charge_ = std::move(*charge);
+    vocab_ = std::move(v);
+  }
   return vocab_;
 }
 

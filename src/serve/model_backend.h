@@ -76,7 +76,8 @@ class ModelBackend : public InferenceBackend {
 
   Engine& engine() { return *engine_; }
   // The vocabulary as constrained decoding sees it (built on first use).
-  std::shared_ptr<const ConstraintVocab> constraint_vocab() const;
+  // Charged to the ledger's "grammar" account.
+  Expected<std::shared_ptr<const ConstraintVocab>> constraint_vocab() const;
 
  private:
   friend class ModelSession;
@@ -90,6 +91,7 @@ class ModelBackend : public InferenceBackend {
   std::string think_open_ = "<think>", think_close_ = "</think>";
   mutable std::mutex vocab_mu_;
   mutable std::shared_ptr<const ConstraintVocab> vocab_;
+  mutable LedgerCharge vocab_charge_;
   int context_ = 0;
   FifoMutex forward_mu_;  // one forward pass at a time (the Engine's scratch is shared)
   int draft_max_ = 0;

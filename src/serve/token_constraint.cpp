@@ -61,6 +61,13 @@ std::shared_ptr<const ConstraintVocab> ConstraintVocab::FromPieces(std::vector<s
   return Build(std::move(pieces), n, std::move(include), {}, std::move(eog));
 }
 
+uint64_t ConstraintVocab::bytes() const {
+  uint64_t b = pieces.capacity() * sizeof(std::string) + outside.capacity() * 4;
+  for (const std::string& p : pieces) b += p.capacity() > 15 ? p.capacity() : 0;
+  const uint64_t n = trie->size();
+  return b + n * (1 + 1 + 4 + 4 + 1 + 4) + trie->n_preorder_tokens() * 4;
+}
+
 TokenConstraint::TokenConstraint(std::shared_ptr<const ConstraintVocab> vocab,
                                  std::shared_ptr<const Grammar> grammar,
                                  std::map<int32_t, float> logit_bias,
@@ -336,6 +343,23 @@ const std::vector<uint64_t>& TokenConstraint::Mask(int32_t state) {
   return m;
 }
 
+void TokenConstraint::ChargeMemory() {
+  if (!ledger_ || !automaton_ || !status_.ok()) return;
+  const uint64_t mask_bytes = (static_cast<uint64_t>(vocab_->n_vocab) + 63) / 64 * 8;
+  const uint64_t need = automaton_->bytes() + masks_.size() * mask_bytes +
+                        pre_.capacity() * 8 + text_death_.capacity() * 3 + class_of_.capacity() * 4;
+  if (need <= charged_) return;
+  // In steps of 1 MiB, so that the ledger is not touched on every new state.
+  const uint64_t step = std::max<uint64_t>(1 << 20, (need - charged_ + (1 << 20) - 1) & ~uint64_t{(1 << 20) - 1});
+  auto c = ledger_->Charge("grammar", step);
+  if (!c.ok()) {
+    status_ = c.status().WithContext("constrained decoding (the grammar's matcher and masks)");
+    return;
+  }
+  charged_ += step;
+  charges_.push_back(std::move(*c));
+}
+
 bool TokenConstraint::Allowed(int32_t token) {
   if (!automaton_ || !active_) return true;
   if (state_ < 0 || token < 0 || token >= vocab_->n_vocab) return false;
@@ -355,6 +379,7 @@ void TokenConstraint::Apply(float* logits, int64_t n_vocab, const std::vector<in
     return;
   }
   const std::vector<uint64_t>& m = Mask(state_);
+  ChargeMemory();
   bool any = false;
   for (int64_t w = 0; w * 64 < n_vocab; ++w) {
     const int64_t base = w * 64, n = std::min<int64_t>(64, n_vocab - base);
@@ -408,6 +433,7 @@ void TokenConstraint::Accept(int32_t token) {
     return;
   }
   const int32_t next = automaton_->Walk(state_, vocab_->pieces[token]);
+  ChargeMemory();
   if (next < 0) {
     status_ = automaton_->status().ok()
                   ? Internal("grammar: token " + std::to_string(token) +

@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/memory_ledger.h"
 #include "model/engine.h"
 #include "serve/grammar.h"
 #include "serve/grammar_automaton.h"
@@ -40,6 +41,8 @@ struct ConstraintVocab {
   // For tests and benchmarks: a vocabulary of raw pieces, `eog` ids ending generation.
   static std::shared_ptr<const ConstraintVocab> FromPieces(std::vector<std::string> pieces,
                                                            std::vector<int32_t> eog);
+  // Bytes it holds, roughly (its pieces and the trie).
+  uint64_t bytes() const;
 };
 
 struct ConstraintStats {
@@ -58,6 +61,10 @@ class TokenConstraint : public LogitsProcessor {
   TokenConstraint(std::shared_ptr<const ConstraintVocab> vocab,
                   std::shared_ptr<const Grammar> grammar, std::map<int32_t, float> logit_bias = {},
                   std::vector<std::string> triggers = {});
+
+  // Charges what the matcher and its cached masks hold to `ledger`'s "grammar" account as they
+  // grow (null: not charged); growing past the ledger's cap fails the constraint (status()).
+  void set_ledger(MemoryLedger* ledger) { ledger_ = ledger; }
 
   void Apply(float* logits, int64_t n_vocab, const std::vector<int32_t>& history) override;
   void Accept(int32_t token) override;
@@ -85,6 +92,7 @@ class TokenConstraint : public LogitsProcessor {
   // The length of the shortest text from `state` that leaves the grammar, at most cap + 1;
   // memoized where exact (see the .cpp).
   int TextDeath(int32_t state, int* explored, bool* tainted);
+  void ChargeMemory();
 
   std::shared_ptr<const ConstraintVocab> vocab_;
   std::unique_ptr<GrammarAutomaton> automaton_;
@@ -106,6 +114,9 @@ class TokenConstraint : public LogitsProcessor {
   std::vector<uint64_t> pre_;  // a walk's allowed tokens, in the trie's preorder
   Status status_;
   ConstraintStats stats_;
+  MemoryLedger* ledger_ = nullptr;
+  std::vector<LedgerCharge> charges_;
+  uint64_t charged_ = 0;
 };
 
 }  // namespace substrate::serve

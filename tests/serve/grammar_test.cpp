@@ -141,6 +141,33 @@ TEST(TokenConstraint, LazyTriggerAndLogitBias) {
   EXPECT_TRUE(c.complete());
 }
 
+TEST(TokenConstraint, MemoryIsChargedToTheLedgerAndACapFailsClosed) {
+  const std::vector<std::string> pieces = {"a", "b", ""};
+  auto vocab = ConstraintVocab::FromPieces(pieces, {2});
+  auto g = MustParse("root ::= [ab]{1,40}");
+  MemoryLedger ledger;
+  {
+    TokenConstraint c(vocab, g);
+    c.set_ledger(&ledger);
+    std::vector<float> l(3, 0.0f);
+    c.Apply(l.data(), 3, {});
+    EXPECT_GT(ledger.Accounts()["grammar"].current, 0u);
+    EXPECT_TRUE(c.status().ok());
+  }
+  EXPECT_EQ(ledger.Accounts()["grammar"].current, 0u);  // released with the constraint
+
+  MemoryLedger tight(1000);
+  TokenConstraint c(vocab, g);
+  c.set_ledger(&tight);
+  std::vector<float> l(3, 0.0f);
+  c.Apply(l.data(), 3, {});
+  EXPECT_FALSE(c.status().ok());
+  std::fill(l.begin(), l.end(), 0.0f);
+  c.Apply(l.data(), 3, {});
+  EXPECT_TRUE(std::isinf(l[0]) && std::isinf(l[1]));  // only the end is left: generation stops
+  EXPECT_FALSE(std::isinf(l[2]));
+}
+
 TEST(TokenConstraint, RandomSentencesStayInTheGrammar) {
   auto g = MustParse(R"(
     root ::= "{" pair ("," pair){0,3} "}"
