@@ -113,6 +113,7 @@ int32_t GrammarAutomaton::Intern() {
   }
   const int32_t id = static_cast<int32_t>(states_.size());
   states_.push_back({leaves_, accept_});
+  leaf_bytes_ += leaves_.size() * sizeof(int32_t);
   same_hash.push_back(id);
   trans_.resize(states_.size() * 256, kUnknown);
   return id;
@@ -145,8 +146,7 @@ int32_t GrammarAutomaton::Walk(int32_t state, std::string_view bytes) {
 uint64_t GrammarAutomaton::bytes() const {
   uint64_t b = trans_.capacity() * sizeof(int32_t) + nodes_.capacity() * sizeof(Node) +
                node_ids_.size() * 32 + states_.capacity() * sizeof(State) + state_ids_.size() * 48;
-  for (const State& s : states_) b += s.leaves.capacity() * sizeof(int32_t);
-  return b;
+  return b + leaf_bytes_;
 }
 
 }  // namespace substrate::serve

@@ -77,6 +77,7 @@ class GrammarAutomaton {
   std::unordered_map<uint64_t, std::vector<int32_t>> state_ids_;  // hash of leaves -> states
   std::vector<int32_t> trans_;
   int32_t start_ = kDead;
+  uint64_t leaf_bytes_ = 0;  // the states' leaf lists, for bytes()
   // Bytes no byte set tells apart behave alike in every state: a transition is computed once
   // per class of bytes and stored for all of them.
   uint8_t byte_class_[256];
