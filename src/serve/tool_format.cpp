@@ -18,6 +18,8 @@ const char* ToolFormatName(ToolFormat f) {
       return "llama3";
     case ToolFormat::kMistral:
       return "mistral";
+    case ToolFormat::kMistralArgs:
+      return "mistral-args";
     case ToolFormat::kDeepSeekR1:
       return "deepseek-r1";
     case ToolFormat::kDeepSeekV3:
@@ -39,7 +41,7 @@ const char* ToolFormatName(ToolFormat f) {
 ToolFormat DetectToolFormat(std::string_view src) {
   auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
   if (has("<|START_ACTION|>")) return ToolFormat::kCommandR7B;
-  if (has("[TOOL_CALLS]")) return ToolFormat::kMistral;
+  if (has("[TOOL_CALLS]")) return has("[ARGS]") ? ToolFormat::kMistralArgs : ToolFormat::kMistral;
   if (has("tool▁call▁begin")) {
     return has("```json") ? ToolFormat::kDeepSeekR1 : ToolFormat::kDeepSeekV3;
   }
@@ -61,6 +63,7 @@ std::vector<std::string> ToolCallTriggers(ToolFormat f) {
     case ToolFormat::kLlama3:
       return {"<|python_tag|>", "{\"name\""};
     case ToolFormat::kMistral:
+    case ToolFormat::kMistralArgs:
       return {"[TOOL_CALLS]"};
     case ToolFormat::kDeepSeekR1:
     case ToolFormat::kDeepSeekV3:
@@ -136,12 +139,17 @@ Expected<std::string> ToolCallGrammar(ToolFormat f, const std::vector<ToolSpec>&
       sep = L(", ");
       close = L("]");
       break;
+    case ToolFormat::kMistralArgs:
+      call = item([&](const std::string& n, const std::string& a) {
+        return "( " + L("[TOOL_CALLS]" + n + "[ARGS]") + " " + a + " )";
+      });
+      break;
     case ToolFormat::kDeepSeekR1:
       call = item([&](const std::string& n, const std::string& a) {
         return "( " + L(kDsCallBegin + "function" + kDsSep + n + "\n```json\n") + " " + a + " " +
                L("\n```" + kDsCallEnd) + " )";
       });
-      open = L(kDsCallsBegin);
+      open = L(kDsCallsBegin) + "?";  // R1 distills sometimes start at the call's own marker
       sep = L("\n");
       close = L(kDsCallsEnd);
       break;
@@ -149,7 +157,7 @@ Expected<std::string> ToolCallGrammar(ToolFormat f, const std::vector<ToolSpec>&
       call = item([&](const std::string& n, const std::string& a) {
         return "( " + L(kDsCallBegin + n + kDsSep) + " " + a + " " + L(kDsCallEnd) + " )";
       });
-      open = L(kDsCallsBegin);
+      open = L(kDsCallsBegin) + "?";
       close = L(kDsCallsEnd);
       break;
     case ToolFormat::kFunctionaryV32:

@@ -3,20 +3,23 @@
 // a named tool, and after a trigger in auto mode), and the parser that turns the model's text
 // back into calls — also on partial text, for streaming.
 //
-//   kHermes        <tool_call>{"name": .., "arguments": {..}}</tool_call>   (Hermes 2 Pro,
-//   Qwen 2.5/3) kLlama3        {"name": .., "parameters": {..}}, or <|python_tag|>...
-//   (Llama 3.1/3.2/3.3) kMistral       [TOOL_CALLS][{"name": .., "arguments": {..}}]  or
-//   [TOOL_CALLS]name[ARGS]{..} kDeepSeekR1
-//   <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{..}\n```<｜tool▁call▁end｜>...
-//   kDeepSeekV3    <｜tool▁call▁begin｜>name<｜tool▁sep｜>{..}<｜tool▁call▁end｜>        (V3.1)
+// clang-format off
+//   kHermes          <tool_call>{"name": .., "arguments": {..}}</tool_call>  (Hermes 2 Pro, Qwen 2.5/3)
+//   kLlama3          {"name": .., "parameters": {..}}, or <|python_tag|>...  (Llama 3.1/3.2/3.3)
+//   kMistral         [TOOL_CALLS][{"name": .., "arguments": {..}}]
+//   kMistralArgs     [TOOL_CALLS]name[ARGS]{..}  (templates that teach [ARGS]; both are read)
+//   kDeepSeekR1      <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name
+//                    ```json {..} ```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+//   kDeepSeekV3      <｜tool▁call▁begin｜>name<｜tool▁sep｜>{..}<｜tool▁call▁end｜>  (V3.1)
 //   kFunctionaryV32  >>>name\n{..}  (>>>all\ntext for text)
 //   kFunctionaryV31  <function=name>{..}</function>
-//   kCommandR7B    <|START_ACTION|>[{"tool_call_id": "0", "tool_name": .., "parameters":
-//   {..}}]<|END_ACTION|> kCommandRPlus  Action:\n```json\n[{"tool_name": .., "parameters":
-//   {..}}]\n``` kFirefunction  functools[{"name": .., "arguments": {..}}] kGeneric       templates
-//   without tool support: the tools are described in the system
-//                  message and calls are written as kHermes; any bare {"name", "arguments"}
-//                  object (or {"tool_calls": [...]}) is also read as a call.
+//   kCommandR7B      <|START_ACTION|>[{"tool_call_id": "0", "tool_name": .., "parameters": {..}}]<|END_ACTION|>
+//   kCommandRPlus    Action:\n```json\n[{"tool_name": .., "parameters": {..}}]\n```
+//   kFirefunction    functools[{"name": .., "arguments": {..}}]
+//   kGeneric         templates without tool support: the tools are described in the system
+//                    message and calls are written as kHermes; any bare {"name", "arguments"}
+//                    object (or {"tool_calls": [...]}) is also read as a call.
+// clang-format on
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -33,6 +36,7 @@ enum class ToolFormat {
   kHermes,
   kLlama3,
   kMistral,
+  kMistralArgs,
   kDeepSeekR1,
   kDeepSeekV3,
   kFunctionaryV32,

@@ -273,6 +273,7 @@ Got ParseSection(ToolFormat f, std::string_view t, size_t pos, bool final, size_
       });
     }
     case ToolFormat::kMistral:
+    case ToolFormat::kMistralArgs:
       return Repeated(t, pos, "[TOOL_CALLS]", "", final, end, s, [&](size_t q, size_t* e) {
         q = SkipJsonSpace(t, q);
         if (q >= t.size()) return Got::kMore;

@@ -173,7 +173,7 @@ TEST(ToolFormats, OtherFormatsRenderCallsThatParseBack) {
        R"({%- for m in messages %}{%- if m.role == 'user' %}[INST]{{ m.content }}[/INST]{%- elif m.tool_calls %})"
        R"([TOOL_CALLS][{%- for c in m.tool_calls %}{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments|tojson }}, "id": "abcdef123"}{%- endfor %}]</s>)"
        R"({%- endif %}{%- endfor %})"},
-      {ToolFormat::kMistral,  // the newer [ARGS] form
+      {ToolFormat::kMistralArgs,  // the newer [ARGS] form
        R"({%- for m in messages %}{%- if m.role == 'user' %}[INST]{{ m.content }}[/INST]{%- elif m.tool_calls %})"
        R"({%- for c in m.tool_calls %}[TOOL_CALLS]{{ c.function.name }}[ARGS]{{ c.function.arguments|tojson }}{%- endfor %}</s>)"
        R"({%- endif %}{%- endfor %})"},
@@ -289,9 +289,9 @@ TEST(ToolFormats, GrammarOfEachFormatProducesCallsTheParserReads) {
       "b":{"type":"integer"}},"required":["a","b"],"additionalProperties":false})");
   for (ToolFormat f :
        {ToolFormat::kGeneric, ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral,
-        ToolFormat::kDeepSeekR1, ToolFormat::kDeepSeekV3, ToolFormat::kFunctionaryV32,
-        ToolFormat::kFunctionaryV31, ToolFormat::kCommandR7B, ToolFormat::kCommandRPlus,
-        ToolFormat::kFirefunction}) {
+        ToolFormat::kMistralArgs, ToolFormat::kDeepSeekR1, ToolFormat::kDeepSeekV3,
+        ToolFormat::kFunctionaryV32, ToolFormat::kFunctionaryV31, ToolFormat::kCommandR7B,
+        ToolFormat::kCommandRPlus, ToolFormat::kFirefunction}) {
     SCOPED_TRACE(ToolFormatName(f));
     auto text = ToolCallGrammar(f, tools, /*parallel=*/true);
     ASSERT_TRUE(text.ok()) << text.status().ToString();
