@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
   if (!src.ok()) return std::fprintf(stderr, "%s\n", src.status().ToString().c_str()), 1;
   auto model = Model::Create((*file)->metadata(), src->get(), &pool, &ledger);
   if (!model.ok()) return std::fprintf(stderr, "%s\n", model.status().ToString().c_str()), 1;
-  auto cache = KvCache::Create((*model)->hparams(), tokens + 8, &ledger);
+  auto cache = KvCache::Create((*model)->hparams(), tokens + 8, (*model)->backend());
   if (!cache.ok()) return std::fprintf(stderr, "%s\n", cache.status().ToString().c_str()), 1;
   std::vector<float> logits;
   std::vector<double> t_batched, t_single;

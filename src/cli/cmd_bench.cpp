@@ -20,7 +20,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/membw.h"
 #include "kernels/profile.h"
-#include "model/engine.h"
+#include "runtime/engine.h"
 #include "runtime/read_probe.h"
 
 namespace substrate::cli {
@@ -132,20 +132,24 @@ nlohmann::json ProfileJson(const std::vector<KernelProfileEntry>& entries, doubl
 int RunBench(const std::vector<std::string>& args) {
   Flags f(args, StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-t", "--threads", "-r",
                                      "--repetitions", "--bw-bytes", "--probe-bytes", "--kv-type",
-                                     "--cache-type"}));
+                                     "--cache-type", "--verify", "--verify-window", "--verify-tau",
+                                     "--verify-tier", "--draft-tier"}));
   if (!f.status().ok()) return PrintError("bench", f.status());
   if (f.Has("--help") || f.Has("-h")) {
     std::printf(
         "usage: substrate bench -m MODEL [-p 512] [-n 128] [-t N] [-r 2] [--json] [--profile]\n"
         "                       [--bw-bytes 2G] [--kv-type f32|f16]\n"
         "                       [--store STORE/ --max-ram SIZE [--tier N] ...]\n"
+        "                       [--verify all|margin [--verify-window W] [--verify-tau T] ...]\n"
         "Prompt processing (-p tokens in one batch) and generation (-n tokens one at a time)\n"
         "speed, bytes of weights read per generated token, the memory read bandwidth measured\n"
         "now over a --bw-bytes buffer, and the ratio achieved/limit. -p 0 or -n 0 skips a test.\n"
         "--profile adds where decode time goes (kernel timers per weight type).\n"
         "With --store: weights per token are the served tier's; disk bytes per token and the\n"
         "read rate over decode, against an O_DIRECT read of the store's largest file in the same\n"
-        "run (--probe-bytes, default 256M; 0 skips it).\n");
+        "run (--probe-bytes, default 256M; 0 skips it).\n"
+        "With --verify: generation runs through deferred verification (greedy, from an 8-token\n"
+        "random prompt after the -p test); the JSON adds its counters.\n");
     return 0;
   }
   std::string path = f.Get({"-m", "--model"});
@@ -169,8 +173,13 @@ int RunBench(const std::vector<std::string>& args) {
   eo.n_threads = static_cast<int>(*t);
   eo.require_tokenizer = false;
   eo.kv_type = *kv_type;
-  auto store = ApplyStoreFlags(f, *p + *n + 8, &path, &eo, *bw_bytes);
-  if (!store.ok()) return PrintError("bench", store.status());
+  eo.n_ctx = *p + *n + 8;
+  eo.extra_reserve = *bw_bytes;
+  if (Status st = ApplyStoreFlags(f, &eo); !st.ok()) return PrintError("bench", st);
+  auto verify = ParseVerifyFlags(f);
+  if (!verify.ok()) return PrintError("bench", verify.status());
+  const bool verifying = verify->mode != VerifyOptions::Mode::kOff;
+  KeepDraftTierResident(*verify, &eo);
   auto t_load = Clock::now();
   auto engine = Engine::Load(path, eo);
   if (!engine.ok()) return PrintError("bench", engine.status());
@@ -178,7 +187,7 @@ int RunBench(const std::vector<std::string>& args) {
   Engine& e = **engine;
   Model& model = e.model();
   const int64_t n_vocab = model.hparams().n_vocab;
-  ResidencyManager* rm = store->get();
+  ResidencyManager* rm = e.runtime();
   Weights w = CountWeights(e.metadata(), rm ? StoreTensors(rm->index(), rm->serve_tier())
                                             : FileTensors(e.file()));
 
@@ -186,11 +195,12 @@ int RunBench(const std::vector<std::string>& args) {
   auto bw = MeasureReadBandwidth(e.pool(), *bw_bytes, 3);
   if (!bw.ok()) return PrintError("bench", bw.status());
 
-  auto cache = KvCache::Create(model.hparams(), *p + *n + 8, &e.ledger(), *kv_type);
+  auto cache = KvCache::Create(model.hparams(), *p + *n + 8, model.backend(), *kv_type);
   if (!cache.ok()) return PrintError("bench", cache.status());
   std::vector<float> logits;
   Series pp, tg;
   uint64_t tg_disk_bytes = 0;  // --store: bytes read from the store during timed decode
+  GenerateStats verified;       // --verify: summed over the repetitions
   nlohmann::json prefill_profile;
   // One untimed token warms caches, page tables and the pool.
   {
@@ -216,19 +226,40 @@ int RunBench(const std::vector<std::string>& args) {
     }
     if (*n > 0) {
       auto tokens = RandomTokens(*n, n_vocab, static_cast<uint32_t>(1000 + rep));
-      const uint64_t read0 = store->get() ? store->get()->stats().stream_bytes_read : 0;
+      const uint64_t read0 = rm ? rm->stats().stream_bytes_read : 0;
       cache->Clear();
       if (profile && rep == *r - 1) {
         ResetKernelProfile();
         SetKernelProfiling(true);
       }
       auto start = Clock::now();
-      for (int64_t i = 0; i < *n; ++i) {
-        Status st = model.Forward(&tokens[i], 1, *cache, false, &logits);
-        if (!st.ok()) return PrintError("bench", st);
+      if (verifying) {
+        auto session = e.NewSession(*p + *n + 8);
+        if (!session.ok()) return PrintError("bench", session.status());
+        GenerateOptions go;
+        go.max_tokens = static_cast<int>(*n);
+        go.stop_at_eog = false;
+        go.verify = *verify;
+        auto st = e.Generate(**session, RandomTokens(8, n_vocab, static_cast<uint32_t>(rep + 7)),
+                             go, [](int32_t, const std::string&) { return true; });
+        if (!st.ok()) return PrintError("bench", st.status());
+        start = Clock::now() - std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(st->decode_seconds));
+        verified.n_generated += st->n_generated;
+        verified.n_drafted += st->n_drafted;
+        verified.n_verified += st->n_verified;
+        verified.n_verify_passes += st->n_verify_passes;
+        verified.n_rollbacks += st->n_rollbacks;
+        verified.n_rollback_lost += st->n_rollback_lost;
+        verified.verify_bytes += st->verify_bytes;
+      } else {
+        for (int64_t i = 0; i < *n; ++i) {
+          Status st = model.Forward(&tokens[i], 1, *cache, false, &logits);
+          if (!st.ok()) return PrintError("bench", st);
+        }
       }
       tg.tps.push_back(static_cast<double>(*n) / Seconds(start));
-      if (store->get()) tg_disk_bytes += store->get()->stats().stream_bytes_read - read0;
+      if (rm) tg_disk_bytes += rm->stats().stream_bytes_read - read0;
       SetKernelProfiling(false);
     }
   }
@@ -251,9 +282,21 @@ int RunBench(const std::vector<std::string>& args) {
     j["tg"] = {{"n_tokens", *n}, {"tokens_per_s", tg.Mean()}, {"stdev", tg.Stdev()},
                {"runs", tg.tps}};
   j["weight_bytes_per_token"] = w.per_token_bytes;
+  if (verifying) {
+    j["verify"] = {{"mode", verify->mode == VerifyOptions::Mode::kAll ? "all" : "margin"},
+                   {"window", verify->window},
+                   {"tau", verify->tau},
+                   {"generated", verified.n_generated},
+                   {"drafted", verified.n_drafted},
+                   {"verified", verified.n_verified},
+                   {"verify_passes", verified.n_verify_passes},
+                   {"rollbacks", verified.n_rollbacks},
+                   {"rollback_lost", verified.n_rollback_lost},
+                   {"verify_bytes_read", verified.verify_bytes}};
+  }
   j["ledger"] = {{"cap_bytes", e.ledger().cap()}, {"peak_bytes", e.ledger().peak()}};
   if (rm) {
-    j["store"] = nlohmann::json::parse(StoreStatsJson(*store));
+    j["store"] = nlohmann::json::parse(StoreStatsJson(e));
     double tg_s = 0;
     for (double v : tg.tps) tg_s += static_cast<double>(*n) / v;
     double disk_rate = 0;

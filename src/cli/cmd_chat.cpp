@@ -9,6 +9,7 @@
 
 #include "cli/command.h"
 #include "cli/generation_flags.h"
+#include "cli/store_flags.h"
 #include "core/file_io.h"
 
 namespace substrate::cli {
@@ -16,12 +17,16 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: substrate chat -m MODEL [-c CTX] [-n N] [--temp T] [--seed S] [--system TEXT]\n"
-    "                      [--kv-type f32|f16] [--draft-max K]  (as for substrate run)\n"
-    "                      [--session F]  keep the conversation in F (and F.messages.json)\n"
+    "                      [--kv-type f32|f16] [--draft-max K] [--session F]\n"
+    "                      [--store STORE/ --max-ram SIZE [--plan P] [--tier N] ...]\n"
+    "                      [--verify off|all|margin ...]\n"
+    "                      (as for substrate run)\n"
+    "  --session F  keep the conversation in F (its KV cache) and F.messages.json, and go on\n"
+    "               with it in a later run\n"
     "  type a message and press enter; /reset starts over, /exit (or end of input) quits\n";
 
 int RunChat(const std::vector<std::string>& args) {
-  Flags f(args, GenerationFlagsWithValue({"--system", "--session"}));
+  Flags f(args, StoreFlagsWithValue(GenerationFlagsWithValue({"--system", "--session"})));
   if (!f.status().ok()) return PrintError("chat", f.status());
   if (f.Has("-h") || f.Has("--help")) {
     std::fputs(kUsage, stdout);
@@ -33,7 +38,11 @@ int RunChat(const std::vector<std::string>& args) {
   if (!f.Has("--temp") && !f.Has("--temperature")) gf->generate.sampling.temperature = 0.7f;
   const std::string session_file = f.Get({"--session"});
   if (!session_file.empty()) gf->prompt_cache = session_file;  // the KV cache, restored and saved
-  auto loaded = LoadForGeneration(*gf);
+  EngineOptions eo;
+  eo.n_ctx = gf->n_ctx;
+  if (Status st = ApplyStoreFlags(f, &eo); !st.ok()) return PrintError("chat", st);
+  KeepDraftTierResident(gf->generate.verify, &eo);
+  auto loaded = LoadForGeneration(*gf, eo);
   if (!loaded.ok()) return PrintError("chat", loaded.status());
   auto& [engine, session] = *loaded;
 

@@ -50,8 +50,8 @@ int RunPerplexity(const std::vector<std::string>& args) {
   EngineOptions eo;
   eo.n_threads = static_cast<int>(*threads);
   eo.kv_type = *kv_type;
-  auto store = ApplyStoreFlags(f, *n_ctx, &model_path, &eo);
-  if (!store.ok()) return PrintError("perplexity", store.status());
+  eo.n_ctx = *n_ctx;
+  if (Status st = ApplyStoreFlags(f, &eo); !st.ok()) return PrintError("perplexity", st);
   auto engine = Engine::Load(model_path, eo);
   if (!engine.ok()) return PrintError("perplexity", engine.status());
   Engine& e = **engine;

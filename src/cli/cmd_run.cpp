@@ -8,7 +8,7 @@
 #include "cli/command.h"
 #include "cli/generation_flags.h"
 #include "cli/store_flags.h"
-#include "model/engine.h"
+#include "runtime/engine.h"
 
 namespace substrate::cli {
 namespace {
@@ -19,6 +19,8 @@ constexpr const char* kUsage =
     "                     [--stop TEXT]... [--chat] [--system TEXT] [--json]\n"
     "                     [--store STORE/ --max-ram SIZE [--plan P] [--trace T] [--prefetch-depth N]\n"
     "                      [--tier N]] [--kv-type f32|f16] [--draft-max K] [--prompt-cache F]\n"
+    "                     [--verify off|all|margin [--verify-window W] [--verify-tau T]\n"
+    "                      [--verify-tier N] [--draft-tier N]]\n"
     "  -n N      tokens to generate (default 128)\n"
     "  --temp T  sampling temperature; 0 (the default) is greedy decoding\n"
     "  -c CTX    context size in tokens (default: min(model's, 4096))\n"
@@ -28,7 +30,13 @@ constexpr const char* kUsage =
     "  --kv-type T      KV cache rows: f32 (default, exact) or f16 (half the memory)\n"
     "  --draft-max K    speculative decoding: up to K tokens drafted from the context (prompt\n"
     "                   lookup), verified per model pass; same output (default 0: off)\n"
-    "  --prompt-cache F restore the session saved in F (same model), save it there after\n";
+    "  --prompt-cache F restore the session saved in F (same model), save it there after\n"
+    "  --verify M       deferred verification with a store: tier --draft-tier (default 0, kept\n"
+    "                   resident) writes tokens, the top tier (or --verify-tier) checks them W at\n"
+    "                   a time (--verify-window, default 8), reading only the residuals, and rolls\n"
+    "                   back where it disagrees. all: every token is checked (greedy output is the\n"
+    "                   top tier's); margin: only tokens whose top-1 minus top-2 log-probability is\n"
+    "                   below --verify-tau (default 2) are. Only checked tokens are shown\n";
 
 int RunRun(const std::vector<std::string>& args) {
   Flags f(args, StoreFlagsWithValue(GenerationFlagsWithValue({"-p", "--prompt", "-f", "--file", "--system"})));
@@ -49,8 +57,9 @@ int RunRun(const std::vector<std::string>& args) {
 
   EngineOptions eo;
   eo.kv_type = gf->kv_type;
-  auto store = ApplyStoreFlags(f, gf->n_ctx, &gf->model, &eo);
-  if (!store.ok()) return PrintError("run", store.status());
+  eo.n_ctx = gf->n_ctx;
+  if (Status st = ApplyStoreFlags(f, &eo); !st.ok()) return PrintError("run", st);
+  KeepDraftTierResident(gf->generate.verify, &eo);
   auto loaded = LoadForGeneration(*gf, eo);
   if (!loaded.ok()) return PrintError("run", loaded.status());
   auto& [engine, session] = *loaded;
@@ -80,7 +89,7 @@ int RunRun(const std::vector<std::string>& args) {
   if (json) {
     nlohmann::json j = StatsJson(*engine, *stats);
     j["text"] = text;
-    if (store->get()) j["store"] = nlohmann::json::parse(StoreStatsJson(*store));
+    if (engine->runtime()) j["store"] = nlohmann::json::parse(StoreStatsJson(*engine));
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\n");

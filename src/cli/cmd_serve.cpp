@@ -22,7 +22,10 @@ const char* kUsage =
     "                       [--max-body BYTES] [--alias NAME] [--kv-type f32|f16]\n"
     "                       [--draft-max K] [--chat-template-file F] [--reasoning-format auto|none]\n"
     "                       [--slot-save-path DIR] [--prompt-cache-dir DIR] [--prompt-cache-size SIZE]\n"
-    "                       [--store STORE/ --max-ram SIZE ...]\n"
+    "                       [--store STORE/ --max-ram SIZE [--plan P] [--tier N] [--trace T]\n"
+    "                        [--prefetch-depth N] [--io auto|uring|pread] [--io-threads N]]\n"
+    "                       [--verify off|all|margin [--verify-window W] [--verify-tau T]\n"
+    "                        [--verify-tier N] [--draft-tier N]]  (as for substrate run)\n"
     "  endpoints: GET / (web page), GET /health, GET /metrics, GET /v1/models,\n"
     "             POST /v1/chat/completions, POST /v1/completions (OpenAI), POST /v1/messages,\n"
     "             POST /v1/messages/count_tokens (Anthropic), GET /v1/runtime/events (SSE),\n"
@@ -43,24 +46,28 @@ const char* kUsage =
     "  --prompt-cache-dir DIR  keep evaluated prompts' KV caches on disk and reuse them for\n"
     "                prompts that start the same way, across restarts\n"
     "  --prompt-cache-size S   the most the prompt cache keeps (default 8G; oldest go first)\n"
-    "  --store STORE/ --max-ram SIZE  serve out of core (as for substrate run)\n";
+    "  --max-ram SIZE  the RAM budget (weights, every slot's KV cache, scratch)\n"
+    "  --store STORE/  run out of core: weights streamed from a packed store (substrate pack)\n"
+    "                inside --max-ram; /metrics adds the runtime's counters\n";
 
 int RunServe(const std::vector<std::string>& args) {
-  Flags f(args, StoreFlagsWithValue(
-                    {"-m", "--model", "--host", "--port", "--api-key", "-c", "--ctx-size",
-                     "--parallel", "-np", "-t", "--threads", "--max-queue", "--max-body", "--alias",
-                     "--kv-type", "--cache-type", "--draft-max", "--chat-template-file",
-                     "--reasoning-format", "--slot-save-path", "--prompt-cache-dir",
-                     "--prompt-cache-size"}));
+  Flags f(args, StoreFlagsWithValue({"-m", "--model", "--host", "--port", "--api-key", "-c",
+                                     "--ctx-size", "--parallel", "-np", "-t", "--threads",
+                                     "--max-queue", "--max-body", "--alias", "--kv-type",
+                                     "--cache-type", "--draft-max", "--verify",
+                                     "--verify-window", "--verify-tau", "--verify-tier",
+                                     "--draft-tier", "--chat-template-file", "--reasoning-format",
+                                     "--slot-save-path", "--prompt-cache-dir",
+                                     "--prompt-cache-size"}));
   if (!f.status().ok()) return PrintError("serve", f.status());
   if (f.Has("-h") || f.Has("--help")) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  std::string model = f.Get({"-m", "--model"});
+  const std::string model = f.Get({"-m", "--model"});
   if (model.empty() && !f.Has("--store")) {
     std::fputs(kUsage, stderr);
-    return PrintError("serve", InvalidArgument("-m MODEL is required"));
+    return PrintError("serve", InvalidArgument("-m MODEL (or --store STORE/) is required"));
   }
   auto port = f.GetInt({"--port"}, 8080);
   auto ctx = f.GetInt({"-c", "--ctx-size"}, 0);
@@ -128,18 +135,14 @@ int RunServe(const std::vector<std::string>& args) {
   mo.chat_template = std::move(chat_template);
   mo.prompt_cache_dir = f.Get({"--prompt-cache-dir"});
   mo.prompt_cache_bytes = prompt_cache_bytes;
-  {
-    // Out of core: the reserve holds every slot's KV cache.
-    EngineOptions eo;
-    eo.kv_type = *kv_type;
-    const int64_t slot_ctx = *ctx > 0 ? *ctx : 4096;
-    auto store = ApplyStoreFlags(f, slot_ctx * *parallel, &model, &eo);
-    if (!store.ok()) return PrintError("serve", store.status());
-    mo.path = model;
-    mo.weights = eo.weights;
-    if (eo.ledger) mo.ledger = eo.ledger;
-  }
-  std::fprintf(stderr, "substrate serve: loading %s\n", model.c_str());
+  auto verify = ParseVerifyFlags(f);
+  if (!verify.ok()) return PrintError("serve", verify.status());
+  mo.verify = *verify;
+  mo.slots = static_cast<int>(*parallel);
+  if (Status st = ApplyStoreFlags(f, &mo.engine); !st.ok()) return PrintError("serve", st);
+  KeepDraftTierResident(mo.verify, &mo.engine);
+  std::fprintf(stderr, "substrate serve: loading %s\n",
+               model.empty() ? mo.engine.store.c_str() : model.c_str());
   auto backend = serve::ModelBackend::Load(mo);
   if (!backend.ok()) return PrintError("serve", backend.status());
 
@@ -154,7 +157,6 @@ int RunServe(const std::vector<std::string>& args) {
   so.max_body_bytes = max_body;
   so.reasoning_format = reasoning == "none" ? "none" : "auto";
   so.slot_save_path = slot_dir;
-  if (mo.ledger) so.ledger = mo.ledger;
   auto server = serve::HttpServer::Create(backend->get(), so);
   if (!server.ok()) return PrintError("serve", server.status());
   const bool loopback = so.host == "127.0.0.1" || so.host == "localhost" || so.host == "::1";

@@ -12,7 +12,8 @@ std::vector<std::string> GenerationFlagsWithValue(std::vector<std::string> extra
   for (const char* f : {"-m", "--model", "-n", "--n-predict", "--temp", "--temperature", "--seed",
                         "-s", "-c", "--ctx-size", "-t", "--threads", "--top-k", "--top-p",
                         "--min-p", "--repeat-penalty", "--repeat-last-n", "--stop", "--kv-type",
-                        "--cache-type", "--draft-max", "--prompt-cache"}) {
+                        "--cache-type", "--draft-max", "--prompt-cache", "--verify",
+                        "--verify-window", "--verify-tau", "--verify-tier", "--draft-tier"}) {
     extra.push_back(f);
   }
   return extra;
@@ -60,7 +61,42 @@ Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
   g.generate.stop = f.GetAll({"--stop"});
   g.generate.draft_max = static_cast<int>(draft);
   g.prompt_cache = f.Get({"--prompt-cache"});
+  ASSIGN_OR_RETURN(g.generate.verify, ParseVerifyFlags(f));
   return g;
+}
+
+Expected<VerifyOptions> ParseVerifyFlags(const Flags& f) {
+  VerifyOptions v;
+  const std::string mode = f.Get({"--verify"}, "off");
+  if (mode == "all") {
+    v.mode = VerifyOptions::Mode::kAll;
+  } else if (mode == "margin") {
+    v.mode = VerifyOptions::Mode::kMargin;
+  } else if (mode != "off") {
+    return InvalidArgument("--verify " + mode + ": off, all or margin");
+  }
+  ASSIGN_OR_RETURN(long long window, f.GetInt({"--verify-window"}, v.window));
+  ASSIGN_OR_RETURN(double tau, f.GetDouble({"--verify-tau"}, v.tau));
+  ASSIGN_OR_RETURN(long long tier, f.GetInt({"--verify-tier"}, -1));
+  ASSIGN_OR_RETURN(long long draft, f.GetInt({"--draft-tier"}, 0));
+  if (window < 1 || window > 256) return InvalidArgument("--verify-window must be 1..256");
+  if (!(tau >= 0) || tau > 1000) return InvalidArgument("--verify-tau must be a number >= 0");
+  if (tier < -1 || tier > 2 || draft < 0 || draft > 2)
+    return InvalidArgument("--verify-tier and --draft-tier are tiers of a store's ladder (0..2)");
+  const bool any = f.Has("--verify-window") || f.Has("--verify-tau") || f.Has("--verify-tier") ||
+                   f.Has("--draft-tier");
+  if (any && v.mode == VerifyOptions::Mode::kOff)
+    return InvalidArgument("--verify-window, --verify-tau, --verify-tier and --draft-tier need "
+                           "--verify all|margin");
+  v.window = static_cast<int>(window);
+  v.tau = static_cast<float>(tau);
+  v.verify_tier = static_cast<int>(tier);
+  v.draft_tier = static_cast<int>(draft);
+  return v;
+}
+
+void KeepDraftTierResident(const VerifyOptions& v, EngineOptions* opt) {
+  if (v.mode != VerifyOptions::Mode::kOff) opt->residency.resident_max_tier = v.draft_tier;
 }
 
 Expected<std::pair<std::unique_ptr<Engine>, std::unique_ptr<Session>>> LoadForGeneration(
@@ -122,6 +158,15 @@ nlohmann::json StatsJson(Engine& e, const GenerateStats& st) {
   j["decode_forwards"] = st.n_forwards;
   j["drafted"] = st.n_drafted;
   j["draft_accepted"] = st.n_accepted;
+  j["first_token_seconds"] = st.first_token_seconds;
+  if (st.n_verify_passes > 0 || st.n_rollbacks > 0) {
+    j["verify"] = {{"drafted", st.n_drafted},
+                   {"verified", st.n_verified},
+                   {"verify_passes", st.n_verify_passes},
+                   {"rollbacks", st.n_rollbacks},
+                   {"rollback_lost", st.n_rollback_lost},
+                   {"verify_bytes_read", st.verify_bytes}};
+  }
   j["stop_reason"] = st.stop_reason;
   j["peak_bytes"] = e.ledger().peak();
   try {

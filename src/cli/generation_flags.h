@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
-#include "model/engine.h"
+#include "runtime/engine.h"
 
 namespace substrate::cli {
 
@@ -28,6 +28,12 @@ std::vector<std::string> GenerationFlagsWithValue(std::vector<std::string> extra
 Expected<GenerationFlags> ParseGenerationFlags(const Flags& f);
 // `--kv-type` (alias --cache-type): the KV cache's row type, f32 (default, exact) or f16.
 Expected<DType> ParseKvType(const Flags& f);
+// `--verify off|all|margin [--verify-window W] [--verify-tau T] [--verify-tier N]
+// [--draft-tier N]`: deferred verification (VerifyOptions).
+Expected<VerifyOptions> ParseVerifyFlags(const Flags& f);
+// With verification on, a store's resident ops keep only the draft tier: the verify tier's
+// residuals are read for its passes.
+void KeepDraftTierResident(const VerifyOptions& v, EngineOptions* opt);
 
 // Loads the model (weights resident) and opens a session of the requested context, restored
 // from --prompt-cache when that file holds a session of this model (a file of another model,

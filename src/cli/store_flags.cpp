@@ -1,9 +1,5 @@
 #include "cli/store_flags.h"
 
-#include <algorithm>
-
-#include "model/model.h"
-
 namespace substrate::cli {
 
 std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra) {
@@ -13,27 +9,19 @@ std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra) {
   return extra;
 }
 
-Expected<StoreRun> ApplyStoreFlags(const Flags& f, int64_t n_ctx, std::string* model_path,
-                                   EngineOptions* opt, uint64_t extra_reserve) {
-  StoreRun run;
-  run.store = f.Get({"--store"});
+Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {
+  opt->store = f.Get({"--store"});
   if (f.Has("--max-ram")) {
-    ASSIGN_OR_RETURN(run.max_ram, ParseBytes(f.Get({"--max-ram"})));
-    if (run.max_ram == 0) return InvalidArgument("--max-ram must be more than 0");
-    MemoryLedger* ledger = opt->ledger ? opt->ledger : &MemoryLedger::Global();
-    ledger->set_cap(run.max_ram);
+    ASSIGN_OR_RETURN(opt->max_ram, ParseBytes(f.Get({"--max-ram"})));
+    if (opt->max_ram == 0) return InvalidArgument("--max-ram must be more than 0");
   }
-  if (run.store.empty()) {
+  if (opt->store.empty()) {
     for (const char* flag : {"--plan", "--trace", "--prefetch-depth", "--io", "--io-threads", "--tier"})
       if (f.Has(flag)) return InvalidArgument(std::string(flag) + " needs --store STORE/");
-    return run;
+    return Status::Ok();
   }
   if (!f.Has("--max-ram")) return InvalidArgument("--store needs --max-ram SIZE (the RAM budget)");
-  if (model_path->size() && *model_path != run.store + "/model.gguf")
-    return InvalidArgument("give either -m MODEL or --store STORE/, not both");
-  *model_path = run.store + "/model.gguf";
-  ResidencyOptions ro;
-  ro.budget_bytes = run.max_ram;
+  ResidencyOptions& ro = opt->residency;
   ro.plan_path = f.Get({"--plan"});
   ro.trace_path = f.Get({"--trace"});
   ASSIGN_OR_RETURN(long long depth, f.GetInt({"--prefetch-depth"}, 2));
@@ -48,27 +36,11 @@ Expected<StoreRun> ApplyStoreFlags(const Flags& f, int64_t n_ctx, std::string* m
   if (f.Has("--tier") && (tier < 0 || tier > 1000000))
     return InvalidArgument("--tier " + std::to_string(tier) + ": not a tier (0 = skeleton only)");
   ro.serve_tier = static_cast<int>(tier);
-  const std::string dir = run.store;
-  auto slot = run.manager;
-  const DType kv_type = opt->kv_type;
-  opt->weights = [dir, ro, n_ctx, slot, extra_reserve, kv_type](const ModelFile& file,
-                                                                MemoryLedger* ledger)
-      -> Expected<std::unique_ptr<WeightSource>> {
-    ResidencyOptions o = ro;
-    ASSIGN_OR_RETURN(ModelHParams hp, ModelHParams::FromMetadata(file.metadata()));
-    const int64_t ctx = n_ctx > 0 ? n_ctx : std::min<int64_t>(hp.n_ctx_train, 4096);
-    o.reserve_bytes =
-        EstimateRunReserve(hp, ctx, std::min<int64_t>(ctx, Model::kMaxBatch), kv_type) +
-        extra_reserve;
-    ASSIGN_OR_RETURN(auto m, ResidencyManager::Open(dir, ledger, o));
-    *slot = m.get();
-    return std::unique_ptr<WeightSource>(std::move(m));
-  };
-  return run;
+  return Status::Ok();
 }
 
-std::string StoreStatsJson(const StoreRun& run) {
-  return run.get() ? run.get()->StatsJson() : "null";
+std::string StoreStatsJson(const Engine& e) {
+  return e.runtime() ? e.runtime()->StatsJson() : "null";
 }
 
 }  // namespace substrate::cli

@@ -61,7 +61,7 @@ void ThreadPool::WorkerLoop(int index) {
 }
 
 void ThreadPool::ParallelFor(int64_t n, int64_t grain,
-                             const std::function<void(int64_t, int64_t, int)>& fn) {
+                             FunctionRef<void(int64_t, int64_t, int)> fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   if (n_threads_ == 1 || n <= grain) {

@@ -6,10 +6,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "core/function_ref.h"
 
 namespace substrate {
 
@@ -24,9 +25,9 @@ class ThreadPool {
   int size() const { return n_threads_; }
 
   // Calls fn(begin, end, thread_index) over [0, n) in chunks of at least `grain` items.
-  // Returns when all chunks are done. Not reentrant: fn must not call ParallelFor.
-  void ParallelFor(int64_t n, int64_t grain,
-                   const std::function<void(int64_t, int64_t, int)>& fn);
+  // Returns when all chunks are done. Not reentrant: fn must not call ParallelFor. Allocates
+  // nothing (fn is referenced, not copied).
+  void ParallelFor(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t, int)> fn);
 
   // A process-wide pool, sized on first use (SUBSTRATE_THREADS or hardware concurrency).
   static ThreadPool& Default();
@@ -49,7 +50,7 @@ class ThreadPool {
   std::atomic<int> pending_workers_{0};
 
   // The job of the current generation.
-  const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
+  const FunctionRef<void(int64_t, int64_t, int)>* job_ = nullptr;
   int64_t n_ = 0;
   int64_t chunk_ = 1;
   std::atomic<int64_t> next_{0};

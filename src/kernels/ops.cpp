@@ -75,7 +75,15 @@ void Rope(float* x, int64_t n_rows, int n_heads, int head_dim, const int32_t* po
 
 void Softmax(float* x, int64_t n) {
   float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    mx = std::max(mx, x[i]);
+    nan |= x[i] != x[i];
+  }
+  if (nan) {  // max drops NaN: keep it visible rather than normalizing it away
+    for (int64_t i = 0; i < n; ++i) x[i] = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
   if (mx == -std::numeric_limits<float>::infinity()) {
     for (int64_t i = 0; i < n; ++i) x[i] = 0;
     return;

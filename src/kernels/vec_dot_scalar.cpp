@@ -19,9 +19,13 @@ void QuantizeQ8_0(const float* x, void* out, int64_t n) {
   auto* y = static_cast<BlockQ8_0*>(out);
   float* dtail = reinterpret_cast<float*>(y + n / kQK8_0);  // see ActRowBytes
   for (int64_t b = 0; b < n / kQK8_0; ++b, x += kQK8_0) {
-    float amax = 0;
-    for (int j = 0; j < kQK8_0; ++j) amax = std::max(amax, std::fabs(x[j]));
-    float d = amax / 127.0f;
+    float amax = 0, poison = 0;
+    for (int j = 0; j < kQK8_0; ++j) {
+      amax = std::max(amax, std::fabs(x[j]));
+      poison += x[j] * 0.0f;
+    }
+    // max drops NaN; a non-finite input makes the block's scale NaN so the products show it.
+    float d = poison == 0 ? amax / 127.0f : NAN;
     float id = d != 0 ? 1.0f / d : 0.0f;
     y[b].d = Fp32ToFp16(d);
     float df = H(y[b].d);
@@ -33,9 +37,12 @@ void QuantizeQ8_0(const float* x, void* out, int64_t n) {
 void QuantizeQ8_1(const float* x, void* out, int64_t n) {
   auto* y = static_cast<BlockQ8_1*>(out);
   for (int64_t b = 0; b < n / kQK8_1; ++b, x += kQK8_1) {
-    float amax = 0;
-    for (int j = 0; j < kQK8_1; ++j) amax = std::max(amax, std::fabs(x[j]));
-    float d = amax / 127.0f;
+    float amax = 0, poison = 0;
+    for (int j = 0; j < kQK8_1; ++j) {
+      amax = std::max(amax, std::fabs(x[j]));
+      poison += x[j] * 0.0f;
+    }
+    float d = poison == 0 ? amax / 127.0f : NAN;
     float id = d != 0 ? 1.0f / d : 0.0f;
     int sum = 0;
     for (int j = 0; j < kQK8_1; ++j) {
@@ -50,16 +57,19 @@ void QuantizeQ8_1(const float* x, void* out, int64_t n) {
 void QuantizeQ8_K(const float* x, void* out, int64_t n) {
   auto* y = static_cast<BlockQ8_K*>(out);
   for (int64_t b = 0; b < n / kQK_K; ++b, x += kQK_K) {
-    float amax = 0, max = 0;
+    float amax = 0, max = 0, poison = 0;
     for (int j = 0; j < kQK_K; ++j) {
       float ax = std::fabs(x[j]);
+      poison += x[j] * 0.0f;
       if (ax > amax) {
         amax = ax;
         max = x[j];
       }
     }
-    if (amax == 0) {
+    if (amax == 0 || poison != 0) {
+      // All zero, or a non-finite input: then the scale is NaN, so the products show it.
       std::memset(&y[b], 0, sizeof(BlockQ8_K));
+      if (poison != 0) y[b].d = NAN;
       continue;
     }
     // The element of largest magnitude maps to -127 exactly (ggml's convention).

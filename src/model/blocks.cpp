@@ -1,15 +1,8 @@
 #include "model/blocks.h"
 
-#include <algorithm>
-#include <cstring>
-#include <numeric>
-
 #include "format/model_file.h"
-#include "kernels/attention.h"
-#include "kernels/matmul.h"
-#include "kernels/ops.h"
+#include "model/arch.h"
 #include "model/op_id.h"
-#include "quant/quant.h"
 
 namespace substrate {
 namespace {
@@ -21,186 +14,173 @@ int64_t OutDim(ForwardContext& c, TensorId id) {
 
 }  // namespace
 
-Expected<void*> Scratch::GetBytes(Slot slot, size_t bytes) {
-  AlignedBuffer& b = bufs_[slot];
+Expected<Tensor> Scratch::Get(Slot slot, int64_t rows, int64_t cols) {
+  Buffer& b = bufs_[slot];
+  const size_t bytes = static_cast<size_t>(rows * cols) * sizeof(float);
   if (b.size() < bytes) {
-    b = AlignedBuffer();  // release the old charge first
+    b.Reset();  // release the old charge first
+    ASSIGN_OR_RETURN(b, backend_->Allocate(bytes, "scratch"));
+  }
+  return Tensor{static_cast<float*>(b.data()), rows, cols};
+}
+
+Expected<void*> Scratch::HostBytes(HostSlot slot, size_t bytes) {
+  AlignedBuffer& b = host_[slot];
+  if (b.size() < bytes) {
+    b = AlignedBuffer();
     ASSIGN_OR_RETURN(b, AlignedBuffer::Allocate(bytes, ledger_, "scratch", 64));
   }
   return static_cast<void*>(b.data());
 }
 
-Status Linear(ForwardContext& c, TensorId w, const float* x, int64_t n, float* y,
-              int64_t expect_in, int64_t expect_out, int slice) {
-  ASSIGN_OR_RETURN(WeightHandle h, c.source->Acquire(w, slice));
+Status ForwardContext::CheckFinite(const Tensor& t, int op) const {
+  if (!check_finite || be->AllFinite(t)) return Status::Ok();
+  return Corruption("the forward pass produced NaN or infinite values in op '" + op_id(op) +
+                  "' (position " + std::to_string(pos0) + ", " + std::to_string(n) +
+                  " tokens): the model's weights or hyperparameters hold non-finite or "
+                  "out-of-range values");
+}
+
+Status Linear(ForwardContext& c, int op, TensorId w, const Tensor& x, const Tensor& y,
+              int slice) {
+  ASSIGN_OR_RETURN(WeightHandle h, c.Acquire(w, op, slice));
   const WeightView& v = h.view();
-  if (v.cols != expect_in || (expect_out >= 0 && v.rows != expect_out)) {
+  if (v.cols != x.cols || v.rows != y.cols || x.rows != y.rows) {
     return Corruption("tensor '" + c.source->Info(w).name + "' is [" + std::to_string(v.rows) +
                       " x " + std::to_string(v.cols) + "], expected [" +
-                      std::to_string(expect_out) + " x " + std::to_string(expect_in) + "]");
+                      std::to_string(y.cols) + " x " + std::to_string(x.cols) + "]");
   }
-  MatMul(v, x, n, y, *c.pool);
-  return Status::Ok();
-}
-
-Status LoadVector(ForwardContext& c, TensorId id, int64_t n, float* dst) {
-  ASSIGN_OR_RETURN(WeightHandle h, c.source->Acquire(id));
-  const WeightView& v = h.view();
-  if (v.cols * v.rows != n) {
-    return Corruption("tensor '" + c.source->Info(id).name + "' has " +
-                      std::to_string(v.cols * v.rows) + " elements, expected " +
-                      std::to_string(n));
-  }
-  DequantizeRow(v.type, v.data, dst, n);
-  return Status::Ok();
-}
-
-Status NormRows(ForwardContext& c, TensorId w, const float* x, int64_t width, int64_t rows,
-                float* y) {
-  c.vec->resize(static_cast<size_t>(width));
-  RETURN_IF_ERROR(LoadVector(c, w, width, c.vec->data()));
-  RmsNorm(x, c.vec->data(), c.hp->norm_eps, width, rows, y);
+  c.be->MatMul(v, x, y);
   return Status::Ok();
 }
 
 namespace {
 
-Status AddBiasFrom(ForwardContext& c, TensorId b, float* y, int64_t width, int64_t rows) {
-  if (b == kNoTensor) return Status::Ok();
-  c.vec->resize(static_cast<size_t>(width));
-  RETURN_IF_ERROR(LoadVector(c, b, width, c.vec->data()));
-  AddBias(y, c.vec->data(), width, rows);
-  return Status::Ok();
-}
-
-// out = W_o attn (+ b_o); x += out.
-Status OutputProjection(ForwardContext& c, const LayerWeights& w, const float* attn,
-                        int64_t in_dim) {
-  const int64_t d = c.hp->n_embd;
-  ASSIGN_OR_RETURN(float* tmp, c.scratch->Get(Scratch::kTmp, c.n * d));
-  RETURN_IF_ERROR(Linear(c, w.wo, attn, c.n, tmp, in_dim, d));
-  RETURN_IF_ERROR(AddBiasFrom(c, w.bo, tmp, d, c.n));
-  AddInPlace(c.x, tmp, c.n * d);
-  return Status::Ok();
+// The vector weight `id` of op `op`, checked to hold `n` elements.
+Expected<WeightHandle> AcquireVector(ForwardContext& c, int op, TensorId id, int64_t n) {
+  ASSIGN_OR_RETURN(WeightHandle h, c.Acquire(id, op));
+  if (h.view().cols * h.view().rows != n) {
+    return Corruption("tensor '" + c.source->Info(id).name + "' has " +
+                      std::to_string(h.view().cols * h.view().rows) + " elements, expected " +
+                      std::to_string(n));
+  }
+  return h;
 }
 
 }  // namespace
 
+Status NormRows(ForwardContext& c, int op, TensorId w, const Tensor& x, const Tensor& y) {
+  ASSIGN_OR_RETURN(WeightHandle h, AcquireVector(c, op, w, x.cols));
+  c.be->RmsNorm(x, h.view(), c.hp->norm_eps, y);
+  return Status::Ok();
+}
+
+Status AddBiasFrom(ForwardContext& c, int op, TensorId b, const Tensor& y) {
+  if (b == kNoTensor) return Status::Ok();
+  ASSIGN_OR_RETURN(WeightHandle h, AcquireVector(c, op, b, y.cols));
+  c.be->AddBias(y, h.view());
+  return Status::Ok();
+}
+
+Status OutputProjection(ForwardContext& c, const LayerWeights& w, const Tensor& attn) {
+  ASSIGN_OR_RETURN(Tensor out, c.scratch->Get(Scratch::kTmp, c.n, c.hp->n_embd));
+  RETURN_IF_ERROR(Linear(c, w.attn_op, w.wo, attn, out));
+  RETURN_IF_ERROR(AddBiasFrom(c, w.attn_op, w.bo, out));
+  c.be->Add(c.x, out);
+  return Status::Ok();
+}
+
+std::vector<TensorSlot> StandardAttentionTensors(const ModelHParams& hp) {
+  const uint64_t d = static_cast<uint64_t>(hp.n_embd);
+  const uint64_t q_dim = static_cast<uint64_t>(hp.n_head) * hp.head_dim_k;
+  const uint64_t k_dim = static_cast<uint64_t>(hp.n_head_kv) * hp.head_dim_k;
+  const uint64_t v_dim = static_cast<uint64_t>(hp.n_head_kv) * hp.head_dim_v;
+  const uint64_t o_dim = static_cast<uint64_t>(hp.n_head) * hp.head_dim_v;
+  const uint64_t hd = static_cast<uint64_t>(hp.head_dim_k);
+  using W = LayerWeights;
+  return {
+      {"attn_norm", "weight", &W::attn_norm, true, {d}},
+      {"attn_q", "weight", &W::wq, true, {d, q_dim}},
+      {"attn_q", "bias", &W::bq, false, {q_dim}},
+      {"attn_k", "weight", &W::wk, true, {d, k_dim}},
+      {"attn_k", "bias", &W::bk, false, {k_dim}},
+      {"attn_v", "weight", &W::wv, true, {d, v_dim}},
+      {"attn_v", "bias", &W::bv, false, {v_dim}},
+      {"attn_q_norm", "weight", &W::q_norm, false, {hd}},
+      {"attn_k_norm", "weight", &W::k_norm, false, {hd}},
+      {"attn_output", "weight", &W::wo, true, {o_dim, d}},
+      {"attn_output", "bias", &W::bo, false, {d}},
+  };
+}
+
+Status CheckRopeDims(const ModelHParams& hp) {
+  if (hp.n_rot > 0 && hp.n_rot <= hp.head_dim_k && hp.n_rot % 2 == 0) return Status::Ok();
+  return Corruption("model hyperparameters: rope dimension_count " + std::to_string(hp.n_rot));
+}
+
 Status AttentionBlock(ForwardContext& c, int il, const LayerWeights& w) {
   const ModelHParams& hp = *c.hp;
+  Backend& be = *c.be;
   const int64_t d = hp.n_embd, n = c.n;
-  const int dk = hp.head_dim_k, dv = hp.head_dim_v;
-  OpScope op(c.source, OpIdAttention(il));
+  const int dk = hp.head_dim_k, dv = hp.head_dim_v, op = w.attn_op;
+  OpScope scope(c, op);
 
-  ASSIGN_OR_RETURN(float* xn, c.scratch->Get(Scratch::kXNorm, n * d));
-  RETURN_IF_ERROR(NormRows(c, w.attn_norm, c.x, d, n, xn));
+  ASSIGN_OR_RETURN(Tensor xn, c.scratch->Get(Scratch::kXNorm, n, d));
+  RETURN_IF_ERROR(NormRows(c, op, w.attn_norm, c.x, xn));
 
-  // q [n, n_head*dk]; k, v written into the cache rows of positions pos0..pos0+n-1 (float
-  // rows: the cache's own for an F32 cache, staged and converted for F16).
-  ASSIGN_OR_RETURN(float* q, c.scratch->Get(Scratch::kQ, n * hp.n_head * dk));
-  ASSIGN_OR_RETURN(KvCache::WriteRows rows, c.cache->BeginWrite(il, c.pos0, n));
-  float* kc = rows.k;
-  float* vc = rows.v;
-  RETURN_IF_ERROR(Linear(c, w.wq, xn, n, q, d, int64_t{hp.n_head} * dk));
-  RETURN_IF_ERROR(AddBiasFrom(c, w.bq, q, int64_t{hp.n_head} * dk, n));
-  RETURN_IF_ERROR(Linear(c, w.wk, xn, n, kc, d, int64_t{hp.n_head_kv} * dk));
-  RETURN_IF_ERROR(AddBiasFrom(c, w.bk, kc, int64_t{hp.n_head_kv} * dk, n));
-  RETURN_IF_ERROR(Linear(c, w.wv, xn, n, vc, d, int64_t{hp.n_head_kv} * dv));
-  RETURN_IF_ERROR(AddBiasFrom(c, w.bv, vc, int64_t{hp.n_head_kv} * dv, n));
+  // q [n, n_head * dk], k [n, n_head_kv * dk], v [n, n_head_kv * dv]
+  ASSIGN_OR_RETURN(Tensor q, c.scratch->Get(Scratch::kQ, n, int64_t{hp.n_head} * dk));
+  ASSIGN_OR_RETURN(Tensor k, c.scratch->Get(Scratch::kK, n, int64_t{hp.n_head_kv} * dk));
+  ASSIGN_OR_RETURN(Tensor v, c.scratch->Get(Scratch::kV, n, int64_t{hp.n_head_kv} * dv));
+  RETURN_IF_ERROR(Linear(c, op, w.wq, xn, q));
+  RETURN_IF_ERROR(AddBiasFrom(c, op, w.bq, q));
+  RETURN_IF_ERROR(Linear(c, op, w.wk, xn, k));
+  RETURN_IF_ERROR(AddBiasFrom(c, op, w.bk, k));
+  RETURN_IF_ERROR(Linear(c, op, w.wv, xn, v));
+  RETURN_IF_ERROR(AddBiasFrom(c, op, w.bv, v));
 
-  if (w.q_norm != kNoTensor) RETURN_IF_ERROR(NormRows(c, w.q_norm, q, dk, n * hp.n_head, q));
-  if (w.k_norm != kNoTensor)
-    RETURN_IF_ERROR(NormRows(c, w.k_norm, kc, dk, n * hp.n_head_kv, kc));
-  Rope(q, n, hp.n_head, dk, c.pos, hp.rope);
-  Rope(kc, n, hp.n_head_kv, dk, c.pos, hp.rope);
-  c.cache->CommitWrite(il, c.pos0, n);
+  // QK-norm (qwen3): each head's vector normed on its own.
+  if (w.q_norm != kNoTensor) {
+    const Tensor heads = q.Reshape(n * hp.n_head, dk);
+    RETURN_IF_ERROR(NormRows(c, op, w.q_norm, heads, heads));
+  }
+  if (w.k_norm != kNoTensor) {
+    const Tensor heads = k.Reshape(n * hp.n_head_kv, dk);
+    RETURN_IF_ERROR(NormRows(c, op, w.k_norm, heads, heads));
+  }
+  be.Rope(q, hp.n_head, dk, 0, c.pos, hp.rope);
+  be.Rope(k, hp.n_head_kv, dk, 0, c.pos, hp.rope);
+  be.StoreKv(c.cache->layer(il), c.pos0, k, v);
 
-  // attn [n, n_head*dv]
-  ASSIGN_OR_RETURN(float* attn, c.scratch->Get(Scratch::kAttnOut, n * hp.n_head * dv));
-  AttentionShape shape{hp.n_head, hp.n_head_kv, dk, dv, hp.attn_scale};
-  Attention(shape, q, n, c.pos0, c.cache->rows(il), attn, *c.pool);
-  return OutputProjection(c, w, attn, int64_t{hp.n_head} * dv);
+  // attn [n, n_head * dv]
+  ASSIGN_OR_RETURN(Tensor attn, c.scratch->Get(Scratch::kAttnOut, n, int64_t{hp.n_head} * dv));
+  be.Attention({hp.n_head, hp.n_head_kv, dk, dv, hp.attn_scale}, q, c.cache->layer(il), c.pos0,
+               attn);
+  RETURN_IF_ERROR(OutputProjection(c, w, attn));
+  return c.CheckFinite(c.x, op);
 }
 
-Status MlaBlock(ForwardContext& c, int il, const LayerWeights& w) {
-  const ModelHParams& hp = *c.hp;
-  const int64_t d = hp.n_embd, n = c.n;
-  const int dk = hp.head_dim_k, dv = hp.head_dim_v, nope = hp.nope_dim(), rot = hp.n_rot;
-  const int64_t lora = hp.kv_lora_rank;
-  OpScope op(c.source, OpIdAttention(il));
-
-  ASSIGN_OR_RETURN(float* xn, c.scratch->Get(Scratch::kXNorm, n * d));
-  RETURN_IF_ERROR(NormRows(c, w.attn_norm, c.x, d, n, xn));
-
-  // q [n, n_head, nope + rot], through the low-rank q_a -> norm -> q_b when the model has it.
-  ASSIGN_OR_RETURN(float* q, c.scratch->Get(Scratch::kQ, n * hp.n_head * dk));
-  if (w.wq_a != kNoTensor) {
-    ASSIGN_OR_RETURN(float* qa, c.scratch->Get(Scratch::kLatentQ, n * hp.q_lora_rank));
-    RETURN_IF_ERROR(Linear(c, w.wq_a, xn, n, qa, d, hp.q_lora_rank));
-    RETURN_IF_ERROR(NormRows(c, w.q_a_norm, qa, hp.q_lora_rank, n, qa));
-    RETURN_IF_ERROR(Linear(c, w.wq_b, qa, n, q, hp.q_lora_rank, int64_t{hp.n_head} * dk));
-  } else {
-    RETURN_IF_ERROR(Linear(c, w.wq, xn, n, q, d, int64_t{hp.n_head} * dk));
-  }
-
-  // kv_a [n, lora + rot]: the compressed latent, then one shared rope key per token.
-  ASSIGN_OR_RETURN(float* kva, c.scratch->Get(Scratch::kLatentKv, n * (lora + rot)));
-  RETURN_IF_ERROR(Linear(c, w.wkv_a, xn, n, kva, d, lora + rot));
-  ASSIGN_OR_RETURN(float* kvn, c.scratch->Get(Scratch::kLatentNorm, n * lora));
-  for (int64_t t = 0; t < n; ++t)
-    std::memcpy(kvn + t * lora, kva + t * (lora + rot), static_cast<size_t>(lora) * 4);
-  RETURN_IF_ERROR(NormRows(c, w.kv_a_norm, kvn, lora, n, kvn));
-  // kv_b [n, n_head, nope + dv]
-  const int64_t kvb_w = int64_t{hp.n_head} * (nope + dv);
-  ASSIGN_OR_RETURN(float* kvb, c.scratch->Get(Scratch::kKvB, n * kvb_w));
-  RETURN_IF_ERROR(Linear(c, w.wkv_b, kvn, n, kvb, lora, kvb_w));
-
-  Rope(q + nope, n, hp.n_head, dk, c.pos, hp.rope);
-  Rope(kva + lora, n, 1, static_cast<int>(lora + rot), c.pos, hp.rope);
-
-  // Cache rows: k = [k_nope_h, k_rope] per head, v = v_h per head.
-  ASSIGN_OR_RETURN(KvCache::WriteRows rows, c.cache->BeginWrite(il, c.pos0, n));
-  for (int64_t t = 0; t < n; ++t) {
-    float* kr = rows.k + t * c.cache->k_stride();
-    float* vr = rows.v + t * c.cache->v_stride();
-    const float* src = kvb + t * kvb_w;
-    const float* kpe = kva + t * (lora + rot) + lora;
-    for (int h = 0; h < hp.n_head; ++h) {
-      std::memcpy(kr + h * dk, src + h * (nope + dv), static_cast<size_t>(nope) * 4);
-      std::memcpy(kr + h * dk + nope, kpe, static_cast<size_t>(rot) * 4);
-      std::memcpy(vr + h * dv, src + h * (nope + dv) + nope, static_cast<size_t>(dv) * 4);
-    }
-  }
-
-  c.cache->CommitWrite(il, c.pos0, n);
-
-  ASSIGN_OR_RETURN(float* attn, c.scratch->Get(Scratch::kAttnOut, n * hp.n_head * dv));
-  AttentionShape shape{hp.n_head, hp.n_head, dk, dv, hp.attn_scale};
-  Attention(shape, q, n, c.pos0, c.cache->rows(il), attn, *c.pool);
-  return OutputProjection(c, w, attn, int64_t{hp.n_head} * dv);
-}
-
-Status SwiGluMlp(ForwardContext& c, TensorId gate, TensorId up, TensorId down, const float* x,
-                 int64_t m, float* out, int slice) {
-  const int64_t d = c.hp->n_embd;
+Status SwiGluMlp(ForwardContext& c, int op, TensorId gate, TensorId up, TensorId down,
+                 const Tensor& x, const Tensor& out, int slice) {
+  const int64_t m = x.rows;
   const int64_t ff = OutDim(c, gate);  // ne[1] of [d, ff] or of the expert tensor [d, ff, E]
-  ASSIGN_OR_RETURN(float* g, c.scratch->Get(Scratch::kGate, m * ff));
-  ASSIGN_OR_RETURN(float* u, c.scratch->Get(Scratch::kUp, m * ff));
-  RETURN_IF_ERROR(Linear(c, gate, x, m, g, d, ff, slice));
-  RETURN_IF_ERROR(Linear(c, up, x, m, u, d, ff, slice));
-  SwiGlu(g, u, m * ff, g);
-  return Linear(c, down, g, m, out, ff, d, slice);
+  ASSIGN_OR_RETURN(Tensor g, c.scratch->Get(Scratch::kGate, m, ff));
+  ASSIGN_OR_RETURN(Tensor u, c.scratch->Get(Scratch::kUp, m, ff));
+  RETURN_IF_ERROR(Linear(c, op, gate, x, g, slice));
+  RETURN_IF_ERROR(Linear(c, op, up, x, u, slice));
+  c.be->SwiGlu(g, u, g);
+  return Linear(c, op, down, g, out, slice);
 }
 
 Status FfnBlock(ForwardContext& c, int il, const LayerWeights& w) {
   const int64_t d = c.hp->n_embd, n = c.n;
-  OpScope op(c.source, OpIdFfn(il));
-  ASSIGN_OR_RETURN(float* xn, c.scratch->Get(Scratch::kXNorm, n * d));
-  RETURN_IF_ERROR(NormRows(c, w.ffn_norm, c.x, d, n, xn));
-  ASSIGN_OR_RETURN(float* tmp, c.scratch->Get(Scratch::kTmp, n * d));
-  RETURN_IF_ERROR(SwiGluMlp(c, w.ffn_gate, w.ffn_up, w.ffn_down, xn, n, tmp));
-  AddInPlace(c.x, tmp, n * d);
-  return Status::Ok();
+  OpScope scope(c, w.ffn_op);
+  ASSIGN_OR_RETURN(Tensor xn, c.scratch->Get(Scratch::kXNorm, n, d));
+  RETURN_IF_ERROR(NormRows(c, w.ffn_op, w.ffn_norm, c.x, xn));
+  ASSIGN_OR_RETURN(Tensor out, c.scratch->Get(Scratch::kTmp, n, d));
+  RETURN_IF_ERROR(SwiGluMlp(c, w.ffn_op, w.ffn_gate, w.ffn_up, w.ffn_down, xn, out));
+  c.be->Add(c.x, out);
+  return c.CheckFinite(c.x, w.ffn_op);
 }
 
 }  // namespace substrate

@@ -1,6 +1,7 @@
-// Shared building blocks of the forward pass (attention, MLA, dense FFN, MoE), used by the
-// per-family layer functions in arch_*.cpp. Every weight is reached through the WeightSource
-// between BeginOp/EndOp of the op that owns it (see op_id.h).
+// Shared building blocks of the forward pass (attention, dense FFN, MoE), used by the
+// architectures (model/arch_*.cpp). They say what to compute; the Backend computes it. Every
+// weight is reached through the WeightSource, between BeginOp/EndOp of the op that owns it
+// (op_id.h), at that op's tier.
 //
 // Shapes in comments are row-major [rows, cols]: n = tokens in this pass, d = n_embd.
 #pragma once
@@ -10,97 +11,117 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/aligned_buffer.h"
-#include "core/thread_pool.h"
 #include "model/hparams.h"
 #include "model/kv_cache.h"
 #include "model/layer_weights.h"
+#include "model/op_id.h"
 #include "model/weight_source.h"
 
 namespace substrate {
 
-// Grow-only float buffers charged to the ledger account "scratch": a decode step after the
-// first allocates nothing.
+struct TensorSlot;
+
+// Grow-only buffers of a forward pass, charged to the ledger account "scratch": a decode step
+// after the first allocates nothing. Activations live in backend memory; the routing
+// bookkeeping (which expert takes which token) on the host.
 class Scratch {
  public:
   enum Slot {
-    kX, kXNorm, kQ, kAttnOut, kTmp, kGate, kUp, kLatentQ, kLatentKv, kLatentNorm, kKvB,
-    kRouter, kGathered, kExpertOut, kMoeAcc, kVec, kLogits,
-    // MoE bookkeeping (routing, per-expert token lists, look-ahead, batched experts).
-    kSel, kSelWeight, kExpertList, kExpertOffset, kExpertTokens, kExpertTokWeight, kRouterBias,
-    kLookNorm, kLookLogits, kLookSel, kLookSelWeight, kLookList, kExpertHidden, kSharedGate,
-    kSharedUp, kSlotCount
+    kX, kXNorm, kQ, kK, kV, kAttnOut, kTmp, kGate, kUp, kLatentQ, kLatentKv, kLatentNorm, kKvB,
+    kRouter, kGathered, kExpertOut, kMoeAcc, kVec, kLookNorm, kLookLogits, kExpertHidden,
+    kSharedGate, kSharedUp, kLogits, kSlotCount
   };
-  explicit Scratch(MemoryLedger* ledger) : ledger_(ledger) {}
-  // At least n floats for `slot` (contents kept only if no growth happens).
-  Expected<float*> Get(Slot slot, int64_t n) { return GetAs<float>(slot, n); }
-  // At least n elements of T (trivial, alignment <= 64) for `slot`, same rules.
+  enum HostSlot {
+    kSel, kSelWeight, kExpertList, kExpertOffset, kExpertTokens, kExpertTokWeight, kLookSel,
+    kLookSelWeight, kLookList, kHostSlotCount
+  };
+  Scratch(Backend* backend, MemoryLedger* ledger) : backend_(backend), ledger_(ledger) {}
+  // A [rows, cols] tensor for `slot` (contents kept only if no growth happens).
+  Expected<Tensor> Get(Slot slot, int64_t rows, int64_t cols);
+  // At least n elements of T (trivial, alignment <= 64) of host memory for `slot`, same rules.
   template <typename T>
-  Expected<T*> GetAs(Slot slot, int64_t n) {
-    ASSIGN_OR_RETURN(void* p, GetBytes(slot, static_cast<size_t>(n) * sizeof(T)));
+  Expected<T*> Host(HostSlot slot, int64_t n) {
+    ASSIGN_OR_RETURN(void* p, HostBytes(slot, static_cast<size_t>(n) * sizeof(T)));
     return static_cast<T*>(p);
   }
-  Expected<void*> GetBytes(Slot slot, size_t bytes);
 
  private:
+  Expected<void*> HostBytes(HostSlot slot, size_t bytes);
+  Backend* backend_;
   MemoryLedger* ledger_;
-  AlignedBuffer bufs_[kSlotCount];
+  Buffer bufs_[kSlotCount];
+  AlignedBuffer host_[kHostSlotCount];
 };
 
 struct ForwardContext {
   const ModelHParams* hp = nullptr;
   WeightSource* source = nullptr;
-  ThreadPool* pool = nullptr;
+  Backend* be = nullptr;
   KvCache* cache = nullptr;
   Scratch* scratch = nullptr;
-  int64_t n = 0;               // tokens in this pass
-  int64_t pos0 = 0;            // position of the first one (= cache->n_past() before the pass)
-  const int32_t* pos = nullptr;  // [n] positions
-  float* x = nullptr;          // [n, d] the residual stream
-  std::vector<float>* vec = nullptr;  // small per-op vectors (norm weights, biases)
+  int64_t n = 0;                 // tokens in this pass
+  int64_t pos0 = 0;              // position of the first one (= cache->n_past() before the pass)
+  const int32_t* pos = nullptr;  // [n] positions (host)
+  Tensor x;                      // [n, d] the residual stream
   const LayerWeights* layers = nullptr;  // every layer's ids (the router look-ahead needs L+1's)
+  const OpSpec* ops = nullptr;           // Model::ops(): op index -> id (no string work per op)
+  const uint8_t* tiers = nullptr;        // [ops] the tier each op runs at (Model::op_tiers)
+  // Diagnosis mode (Model::Forward re-runs a pass in it when its output is not finite): each op
+  // checks what it wrote and fails naming itself.
+  bool check_finite = false;
+
+  // A weight of op `op` (its index in Model::ops()) at that op's tier.
+  Expected<WeightHandle> Acquire(TensorId id, int op, int slice = -1) const {
+    return source->Acquire(id, slice, tiers[op]);
+  }
+  const std::string& op_id(int op) const { return ops[op].id; }
+  // In diagnosis mode: an error naming op `op` when t holds a NaN or infinity.
+  Status CheckFinite(const Tensor& t, int op) const;
 };
 
-// BeginOp/EndOp around one op, so an early error return still closes it.
+// BeginOp/EndOp of op `op` (an index into Model::ops()) around its work, so an early error
+// return still closes it.
 class OpScope {
  public:
-  OpScope(WeightSource* s, std::string id) : s_(s), id_(std::move(id)) { s_->BeginOp(id_); }
+  OpScope(const ForwardContext& c, int op) : s_(c.source), id_(c.op_id(op)) { s_->BeginOp(id_); }
   ~OpScope() { s_->EndOp(id_); }
   OpScope(const OpScope&) = delete;
   OpScope& operator=(const OpScope&) = delete;
 
  private:
   WeightSource* s_;
-  std::string id_;
+  const std::string& id_;
 };
 
-// y = W x (+ bias) through the source; W's shape must be [rows = out, cols = in].
-Status Linear(ForwardContext& c, TensorId w, const float* x, int64_t n, float* y,
-              int64_t expect_in, int64_t expect_out, int slice = -1);
-// Dequantizes a 1-D tensor of `n` elements into dst.
-Status LoadVector(ForwardContext& c, TensorId id, int64_t n, float* dst);
-// y = RmsNorm(x) * w over rows of width `width` (w from the source).
-Status NormRows(ForwardContext& c, TensorId w, const float* x, int64_t width, int64_t rows,
-                float* y);
+// y [n, out] = W x [n, in] through the source, W of op `op`; W's shape must be [out, in]
+// (Corruption naming the tensor otherwise). slice >= 0 picks one expert of a 3-D tensor.
+Status Linear(ForwardContext& c, int op, TensorId w, const Tensor& x, const Tensor& y,
+              int slice = -1);
+// y = RmsNorm(x) * w per row of width x.cols (w: a vector of op `op`).
+Status NormRows(ForwardContext& c, int op, TensorId w, const Tensor& x, const Tensor& y);
+// y += b per row, when the model has the bias b (kNoTensor: nothing).
+Status AddBiasFrom(ForwardContext& c, int op, TensorId b, const Tensor& y);
+// out = W_o attn (+ b_o); x += out (the end of every attention op).
+Status OutputProjection(ForwardContext& c, const LayerWeights& w, const Tensor& attn);
 
 // Standard multi-head attention (llama, qwen): norm, q/k/v (+bias), optional QK-norm, RoPE,
 // causal attention over the KV cache, output projection, residual add. One op: block_N.attn.
 Status AttentionBlock(ForwardContext& c, int il, const LayerWeights& w);
-// DeepSeek multi-head latent attention, same contract.
-Status MlaBlock(ForwardContext& c, int il, const LayerWeights& w);
+// Its tensors (ArchSpec::attention_tensors of llama and qwen).
+std::vector<TensorSlot> StandardAttentionTensors(const ModelHParams& hp);
+// n_rot even and within the head (llama, qwen).
+Status CheckRopeDims(const ModelHParams& hp);
+
 // Dense SwiGLU FFN with pre-norm and residual add (op block_N.ffn).
 Status FfnBlock(ForwardContext& c, int il, const LayerWeights& w);
 // Router, routed experts, shared expert, residual add (ops block_N.moe.*; moe_block.cpp).
 Status MoeBlock(ForwardContext& c, int il, const LayerWeights& w);
 
-// out [m, d] = down(silu(gate(x)) * up(x)) for x [m, d]; widths from the tensors' shapes.
-// slice >= 0 picks one expert of 3-D expert tensors.
-Status SwiGluMlp(ForwardContext& c, TensorId gate, TensorId up, TensorId down, const float* x,
-                 int64_t m, float* out, int slice = -1);
-
-// Routing of one token: indices and weights of the selected experts (exposed for tests).
-// Allocation-free after the first call on a thread.
-void RouteToken(const ModelHParams& hp, const float* logits, const float* bias, int32_t* idx,
-                float* weight);
+// out [m, d] = down(silu(gate(x)) * up(x)) for x [m, d], weights of op `op`; widths from the
+// tensors' shapes. slice >= 0 picks one expert of 3-D expert tensors.
+Status SwiGluMlp(ForwardContext& c, int op, TensorId gate, TensorId up, TensorId down,
+                 const Tensor& x, const Tensor& out, int slice = -1);
 
 }  // namespace substrate

@@ -12,13 +12,10 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 #include <utility>
 #include <vector>
 
 #include "format/model_file.h"
-#include "kernels/matmul.h"
-#include "kernels/ops.h"
 #include "model/op_id.h"
 
 namespace substrate {
@@ -45,48 +42,48 @@ Status CheckShape(ForwardContext& c, TensorId id, const WeightView& v, int64_t i
 // Storage is per thread and grows once (a forward pass runs on one thread).
 class OpenExperts {
  public:
-  OpenExperts(WeightSource* s, int il) : s_(s), il_(il) {
+  explicit OpenExperts(const ForwardContext& c) : c_(c) {
     handles.clear();
     begun.clear();
   }
   ~OpenExperts() {
     handles.clear();
-    for (int e : begun) s_->EndOp(e >= 0 ? OpIdMoeExpert(il_, e) : OpIdMoeShared(il_));
+    for (int op : begun) c_.source->EndOp(c_.op_id(op));
     begun.clear();
   }
   OpenExperts(const OpenExperts&) = delete;
   OpenExperts& operator=(const OpenExperts&) = delete;
-  void Begin(int e) {  // e < 0: the shared expert
-    s_->BeginOp(e >= 0 ? OpIdMoeExpert(il_, e) : OpIdMoeShared(il_));
-    begun.push_back(e);
+  void Begin(int op) {
+    c_.source->BeginOp(c_.op_id(op));
+    begun.push_back(op);
   }
 
   static thread_local std::vector<WeightHandle> handles;
 
  private:
   static thread_local std::vector<int> begun;
-  WeightSource* s_;
-  int il_;
+  const ForwardContext& c_;
 };
 thread_local std::vector<WeightHandle> OpenExperts::handles;
 thread_local std::vector<int> OpenExperts::begun;
 
-Status RunBatched(ForwardContext& c, int il, const LayerWeights& w, const float* xn,
-                  const ExpertRouting& r, float* acc, float* shared_out) {
+Status RunBatched(ForwardContext& c, int il, const LayerWeights& w, const Tensor& xn,
+                  const ExpertRouting& r, const Tensor& acc, const Tensor* shared_out) {
   const int64_t d = c.hp->n_embd, n = c.n;
+  Backend& be = *c.be;
   const int ne = r.n_experts;
   const int64_t ff = static_cast<int64_t>(c.source->Info(w.gate_exps).ne[1]);
   const bool shared = shared_out != nullptr;
   const bool shared_gate = shared && w.gate_inp_shexp != kNoTensor;
   const int64_t ffs = shared ? static_cast<int64_t>(c.source->Info(w.gate_shexp).ne[1]) : 0;
-  OpenExperts open(c.source, il);
+  OpenExperts open(c);
   std::vector<WeightHandle>& h = OpenExperts::handles;
   h.reserve(static_cast<size_t>(3 * c.hp->n_expert + 4));
   for (int i = 0; i < ne; ++i) {
     const int e = r.experts[i];
-    open.Begin(e);
+    open.Begin(w.expert_op0 + e);
     for (TensorId id : {w.gate_exps, w.up_exps, w.down_exps}) {
-      ASSIGN_OR_RETURN(WeightHandle hd, c.source->Acquire(id, e));
+      ASSIGN_OR_RETURN(WeightHandle hd, c.Acquire(id, w.expert_op0 + e, e));
       h.push_back(std::move(hd));
     }
     RETURN_IF_ERROR(CheckShape(c, w.gate_exps, h[3 * i].view(), d, ff));
@@ -96,10 +93,10 @@ Status RunBatched(ForwardContext& c, int il, const LayerWeights& w, const float*
   // The shared expert joins the batch in its own op, after the routed ones (topological order).
   const size_t hs = h.size();  // its handles: gate, up, down, [sigmoid gate]
   if (shared) {
-    open.Begin(-1);
+    open.Begin(w.shared_op);
     for (TensorId id : {w.gate_shexp, w.up_shexp, w.down_shexp, w.gate_inp_shexp}) {
       if (id == kNoTensor) continue;
-      ASSIGN_OR_RETURN(WeightHandle hd, c.source->Acquire(id));
+      ASSIGN_OR_RETURN(WeightHandle hd, c.Acquire(id, w.shared_op));
       h.push_back(std::move(hd));
     }
     RETURN_IF_ERROR(CheckShape(c, w.gate_shexp, h[hs].view(), d, ffs));
@@ -109,79 +106,64 @@ Status RunBatched(ForwardContext& c, int il, const LayerWeights& w, const float*
   }
 
   // Rows p of the gathered input / hidden / output belong to expert slot p's token
-  // (tokens[p]); expert i's rows start at offset[experts[i]] - p0.
+  // (tokens[p0 + p]); expert i's rows start at offset[experts[i]] - p0.
   const int64_t total = r.offset[r.experts[ne - 1] + 1] - r.offset[r.experts[0]];
   const int64_t p0 = r.offset[r.experts[0]];
-  ASSIGN_OR_RETURN(float* xg, c.scratch->Get(Scratch::kGathered, total * d));
-  ASSIGN_OR_RETURN(float* gs, c.scratch->Get(Scratch::kSharedGate, std::max<int64_t>(1, n * ffs)));
-  ASSIGN_OR_RETURN(float* us, c.scratch->Get(Scratch::kSharedUp, std::max<int64_t>(1, n * ffs)));
-  ASSIGN_OR_RETURN(float* sg, c.scratch->Get(Scratch::kVec, n));
-  ASSIGN_OR_RETURN(float* g, c.scratch->Get(Scratch::kGate, total * ff));
-  ASSIGN_OR_RETURN(float* u, c.scratch->Get(Scratch::kUp, total * ff));
-  ASSIGN_OR_RETURN(float* out, c.scratch->Get(Scratch::kExpertHidden, total * d));
-  for (int64_t p = 0; p < total; ++p)
-    std::memcpy(xg + p * d, xn + static_cast<int64_t>(r.tokens[p0 + p]) * d,
-                static_cast<size_t>(d) * 4);
+  ASSIGN_OR_RETURN(Tensor xg, c.scratch->Get(Scratch::kGathered, total, d));
+  ASSIGN_OR_RETURN(Tensor gs, c.scratch->Get(Scratch::kSharedGate, n, std::max<int64_t>(1, ffs)));
+  ASSIGN_OR_RETURN(Tensor us, c.scratch->Get(Scratch::kSharedUp, n, std::max<int64_t>(1, ffs)));
+  ASSIGN_OR_RETURN(Tensor sg, c.scratch->Get(Scratch::kVec, n, 1));
+  ASSIGN_OR_RETURN(Tensor g, c.scratch->Get(Scratch::kGate, total, ff));
+  ASSIGN_OR_RETURN(Tensor u, c.scratch->Get(Scratch::kUp, total, ff));
+  ASSIGN_OR_RETURN(Tensor out, c.scratch->Get(Scratch::kExpertHidden, total, d));
+  be.GatherRows(xn, r.tokens + p0, total, xg);
 
   // Gate and up of every expert (the shared one reads the tokens themselves, with its sigmoid
-  // gate), then every down: two batches. Grow-once job lists.
-  thread_local std::vector<MatMulJob> up_jobs, down_jobs;
-  up_jobs.clear();
-  down_jobs.clear();
+  // gate), then every down: two batches. Grow-once op lists.
+  thread_local std::vector<MatMulOp> up_ops, down_ops;
+  up_ops.clear();
+  down_ops.clear();
   for (int i = 0; i < ne; ++i) {
     const int e = r.experts[i];
     const int64_t row0 = r.offset[e] - p0, m = r.offset[e + 1] - r.offset[e];
-    up_jobs.push_back({&h[3 * i].view(), xg + row0 * d, m, g + row0 * ff});
-    up_jobs.push_back({&h[3 * i + 1].view(), xg + row0 * d, m, u + row0 * ff});
-    down_jobs.push_back({&h[3 * i + 2].view(), g + row0 * ff, m, out + row0 * d});
+    up_ops.push_back({&h[3 * i].view(), xg.Rows(row0, m), g.Rows(row0, m)});
+    up_ops.push_back({&h[3 * i + 1].view(), xg.Rows(row0, m), u.Rows(row0, m)});
+    down_ops.push_back({&h[3 * i + 2].view(), g.Rows(row0, m), out.Rows(row0, m)});
   }
   if (shared) {
-    up_jobs.push_back({&h[hs].view(), xn, n, gs});
-    up_jobs.push_back({&h[hs + 1].view(), xn, n, us});
-    if (shared_gate) up_jobs.push_back({&h[hs + 3].view(), xn, n, sg});
-    down_jobs.push_back({&h[hs + 2].view(), gs, n, shared_out});
+    up_ops.push_back({&h[hs].view(), xn, gs});
+    up_ops.push_back({&h[hs + 1].view(), xn, us});
+    if (shared_gate) up_ops.push_back({&h[hs + 3].view(), xn, sg});
+    down_ops.push_back({&h[hs + 2].view(), gs, *shared_out});
   }
-  MatMulBatch(up_jobs.data(), static_cast<int>(up_jobs.size()), *c.pool);
-  SwiGlu(g, u, total * ff, g);
-  if (shared) SwiGlu(gs, us, n * ffs, gs);
-  MatMulBatch(down_jobs.data(), static_cast<int>(down_jobs.size()), *c.pool);
-  if (shared_gate) {
-    // qwen2moe: the shared expert's output is scaled by sigmoid(w . x) per token.
-    for (int64_t t = 0; t < n; ++t) {
-      const float s = Sigmoid(sg[t]);
-      for (int64_t i = 0; i < d; ++i) shared_out[t * d + i] *= s;
-    }
-  }
+  be.MatMulBatch(up_ops.data(), static_cast<int>(up_ops.size()));
+  be.SwiGlu(g, u, g);
+  if (shared) be.SwiGlu(gs, us, gs);
+  be.MatMulBatch(down_ops.data(), static_cast<int>(down_ops.size()));
+  // qwen2moe: the shared expert's output is scaled by sigmoid(w . x) per token.
+  if (shared_gate) be.ScaleRowsBySigmoid(*shared_out, sg);
 
   // Weighted sum in expert order, as the expert-by-expert path adds.
-  for (int64_t p = 0; p < total; ++p) {
-    float* a = acc + static_cast<int64_t>(r.tokens[p0 + p]) * d;
-    const float wt = r.weights[p0 + p];
-    const float* o = out + p * d;
-    for (int64_t k = 0; k < d; ++k) a[k] += wt * o[k];
-  }
+  be.ScatterAddRows(out, r.tokens + p0, r.weights + p0, total, acc);
   return Status::Ok();
 }
 
-Status RunOneByOne(ForwardContext& c, int il, const LayerWeights& w, const float* xn,
-                   const ExpertRouting& r, float* acc) {
+Status RunOneByOne(ForwardContext& c, int il, const LayerWeights& w, const Tensor& xn,
+                   const ExpertRouting& r, const Tensor& acc) {
   const int64_t d = c.hp->n_embd, n = c.n;
-  ASSIGN_OR_RETURN(float* xg, c.scratch->Get(Scratch::kGathered, n * d));
-  ASSIGN_OR_RETURN(float* out, c.scratch->Get(Scratch::kExpertOut, n * d));
+  ASSIGN_OR_RETURN(Tensor xg_all, c.scratch->Get(Scratch::kGathered, n, d));
+  ASSIGN_OR_RETURN(Tensor out_all, c.scratch->Get(Scratch::kExpertOut, n, d));
   for (int i = 0; i < r.n_experts; ++i) {
     const int e = r.experts[i];
     const int32_t* toks = r.tokens + r.offset[e];
     const float* wts = r.weights + r.offset[e];
     const int64_t m = r.offset[e + 1] - r.offset[e];
-    OpScope op(c.source, OpIdMoeExpert(il, e));
-    for (int64_t j = 0; j < m; ++j)
-      std::memcpy(xg + j * d, xn + static_cast<int64_t>(toks[j]) * d, static_cast<size_t>(d) * 4);
-    RETURN_IF_ERROR(SwiGluMlp(c, w.gate_exps, w.up_exps, w.down_exps, xg, m, out, e));
-    for (int64_t j = 0; j < m; ++j) {
-      float* a = acc + static_cast<int64_t>(toks[j]) * d;
-      const float wt = wts[j];
-      for (int64_t k = 0; k < d; ++k) a[k] += wt * out[j * d + k];
-    }
+    OpScope scope(c, w.expert_op0 + e);
+    const Tensor xg = xg_all.Rows(0, m), out = out_all.Rows(0, m);
+    c.be->GatherRows(xn, toks, m, xg);
+    RETURN_IF_ERROR(
+        SwiGluMlp(c, w.expert_op0 + e, w.gate_exps, w.up_exps, w.down_exps, xg, out, e));
+    c.be->ScatterAddRows(out, toks, wts, m, acc);
   }
   return Status::Ok();
 }
@@ -190,12 +172,13 @@ Status RunOneByOne(ForwardContext& c, int il, const LayerWeights& w, const float
 
 int64_t SetBatchedExpertMaxTokens(int64_t n) { return std::exchange(g_batched_max_tokens, n); }
 
-Status RunExperts(ForwardContext& c, int il, const LayerWeights& w, const float* xn,
-                  const ExpertRouting& r, float* acc, float* shared_out, bool* shared_done) {
+Status RunExperts(ForwardContext& c, int il, const LayerWeights& w, const Tensor& xn,
+                  const ExpertRouting& r, const Tensor& acc, const Tensor& shared_out,
+                  bool* shared_done) {
   *shared_done = false;
   if (r.n_experts > 0 && c.n <= g_batched_max_tokens) {
     const bool shared = w.gate_shexp != kNoTensor;
-    RETURN_IF_ERROR(RunBatched(c, il, w, xn, r, acc, shared ? shared_out : nullptr));
+    RETURN_IF_ERROR(RunBatched(c, il, w, xn, r, acc, shared ? &shared_out : nullptr));
     *shared_done = shared;
     return Status::Ok();
   }

@@ -3,19 +3,10 @@
 
 #include <cstdint>
 
+#include "backend/expert_routing.h"
 #include "model/blocks.h"
 
 namespace substrate {
-
-// Which tokens each selected expert serves. experts[0..n_experts) increasing; the tokens of
-// expert e are tokens[offset[e] .. offset[e + 1]) (increasing) with routing weights weights[..].
-struct ExpertRouting {
-  const int32_t* experts = nullptr;
-  int n_experts = 0;
-  const int32_t* offset = nullptr;  // [n_expert + 1], indexed by expert id
-  const int32_t* tokens = nullptr;
-  const float* weights = nullptr;
-};
 
 // acc [n, d] += sum over the selected experts of weight * expert(xn) for the tokens each serves.
 // Each expert's tensors are acquired inside its op block_L.moe.expert_E. When the pass runs its
@@ -23,8 +14,9 @@ struct ExpertRouting {
 // batch (in its op block_L.moe.shared, begun after the routed ones): its output, sigmoid-gated
 // where the model has that gate, goes to shared_out [n, d] and *shared_done is set; otherwise
 // the caller runs it.
-Status RunExperts(ForwardContext& c, int il, const LayerWeights& w, const float* xn,
-                  const ExpertRouting& r, float* acc, float* shared_out, bool* shared_done);
+Status RunExperts(ForwardContext& c, int il, const LayerWeights& w, const Tensor& xn,
+                  const ExpertRouting& r, const Tensor& acc, const Tensor& shared_out,
+                  bool* shared_done);
 
 // Passes of at most n tokens (default 4: decode; environment SUBSTRATE_MOE_BATCH_TOKENS) run
 // all selected experts together; larger ones expert by expert. For tests and benchmarks;

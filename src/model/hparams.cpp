@@ -3,20 +3,10 @@
 #include <cmath>
 
 #include "format/model_file.h"
+#include "model/arch.h"
 
 namespace substrate {
 namespace {
-
-Expected<ArchFamily> FamilyOf(const std::string& arch) {
-  if (arch == "llama" || arch == "mixtral") return ArchFamily::kLlama;
-  if (arch == "qwen2" || arch == "qwen3" || arch == "qwen2moe" || arch == "qwen3moe")
-    return ArchFamily::kQwen;
-  if (arch == "deepseek2" || arch == "deepseek3" || arch == "deepseek_v3" || arch == "deepseek-v3")
-    return ArchFamily::kDeepseek;
-  return Unimplemented("unknown architecture '" + arch +
-                       "' (supported: llama, mixtral, qwen2, qwen3, qwen2moe, qwen3moe, "
-                       "deepseek2)");
-}
 
 Status Check(bool ok, const std::string& what) {
   return ok ? Status::Ok() : Corruption("model hyperparameters: " + what);
@@ -27,7 +17,7 @@ Status Check(bool ok, const std::string& what) {
 Expected<ModelHParams> ModelHParams::FromMetadata(const Metadata& md) {
   ModelHParams hp;
   ASSIGN_OR_RETURN(hp.arch, md.GetString("general.architecture"));
-  ASSIGN_OR_RETURN(hp.family, FamilyOf(hp.arch));
+  ASSIGN_OR_RETURN(hp.spec, FindArch(hp.arch));
   const std::string a = hp.arch + ".";
 
   ASSIGN_OR_RETURN(hp.n_embd, md.GetInt(a + "embedding_length"));
@@ -63,7 +53,6 @@ Expected<ModelHParams> ModelHParams::FromMetadata(const Metadata& md) {
   hp.n_ff_exp = md.GetInt(a + "expert_feed_forward_length", hp.n_ff);
   hp.n_leading_dense = static_cast<int>(md.GetInt(a + "leading_dense_block_count", 0));
   hp.expert_weights_scale = static_cast<float>(md.GetFloat(a + "expert_weights_scale", 1.0));
-  const int64_t gating = md.GetInt(a + "expert_gating_func", 0);
   hp.n_expert_groups = static_cast<int>(md.GetInt(a + "expert_group_count", 0));
   hp.n_group_used = static_cast<int>(md.GetInt(a + "expert_group_used_count", 0));
   if (hp.n_expert > 0) {
@@ -72,9 +61,7 @@ Expected<ModelHParams> ModelHParams::FromMetadata(const Metadata& md) {
                               " with expert_count " + std::to_string(hp.n_expert)));
   }
 
-  // RoPE: GGUF-layout llama weights rotate adjacent pairs; qwen uses NeoX halves; deepseek's
-  // rope dims are interleaved pairs in the checkpoint itself.
-  hp.rope.style = hp.family == ArchFamily::kQwen ? RopeStyle::kNeox : RopeStyle::kNormal;
+  // RoPE: the pairing (RopeStyle) is the architecture's (read_hparams).
   hp.rope.freq_base = static_cast<float>(md.GetFloat(a + "rope.freq_base", 10000.0));
   hp.n_rot = static_cast<int>(md.GetInt(a + "rope.dimension_count", hp.head_dim_k));
   hp.rope.n_rot = hp.n_rot;
@@ -84,7 +71,6 @@ Expected<ModelHParams> ModelHParams::FromMetadata(const Metadata& md) {
     const double scale = md.GetFloat(a + "rope.scale_linear", 0.0);
     if (scale > 0) factor = scale;
   }
-  float mscale_attn = 1.0f;
   if (scaling == "linear" && factor > 0) {
     hp.rope.freq_scale = static_cast<float>(1.0 / factor);
   } else if (scaling == "yarn" && factor > 1) {
@@ -93,58 +79,36 @@ Expected<ModelHParams> ModelHParams::FromMetadata(const Metadata& md) {
         static_cast<int>(md.GetInt(a + "rope.scaling.original_context_length", hp.n_ctx_train));
     hp.rope.yarn_beta_fast = static_cast<float>(md.GetFloat(a + "rope.scaling.yarn_beta_fast", 32));
     hp.rope.yarn_beta_slow = static_cast<float>(md.GetFloat(a + "rope.scaling.yarn_beta_slow", 1));
-    // YaRN scales cos/sin by 0.1 ln(factor) + 1; deepseek also scales the softmax by mscale^2
-    // (yarn_log_multiplier, HF's mscale_all_dim), and then cancels the cos/sin part.
-    const double log_mul = md.GetFloat(a + "rope.scaling.yarn_log_multiplier", 0.0);
-    if (hp.family == ArchFamily::kDeepseek && log_mul > 0) {
-      const double m = 1.0 + log_mul * std::log(factor);
-      mscale_attn = static_cast<float>(m * m);
-      hp.rope.attn_factor = 1.0f;
-    } else {
-      hp.rope.attn_factor = static_cast<float>(1.0 + 0.1 * std::log(factor));
-    }
+    // YaRN scales cos/sin by 0.1 ln(factor) + 1 (deepseek moves that into the softmax scale).
+    hp.rope.attn_factor = static_cast<float>(1.0 + 0.1 * std::log(factor));
   } else if (scaling != "none" && scaling != "linear" && scaling != "yarn") {
     return Unimplemented("rope scaling type '" + scaling + "'");
   }
 
-  if (hp.family == ArchFamily::kDeepseek) {
-    hp.q_lora_rank = static_cast<int>(md.GetInt(a + "attention.q_lora_rank", 0));
-    ASSIGN_OR_RETURN(int64_t kv_lora, md.GetInt(a + "attention.kv_lora_rank"));
-    hp.kv_lora_rank = static_cast<int>(kv_lora);
-    hp.n_ff_shexp = hp.n_ff_exp * md.GetInt(a + "expert_shared_count", 0);
-    // DeepSeek-V3 gates with sigmoid and renormalizes; V2 used softmax without renormalizing.
-    hp.gating = gating == 2 ? GatingFunc::kSigmoid : GatingFunc::kSoftmax;
-    if (md.Has(a + "expert_weights_norm")) {
-      ASSIGN_OR_RETURN(hp.expert_weights_norm, md.GetBool(a + "expert_weights_norm"));
-    } else {
-      hp.expert_weights_norm = hp.gating == GatingFunc::kSigmoid;
-    }
-    RETURN_IF_ERROR(Check(hp.n_rot > 0 && hp.n_rot < hp.head_dim_k && hp.n_rot % 2 == 0,
-                          "rope dimension_count " + std::to_string(hp.n_rot) +
-                              " with key_length " + std::to_string(hp.head_dim_k)));
-    if (hp.n_expert_groups > 1) {
-      RETURN_IF_ERROR(Check(hp.n_expert % hp.n_expert_groups == 0 && hp.n_group_used > 0 &&
-                                hp.n_group_used <= hp.n_expert_groups,
-                            "expert groups " + std::to_string(hp.n_expert_groups) + "/" +
-                                std::to_string(hp.n_group_used)));
-    }
-  } else {
-    hp.n_ff_shexp = md.GetInt(a + "expert_shared_feed_forward_length", 0);
-    // mixtral and qwen3moe renormalize the top-k softmax weights; qwen2moe does not.
-    const bool norm_default = hp.arch != "qwen2moe";
-    if (md.Has(a + "expert_weights_norm")) {
-      ASSIGN_OR_RETURN(hp.expert_weights_norm, md.GetBool(a + "expert_weights_norm"));
-    } else {
-      hp.expert_weights_norm = norm_default;
-    }
-    RETURN_IF_ERROR(Check(hp.n_rot > 0 && hp.n_rot <= hp.head_dim_k && hp.n_rot % 2 == 0,
-                          "rope dimension_count " + std::to_string(hp.n_rot)));
-  }
   RETURN_IF_ERROR(Check(hp.head_dim_k > 0 && hp.head_dim_v > 0 && hp.head_dim_k <= 4096 &&
                             hp.head_dim_v <= 4096,
                         "head size " + std::to_string(hp.head_dim_k)));
-  hp.attn_scale = mscale_attn / std::sqrt(static_cast<float>(hp.head_dim_k));
+  hp.attn_scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim_k));
+  // The expert gating function (1 softmax, 2 sigmoid); architectures set their default.
+  hp.gating = md.GetInt(a + "expert_gating_func", 0) == 2 ? GatingFunc::kSigmoid
+                                                          : GatingFunc::kSoftmax;
+  RETURN_IF_ERROR(hp.spec->read_hparams(md, &hp));
+  if (md.Has(a + "expert_weights_norm")) {
+    ASSIGN_OR_RETURN(hp.expert_weights_norm, md.GetBool(a + "expert_weights_norm"));
+  }
   return hp;
+}
+
+RoutingParams ModelHParams::routing() const {
+  RoutingParams p;
+  p.n_expert = n_expert;
+  p.k = n_expert_used;
+  p.gating = gating;
+  p.normalize = expert_weights_norm;
+  p.scale = expert_weights_scale;
+  p.n_groups = n_expert_groups;
+  p.n_groups_used = n_group_used;
+  return p;
 }
 
 }  // namespace substrate

@@ -7,23 +7,17 @@
 #include <string>
 
 #include "core/status.h"
-#include "kernels/ops.h"
+#include "backend/types.h"
 
 namespace substrate {
 
 class Metadata;
 
-enum class ArchFamily {
-  kLlama,     // llama, mixtral (llama with experts): GGUF-permuted q/k, normal RoPE
-  kQwen,      // qwen2 (QKV bias), qwen3 (QK-norm), qwen2moe (shared expert), qwen3moe: NeoX RoPE
-  kDeepseek,  // deepseek2 / deepseek-v3: MLA attention, grouped routing, leading dense layers
-};
-
-enum class GatingFunc { kSoftmax, kSigmoid };
+struct ArchSpec;
 
 struct ModelHParams {
   std::string arch;  // general.architecture, e.g. "qwen2moe"
-  ArchFamily family = ArchFamily::kLlama;
+  const ArchSpec* spec = nullptr;  // its entry in the architecture registry (model/arch.h)
 
   int64_t n_vocab = 0;
   int64_t n_ctx_train = 0;
@@ -58,6 +52,9 @@ struct ModelHParams {
   bool is_moe_layer(int il) const { return n_expert > 0 && il >= n_leading_dense; }
   int nope_dim() const { return head_dim_k - n_rot; }
   float attn_scale = 0;  // q.k scale (1/sqrt(head_dim_k), YaRN-adjusted for deepseek)
+
+  // How the router of a MoE layer picks its experts.
+  RoutingParams routing() const;
 
   static Expected<ModelHParams> FromMetadata(const Metadata& md);
 };

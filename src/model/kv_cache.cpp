@@ -1,15 +1,14 @@
 #include "model/kv_cache.h"
 
+#include "model/arch.h"
 #include "model/hparams.h"
-#include "quant/quant.h"
 
 namespace substrate {
 namespace {
 
 // Elements per position row of K and V: MLA (deepseek) caches decompressed per-head rows.
 void RowElements(const ModelHParams& hp, int64_t* k, int64_t* v) {
-  const bool mla = hp.family == ArchFamily::kDeepseek;
-  const int64_t kv_heads = mla ? hp.n_head : hp.n_head_kv;
+  const int64_t kv_heads = hp.spec && hp.spec->kv_per_query_head ? hp.n_head : hp.n_head_kv;
   *k = kv_heads * hp.head_dim_k;
   *v = kv_heads * hp.head_dim_v;
 }
@@ -23,7 +22,7 @@ uint64_t KvCache::Bytes(const ModelHParams& hp, int64_t n_ctx, DType type) {
          static_cast<uint64_t>(k + v) * (type == DType::kF16 ? 2 : 4);
 }
 
-Expected<KvCache> KvCache::Create(const ModelHParams& hp, int64_t n_ctx, MemoryLedger* ledger,
+Expected<KvCache> KvCache::Create(const ModelHParams& hp, int64_t n_ctx, Backend& backend,
                                   DType type) {
   if (n_ctx <= 0 || n_ctx > (1 << 24))
     return InvalidArgument("context size " + std::to_string(n_ctx) + " out of range");
@@ -34,13 +33,12 @@ Expected<KvCache> KvCache::Create(const ModelHParams& hp, int64_t n_ctx, MemoryL
   c.type_ = type;
   c.n_layer_ = hp.n_layer;
   c.n_ctx_ = n_ctx;
-  c.ledger_ = ledger;
   RowElements(hp, &c.k_stride_, &c.v_stride_);
   const uint64_t per_layer = static_cast<uint64_t>(hp.n_layer) * static_cast<uint64_t>(n_ctx) *
                              c.ElementBytes();
-  auto k = AlignedBuffer::Allocate(per_layer * c.k_stride_, ledger, "kv_cache");
+  auto k = backend.Allocate(per_layer * c.k_stride_, "kv_cache");
   if (!k.ok()) return k.status().WithContext("KV cache for " + std::to_string(n_ctx) + " tokens");
-  auto v = AlignedBuffer::Allocate(per_layer * c.v_stride_, ledger, "kv_cache");
+  auto v = backend.Allocate(per_layer * c.v_stride_, "kv_cache");
   if (!v.ok()) return v.status().WithContext("KV cache for " + std::to_string(n_ctx) + " tokens");
   c.k_ = std::move(k).value();
   c.v_ = std::move(v).value();
@@ -49,12 +47,12 @@ Expected<KvCache> KvCache::Create(const ModelHParams& hp, int64_t n_ctx, MemoryL
 }
 
 uint8_t* KvCache::KRow(int layer, int64_t pos) const {
-  return const_cast<uint8_t*>(k_.as<uint8_t>()) +
+  return static_cast<uint8_t*>(k_.data()) +
          (static_cast<size_t>(layer) * n_ctx_ + pos) * k_stride_ * ElementBytes();
 }
 
 uint8_t* KvCache::VRow(int layer, int64_t pos) const {
-  return const_cast<uint8_t*>(v_.as<uint8_t>()) +
+  return static_cast<uint8_t*>(v_.data()) +
          (static_cast<size_t>(layer) * n_ctx_ + pos) * v_stride_ * ElementBytes();
 }
 
@@ -66,33 +64,8 @@ Status KvCache::RestoreTokens(std::vector<int32_t> tokens) {
   return Status::Ok();
 }
 
-KvRows KvCache::rows(int layer) const {
+KvLayer KvCache::layer(int layer) const {
   return {type_, KRow(layer, 0), k_stride_, VRow(layer, 0), v_stride_};
-}
-
-Expected<KvCache::WriteRows> KvCache::BeginWrite(int layer, int64_t pos, int64_t n) {
-  if (type_ == DType::kF32)
-    return WriteRows{reinterpret_cast<float*>(KRow(layer, pos)),
-                     reinterpret_cast<float*>(VRow(layer, pos))};
-  const uint64_t bytes = static_cast<uint64_t>(n) * (k_stride_ + v_stride_) * sizeof(float);
-  if (stage_.size() < bytes) {
-    stage_ = AlignedBuffer();  // release before charging the larger one
-    auto b = AlignedBuffer::Allocate(bytes, ledger_, "scratch");
-    if (!b.ok()) return b.status().WithContext("KV cache staging rows");
-    stage_ = std::move(b).value();
-  }
-  float* k = stage_.as<float>();
-  return WriteRows{k, k + n * k_stride_};
-}
-
-void KvCache::CommitWrite(int layer, int64_t pos, int64_t n) {
-  if (type_ == DType::kF32) return;
-  const float* k = stage_.as<float>();
-  const float* v = k + n * k_stride_;
-  auto* kd = reinterpret_cast<uint16_t*>(KRow(layer, pos));
-  auto* vd = reinterpret_cast<uint16_t*>(VRow(layer, pos));
-  for (int64_t i = 0; i < n * k_stride_; ++i) kd[i] = Fp32ToFp16(k[i]);
-  for (int64_t i = 0; i < n * v_stride_; ++i) vd[i] = Fp32ToFp16(v[i]);
 }
 
 }  // namespace substrate

@@ -1,6 +1,7 @@
 // KvCache: per layer, the keys and values of every position seen so far, as float32 or float16
-// rows (F16 halves the cache; attention reads it back as float), charged to the ledger account
-// "kv_cache". Positions [0, n_past) are valid; a forward pass of n tokens writes rows
+// rows (F16 halves the cache; attention reads it back as float), in the backend's memory,
+// charged to the ledger account "kv_cache". Backend ops write and read the rows (StoreKv,
+// Attention); this class keeps which tokens they hold. Positions [0, n_past) are valid; a forward pass of n tokens writes rows
 // [n_past, n_past + n) and then advances n_past.
 //
 // MLA (deepseek) stores the decompressed per-head keys and values, like ordinary attention
@@ -11,10 +12,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/aligned_buffer.h"
+#include "backend/backend.h"
 #include "core/status.h"
 #include "format/dtype.h"
-#include "kernels/attention.h"
 
 namespace substrate {
 
@@ -22,8 +22,8 @@ struct ModelHParams;
 
 class KvCache {
  public:
-  // type: DType::kF32 (exact) or DType::kF16.
-  static Expected<KvCache> Create(const ModelHParams& hp, int64_t n_ctx, MemoryLedger* ledger,
+  // type: DType::kF32 (exact) or DType::kF16. `backend` must outlive the cache.
+  static Expected<KvCache> Create(const ModelHParams& hp, int64_t n_ctx, Backend& backend,
                                   DType type = DType::kF32);
   // Bytes the cache of `n_ctx` positions takes (what Create charges), for budgets.
   static uint64_t Bytes(const ModelHParams& hp, int64_t n_ctx, DType type);
@@ -36,22 +36,12 @@ class KvCache {
   DType type() const { return type_; }
   int64_t k_stride() const { return k_stride_; }  // elements per position row
   int64_t v_stride() const { return v_stride_; }
-  // Layer `layer`'s rows, as attention reads them.
-  KvRows rows(int layer) const;
-
-  // Float rows for positions [pos, pos + n) of one layer, to be filled with keys and values
-  // and then committed: the cache rows themselves for F32, a staging area (ledger-charged,
-  // grown once) for F16. Valid until the next call.
-  struct WriteRows {
-    float* k;
-    float* v;
-  };
-  Expected<WriteRows> BeginWrite(int layer, int64_t pos, int64_t n);
-  // Stores the rows BeginWrite handed out (converts them to F16 when the cache is F16).
-  void CommitWrite(int layer, int64_t pos, int64_t n);
+  // Layer `layer`'s rows, for the backend's ops.
+  KvLayer layer(int layer) const;
 
   // Raw rows, for saving and restoring sessions: position p's key row of `layer` at
-  // KeyBytes(layer) + p * k_row_bytes() (likewise values).
+  // KeyBytes(layer) + p * k_row_bytes() (likewise values). Host memory: a backend whose memory
+  // is not the host's copies through Download/Upload instead.
   int n_layer() const { return n_layer_; }
   size_t k_row_bytes() const { return static_cast<size_t>(k_stride_) * ElementBytes(); }
   size_t v_row_bytes() const { return static_cast<size_t>(v_stride_) * ElementBytes(); }
@@ -75,9 +65,7 @@ class KvCache {
   int n_layer_ = 0;
   int64_t n_ctx_ = 0;
   int64_t k_stride_ = 0, v_stride_ = 0;
-  AlignedBuffer k_, v_;
-  MemoryLedger* ledger_ = nullptr;
-  AlignedBuffer stage_;  // F16 only: float rows between BeginWrite and CommitWrite
+  Buffer k_, v_;
   std::vector<int32_t> tokens_;
 };
 

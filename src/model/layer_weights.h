@@ -23,6 +23,10 @@ struct LayerWeights {
   TensorId gate_exps = kNoTensor, up_exps = kNoTensor, down_exps = kNoTensor;
   TensorId gate_shexp = kNoTensor, up_shexp = kNoTensor, down_shexp = kNoTensor;
   TensorId gate_inp_shexp = kNoTensor;
+
+  // The layer's ops, as indices into Model::ops() (and its per-op tier table); -1 when absent.
+  // The routed experts' ops are expert_op0 + e.
+  int attn_op = -1, ffn_op = -1, router_op = -1, shared_op = -1, expert_op0 = -1;
 };
 
 }  // namespace substrate

@@ -1,114 +1,88 @@
 #include "model/model.h"
 
 #include <algorithm>
-#include <cstring>
 
+#include "backend/cpu/cpu_backend.h"
 #include "format/model_file.h"
-#include "kernels/matmul.h"
-#include "kernels/ops.h"
-#include "quant/quant.h"
+#include "model/arch.h"
 
 namespace substrate {
-namespace {
 
-std::string Shape(const std::vector<uint64_t>& ne) {
-  std::string s = "[";
-  for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
-  return s + "]";
-}
-
-}  // namespace
-
-Expected<TensorId> OptionalTensor(const WeightSource& s, const std::string& name,
-                                  std::vector<uint64_t> ne) {
-  const TensorId id = s.Resolve(name);
-  if (id == kNoTensor) return kNoTensor;
-  const TensorInfo& info = s.Info(id);
-  // A 0 in `ne` accepts any size there; trailing 1s are equivalent to a shorter shape.
-  std::vector<uint64_t> have = info.ne;
-  while (have.size() > ne.size() && have.back() == 1) have.pop_back();
-  bool ok = have.size() == ne.size();
-  for (size_t i = 0; ok && i < ne.size(); ++i) ok = ne[i] == 0 || ne[i] == have[i];
-  if (!ok) {
-    return Corruption("tensor '" + name + "' has shape " + Shape(info.ne) + ", expected " +
-                      Shape(ne) + " (0 = any)");
-  }
-  if (!CanDequantize(info.type) || !RowBytes(info.type, info.ne.empty() ? 1 : info.ne[0])) {
-    return Unimplemented("tensor '" + name + "' has type " + DTypeName(info.type) +
-                         " which this build cannot compute with");
-  }
-  return id;
-}
-
-Expected<TensorId> RequireTensor(const WeightSource& s, const std::string& name,
-                                 std::vector<uint64_t> ne) {
-  ASSIGN_OR_RETURN(TensorId id, OptionalTensor(s, name, ne));
-  if (id == kNoTensor) return NotFound("model has no tensor '" + name + "'");
-  return id;
-}
-
-Status ResolveFfnOrMoe(const WeightSource& s, const ModelHParams& hp, int il, LayerWeights* w) {
-  const uint64_t d = static_cast<uint64_t>(hp.n_embd);
-  ASSIGN_OR_RETURN(w->ffn_norm, RequireTensor(s, BlockTensor(il, "ffn_norm"), {d}));
-  if (!hp.is_moe_layer(il)) {
-    const uint64_t ff = static_cast<uint64_t>(hp.n_ff);
-    ASSIGN_OR_RETURN(w->ffn_gate, RequireTensor(s, BlockTensor(il, "ffn_gate"), {d, ff}));
-    ASSIGN_OR_RETURN(w->ffn_up, RequireTensor(s, BlockTensor(il, "ffn_up"), {d, ff}));
-    ASSIGN_OR_RETURN(w->ffn_down, RequireTensor(s, BlockTensor(il, "ffn_down"), {ff, d}));
-    return Status::Ok();
-  }
-  const uint64_t E = static_cast<uint64_t>(hp.n_expert), ff = static_cast<uint64_t>(hp.n_ff_exp);
-  ASSIGN_OR_RETURN(w->gate_inp, RequireTensor(s, BlockTensor(il, "ffn_gate_inp"), {d, E}));
-  ASSIGN_OR_RETURN(w->exp_probs_b, OptionalTensor(s, BlockTensor(il, "exp_probs_b", "bias"), {E}));
-  ASSIGN_OR_RETURN(w->gate_exps, RequireTensor(s, BlockTensor(il, "ffn_gate_exps"), {d, ff, E}));
-  ASSIGN_OR_RETURN(w->up_exps, RequireTensor(s, BlockTensor(il, "ffn_up_exps"), {d, ff, E}));
-  ASSIGN_OR_RETURN(w->down_exps, RequireTensor(s, BlockTensor(il, "ffn_down_exps"), {ff, d, E}));
-  const uint64_t sh = static_cast<uint64_t>(hp.n_ff_shexp);  // 0: width from the tensor
-  ASSIGN_OR_RETURN(w->gate_shexp, OptionalTensor(s, BlockTensor(il, "ffn_gate_shexp"), {d, sh}));
-  if (w->gate_shexp != kNoTensor) {
-    const uint64_t width = s.Info(w->gate_shexp).ne[1];
-    ASSIGN_OR_RETURN(w->up_shexp, RequireTensor(s, BlockTensor(il, "ffn_up_shexp"), {d, width}));
-    ASSIGN_OR_RETURN(w->down_shexp,
-                     RequireTensor(s, BlockTensor(il, "ffn_down_shexp"), {width, d}));
-    ASSIGN_OR_RETURN(w->gate_inp_shexp,
-                     OptionalTensor(s, BlockTensor(il, "ffn_gate_inp_shexp"), {d}));
-  }
-  return Status::Ok();
-}
+Model::~Model() = default;
 
 Expected<std::unique_ptr<Model>> Model::Create(const Metadata& md, WeightSource* source,
                                                ThreadPool* pool, MemoryLedger* ledger) {
+  auto backend = std::make_unique<CpuBackend>(pool, ledger);
+  ASSIGN_OR_RETURN(auto m, Create(md, source, backend.get(), ledger));
+  m->own_backend_ = std::move(backend);
+  return m;
+}
+
+Expected<std::unique_ptr<Model>> Model::Create(const Metadata& md, WeightSource* source,
+                                               Backend* backend, MemoryLedger* ledger) {
   std::unique_ptr<Model> m(new Model());
   ASSIGN_OR_RETURN(m->hp_, ModelHParams::FromMetadata(md));
   ModelHParams& hp = m->hp_;
   m->source_ = source;
-  m->pool_ = pool;
-  m->scratch_ = std::make_unique<Scratch>(ledger);
+  m->backend_ = backend;
+  m->scratch_ = std::make_unique<Scratch>(backend, ledger);
 
   const uint64_t d = static_cast<uint64_t>(hp.n_embd);
   ASSIGN_OR_RETURN(m->token_embd_, RequireTensor(*source, "token_embd.weight", {d, 0}));
-  const uint64_t n_vocab = source->Info(m->token_embd_).ne[1];
-  if (hp.n_vocab == 0) hp.n_vocab = static_cast<int64_t>(n_vocab);
   ASSIGN_OR_RETURN(m->output_norm_, RequireTensor(*source, "output_norm.weight", {d}));
   ASSIGN_OR_RETURN(m->output_, OptionalTensor(*source, "output.weight", {d, 0}));
   if (m->output_ == kNoTensor) m->output_ = m->token_embd_;  // tied embeddings
   hp.n_vocab = static_cast<int64_t>(source->Info(m->output_).ne[1]);
+  RETURN_IF_ERROR(m->ResolveLayers());
+  return m;
+}
 
-  m->layers_.resize(static_cast<size_t>(hp.n_layer));
+Status Model::ResolveLayers() {
+  ModelHParams& hp = hp_;
+  ops_ = ListOps(hp, [&](const std::string& n) { return source_->Resolve(n) != kNoTensor; });
+  for (size_t i = 0; i < ops_.size(); ++i) op_index_[ops_[i].id] = static_cast<int>(i);
+  op_tiers_.assign(ops_.size(), static_cast<uint8_t>(source_->DefaultTier()));
+  source_->BindOpTiers(ops_, op_tiers_.data());
+  embd_op_ = OpIndex(OpIdTokenEmbd());
+  output_op_ = OpIndex(OpIdOutput());
+
+  layers_.resize(static_cast<size_t>(hp.n_layer));
   for (int il = 0; il < hp.n_layer; ++il) {
-    LayerWeights& w = m->layers_[il];
-    switch (hp.family) {
-      case ArchFamily::kLlama:
-      case ArchFamily::kQwen: RETURN_IF_ERROR(ResolveLlamaLayer(*source, hp, il, &w)); break;
-      case ArchFamily::kDeepseek:
-        RETURN_IF_ERROR(ResolveDeepseekLayer(*source, hp, il, &w));
-        break;
+    LayerWeights& w = layers_[il];
+    RETURN_IF_ERROR(ResolveSlots(*source_, il, hp.spec->attention_tensors(hp), &w));
+    w.attn_op = OpIndex(OpIdAttention(il));
+    if (!hp.is_moe_layer(il)) {
+      RETURN_IF_ERROR(ResolveSlots(*source_, il, FfnTensors(hp), &w));
+      w.ffn_op = OpIndex(OpIdFfn(il));
+    } else {
+      RETURN_IF_ERROR(ResolveSlots(*source_, il, MoeRouterTensors(hp), &w));
+      RETURN_IF_ERROR(ResolveSlots(*source_, il, MoeExpertTensors(hp), &w));
+      RETURN_IF_ERROR(ResolveSlots(*source_, il, MoeSharedTensors(hp), &w));
+      w.router_op = OpIndex(OpIdMoeRouter(il));
+      w.expert_op0 = OpIndex(OpIdMoeExpert(il, 0));
+      w.shared_op = OpIndex(OpIdMoeShared(il));
+      // A shared expert is gate, up and down of one width.
+      const bool any = w.gate_shexp != kNoTensor || w.up_shexp != kNoTensor ||
+                       w.down_shexp != kNoTensor;
+      if (any) {
+        const bool all = w.gate_shexp != kNoTensor && w.up_shexp != kNoTensor &&
+                         w.down_shexp != kNoTensor;
+        const bool same = all && source_->Info(w.gate_shexp).ne[1] == source_->Info(w.up_shexp).ne[1] &&
+                          source_->Info(w.gate_shexp).ne[1] == source_->Info(w.down_shexp).ne[0];
+        if (!same)
+          return Corruption("layer " + std::to_string(il) +
+                            ": the shared expert needs ffn_{gate,up,down}_shexp of one width");
+      }
     }
-    RETURN_IF_ERROR(ResolveFfnOrMoe(*source, hp, il, &w));
+    if (hp.spec->check_layer) RETURN_IF_ERROR(hp.spec->check_layer(hp, il, w));
     if (w.q_norm != kNoTensor) hp.qk_norm = true;
   }
-  m->ops_ = ListOps(hp, [&](const std::string& n) { return source->Resolve(n) != kNoTensor; });
-  return m;
+  return Status::Ok();
+}
+
+int Model::OpIndex(const std::string& id) const {
+  auto it = op_index_.find(id);
+  return it == op_index_.end() ? -1 : it->second;
 }
 
 Status Model::Forward(const int32_t* tokens, int64_t n, KvCache& cache, bool all_logits,
@@ -132,47 +106,33 @@ Status Model::Forward(const int32_t* tokens, int64_t n, KvCache& cache, bool all
     const int64_t b = std::min(kMaxBatch, n - done);
     const bool last = done + b == n;
     float* out = all_logits ? logits->data() + done * V : (last ? logits->data() : nullptr);
-    RETURN_IF_ERROR(ForwardBatch(tokens + done, b, cache, all_logits, out));
+    RETURN_IF_ERROR(ForwardBatch(tokens + done, b, cache, all_logits, out, false));
     done += b;
   }
   return Status::Ok();
 }
 
-Status Model::Embed(ForwardContext& c, const int32_t* tokens) {
+Status Model::Output(ForwardContext& c, bool all_logits, float* logits_out) {
   const int64_t d = hp_.n_embd;
-  source_->BeginOp(OpIdTokenEmbd());
-  auto h = source_->Acquire(token_embd_);
-  if (!h.ok()) {
-    source_->EndOp(OpIdTokenEmbd());
-    return h.status();
-  }
-  const WeightView& v = h->view();
-  for (int64_t t = 0; t < c.n; ++t) DequantizeWeightRow(v, tokens[t], c.x + t * d);
-  h->Release();
-  source_->EndOp(OpIdTokenEmbd());
+  OpScope scope(c, output_op_);
+  const int64_t rows = all_logits ? c.n : 1;
+  const Tensor x = c.x.Rows(c.n - rows, rows);
+  ASSIGN_OR_RETURN(Tensor xn, scratch_->Get(Scratch::kXNorm, rows, d));
+  RETURN_IF_ERROR(NormRows(c, output_op_, output_norm_, x, xn));
+  ASSIGN_OR_RETURN(Tensor logits, scratch_->Get(Scratch::kLogits, rows, hp_.n_vocab));
+  RETURN_IF_ERROR(Linear(c, output_op_, output_, xn, logits));
+  RETURN_IF_ERROR(c.CheckFinite(logits, output_op_));
+  output_finite_ = c.check_finite || backend_->AllFinite(logits);
+  backend_->Download(logits, logits_out);
   return Status::Ok();
 }
 
-Status Model::Output(ForwardContext& c, bool all_logits, float* logits_out) {
-  const int64_t d = hp_.n_embd;
-  source_->BeginOp(OpIdOutput());
-  const int64_t rows = all_logits ? c.n : 1;
-  const float* x = c.x + (c.n - rows) * d;
-  Status st = [&]() -> Status {
-    ASSIGN_OR_RETURN(float* xn, scratch_->Get(Scratch::kXNorm, rows * d));
-    RETURN_IF_ERROR(NormRows(c, output_norm_, x, d, rows, xn));
-    return Linear(c, output_, xn, rows, logits_out, d, hp_.n_vocab);
-  }();
-  source_->EndOp(OpIdOutput());
-  return st;
-}
-
 Status Model::ForwardBatch(const int32_t* tokens, int64_t n, KvCache& cache, bool all_logits,
-                           float* logits_out) {
+                           float* logits_out, bool check_finite) {
   ForwardContext c;
   c.hp = &hp_;
   c.source = source_;
-  c.pool = pool_;
+  c.be = backend_;
   c.cache = &cache;
   c.scratch = scratch_.get();
   c.n = n;
@@ -180,22 +140,35 @@ Status Model::ForwardBatch(const int32_t* tokens, int64_t n, KvCache& cache, boo
   pos_.resize(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) pos_[t] = static_cast<int32_t>(c.pos0 + t);
   c.pos = pos_.data();
-  c.vec = &vec_;
   c.layers = layers_.data();
-  ASSIGN_OR_RETURN(c.x, scratch_->Get(Scratch::kX, n * hp_.n_embd));
+  c.ops = ops_.data();
+  c.tiers = op_tiers_.data();
+  c.check_finite = check_finite;
+  ASSIGN_OR_RETURN(c.x, scratch_->Get(Scratch::kX, n, hp_.n_embd));
 
-  RETURN_IF_ERROR(Embed(c, tokens));
+  {
+    OpScope scope(c, embd_op_);
+    ASSIGN_OR_RETURN(WeightHandle h, c.Acquire(token_embd_, embd_op_));
+    backend_->EmbedRows(h.view(), tokens, n, c.x);
+    RETURN_IF_ERROR(c.CheckFinite(c.x, embd_op_));
+  }
   for (int il = 0; il < hp_.n_layer; ++il) {
     const LayerWeights& w = layers_[il];
-    switch (hp_.family) {
-      case ArchFamily::kLlama:
-      case ArchFamily::kQwen: RETURN_IF_ERROR(LlamaLayer(c, il, w)); break;
-      case ArchFamily::kDeepseek: RETURN_IF_ERROR(DeepseekLayer(c, il, w)); break;
-    }
+    RETURN_IF_ERROR(hp_.spec->attention(c, il, w));
+    RETURN_IF_ERROR(hp_.is_moe_layer(il) ? MoeBlock(c, il, w) : FfnBlock(c, il, w));
   }
   cache.Append(tokens, n);
+  output_finite_ = true;
   if (logits_out) RETURN_IF_ERROR(Output(c, all_logits, logits_out));
-  return Status::Ok();
+  if (check_finite || (output_finite_ && backend_->AllFinite(c.x))) return Status::Ok();
+  // Something produced NaN or infinities: evaluate the pass again, checking after every op,
+  // so the error names where they first appear.
+  cache.Truncate(c.pos0);
+  RETURN_IF_ERROR(ForwardBatch(tokens, n, cache, all_logits, logits_out, true));
+  cache.Truncate(c.pos0);
+  return Corruption("the forward pass at position " + std::to_string(c.pos0) +
+                    " produced NaN or infinite values that a second, checked evaluation did "
+                    "not reproduce");
 }
 
 }  // namespace substrate

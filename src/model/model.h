@@ -1,18 +1,26 @@
-// Model: one architecture's forward pass over a WeightSource.
+// Model: one architecture's forward pass over a WeightSource, computed by a Backend.
 //
-//   auto model = Model::Create(file.metadata(), source, &pool, &ledger);
-//   auto cache = KvCache::Create(model->hparams(), n_ctx, &ledger);
+//   auto model = Model::Create(file.metadata(), source, &backend);
+//   auto cache = KvCache::Create(model->hparams(), n_ctx, model->backend());
 //   model->Forward(tokens, n, *cache, /*all_logits=*/false, &logits);  // prefill, then decode
 //
 // Forward evaluates n tokens at positions cache.n_past() .. + n - 1 (a batch for prefill, one
 // token for decode), appends their keys/values to the cache and writes logits: [n, n_vocab]
 // when all_logits, else [1, n_vocab] for the last token. Not thread-safe: one pass at a time.
+//
+// Per-op tiers: every op (ops(), topological order) runs at its own tier of the weight
+// source's ladder (0 = the skeleton; residual tiers above), read from a flat table in O(1) at
+// each weight acquisition. The table starts at the source's default tier and may be changed
+// between passes (op_tiers()); a change takes effect on the next pass, allocating nothing.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/memory_ledger.h"
 #include "core/thread_pool.h"
 #include "model/blocks.h"
@@ -29,15 +37,28 @@ class Metadata;
 class Model {
  public:
   // Resolves and validates every tensor the architecture needs (names, shapes, types).
-  // `source`, `pool` and `ledger` must outlive the model.
+  // `source` and `backend` must outlive the model; the backend's ledger takes the scratch.
+  static Expected<std::unique_ptr<Model>> Create(const Metadata& md, WeightSource* source,
+                                                 Backend* backend, MemoryLedger* ledger);
+  // The same over a CPU backend of its own on `pool`.
   static Expected<std::unique_ptr<Model>> Create(const Metadata& md, WeightSource* source,
                                                  ThreadPool* pool, MemoryLedger* ledger);
+  ~Model();
 
   const ModelHParams& hparams() const { return hp_; }
   // Every op in topological order, with the tensors it acquires (for compiler and runtime).
   const std::vector<OpSpec>& ops() const { return ops_; }
+  // The index of op `id` in ops(), or -1.
+  int OpIndex(const std::string& id) const;
   WeightSource* source() const { return source_; }
+  Backend& backend() { return *backend_; }
 
+  // The tier each op runs at, indexed like ops(); change it between passes.
+  std::vector<uint8_t>& op_tiers() { return op_tiers_; }
+  const std::vector<uint8_t>& op_tiers() const { return op_tiers_; }
+
+  // A pass whose result holds NaN or infinities is evaluated again op by op and fails with
+  // Corruption naming the first op that produced them (the cache is left without its tokens).
   Status Forward(const int32_t* tokens, int64_t n, KvCache& cache, bool all_logits,
                  std::vector<float>* logits);
 
@@ -46,38 +67,24 @@ class Model {
 
  private:
   Model() = default;
+  Status ResolveLayers();
   Status ForwardBatch(const int32_t* tokens, int64_t n, KvCache& cache, bool all_logits,
-                      float* logits_out);
-  Status Embed(ForwardContext& c, const int32_t* tokens);
+                      float* logits_out, bool check_finite);
   Status Output(ForwardContext& c, bool all_logits, float* logits_out);
 
   ModelHParams hp_;
   WeightSource* source_ = nullptr;
-  ThreadPool* pool_ = nullptr;
+  std::unique_ptr<Backend> own_backend_;
+  Backend* backend_ = nullptr;
   std::unique_ptr<Scratch> scratch_;
   std::vector<LayerWeights> layers_;
   TensorId token_embd_ = kNoTensor, output_norm_ = kNoTensor, output_ = kNoTensor;
   std::vector<OpSpec> ops_;
+  std::unordered_map<std::string, int> op_index_;
+  std::vector<uint8_t> op_tiers_;
+  int embd_op_ = 0, output_op_ = 0;
   std::vector<int32_t> pos_;
-  std::vector<float> vec_;
+  bool output_finite_ = true;  // the last Output's logits held no NaN or infinity
 };
-
-// Per-family layer functions (arch_*.cpp): resolve a layer's attention tensors, run a layer.
-// The llama family covers llama, mixtral, qwen2, qwen3, qwen2moe and qwen3moe: the same layer
-// with data-driven differences (biases, QK-norm, experts, shared expert, RoPE style).
-Status ResolveLlamaLayer(const WeightSource& s, const ModelHParams& hp, int il, LayerWeights* w);
-Status ResolveDeepseekLayer(const WeightSource& s, const ModelHParams& hp, int il,
-                            LayerWeights* w);
-Status LlamaLayer(ForwardContext& c, int il, const LayerWeights& w);
-Status DeepseekLayer(ForwardContext& c, int il, const LayerWeights& w);
-
-// Shared by the Resolve* functions: the id of `name` or an error naming it; and the shape
-// check that keeps a malformed file from reading out of bounds.
-Expected<TensorId> RequireTensor(const WeightSource& s, const std::string& name,
-                                 std::vector<uint64_t> ne);
-Expected<TensorId> OptionalTensor(const WeightSource& s, const std::string& name,
-                                  std::vector<uint64_t> ne);
-// Resolves the FFN or MoE tensors of layer il (all families use the same names).
-Status ResolveFfnOrMoe(const WeightSource& s, const ModelHParams& hp, int il, LayerWeights* w);
 
 }  // namespace substrate

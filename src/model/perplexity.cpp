@@ -80,7 +80,7 @@ Expected<PerplexityResult> ComputePerplexity(Model& model, const std::vector<int
     base_off = sizeof h + static_cast<uint64_t>(h.n_chunks) * n_ctx * 4;
   }
 
-  ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(model.hparams(), n_ctx, ledger, opt.kv_type));
+  ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(model.hparams(), n_ctx, model.backend(), opt.kv_type));
   PerplexityResult r;
   double nll = 0, nll2 = 0, kld = 0, kld2 = 0;
   int64_t same = 0;

@@ -1,7 +1,5 @@
 #include "model/resident_weight_source.h"
 
-#include "kernels/cpu_features.h"
-#include "kernels/interleaved_q8_0.h"
 
 namespace substrate {
 
@@ -40,18 +38,14 @@ Expected<std::unique_ptr<ResidentWeightSource>> ResidentWeightSource::Load(
   src->infos_ = tensors;
   src->data_.reserve(tensors.size());
   src->layouts_.assign(tensors.size(), WeightLayout::kRows);
-  const bool decode_layout = options.decode_layout && ActiveIsa() >= Isa::kAvx512;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorInfo& t = tensors[i];
     auto buf = AlignedBuffer::Allocate(t.bytes ? t.bytes : 1, ledger, "weights", 64);
     if (!buf.ok()) return buf.status().WithContext("loading tensor '" + t.name + "'");
     RETURN_IF_ERROR(file.ReadTensor(t, buf->data()));
-    if (decode_layout && t.ne.size() == 2) {
-      const auto rows = static_cast<int64_t>(t.ne[1]), cols = static_cast<int64_t>(t.ne[0]);
-      if (CanInterleaveQ8_0(t.type, rows, cols)) {
-        InterleaveQ8_0(buf->data(), rows, cols, options.pool);
-        src->layouts_[i] = WeightLayout::kQ8_0Interleaved;
-      }
+    if (options.backend && t.ne.size() == 2) {
+      src->layouts_[i] = options.backend->AdoptResidentWeight(
+          t.type, static_cast<int64_t>(t.ne[1]), static_cast<int64_t>(t.ne[0]), buf->data());
     }
     src->total_bytes_ += t.bytes;
     src->ids_[t.name] = static_cast<TensorId>(i);

@@ -9,7 +9,7 @@
 
 #include "core/aligned_buffer.h"
 #include "core/memory_ledger.h"
-#include "core/thread_pool.h"
+#include "backend/backend.h"
 #include "format/model_file.h"
 #include "model/weight_source.h"
 
@@ -18,11 +18,11 @@ namespace substrate {
 class ResidentWeightSource : public WeightSource {
  public:
   struct Options {
-    // Lay 2-D Q8_0 matrices out for the interleaved decode kernel (kernels/interleaved_q8_0.h)
-    // when the CPU has it: same bytes, rearranged in place, so views carry that layout. For
-    // engines; tools that read raw tensor bytes through the source leave it off.
-    bool decode_layout = false;
-    ThreadPool* pool = nullptr;  // rearranges tensors in parallel when given
+    // The backend that will compute with the weights: each 2-D tensor is handed to its
+    // AdoptResidentWeight once loaded (the CPU backend rearranges Q8_0 matrices in place for its
+    // decode kernel), and views carry the layout it returns. For engines; tools that read raw
+    // tensor bytes through the source leave it null (plain rows).
+    Backend* backend = nullptr;
   };
 
   // Reads all tensors of `file` (kept open only during the call). Fails with OutOfMemory when
@@ -35,7 +35,8 @@ class ResidentWeightSource : public WeightSource {
 
   TensorId Resolve(const std::string& name) const override;
   const TensorInfo& Info(TensorId id) const override { return infos_[id]; }
-  Expected<WeightHandle> Acquire(TensorId id, int slice = -1, int tier = 0) override;
+  Expected<WeightHandle> Acquire(TensorId id, int slice = -1,
+                                 int tier = kDefaultTier) override;
 
   uint64_t total_bytes() const { return total_bytes_; }
 

@@ -13,9 +13,11 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/status.h"
 #include "format/dtype.h"
+#include "model/op_id.h"
 #include "quant/weight_view.h"
 
 namespace substrate {
@@ -25,6 +27,8 @@ struct TensorInfo;  // format/: name, ne, type, file ranges
 // Index of a tensor in a WeightSource, resolved once from its name (no string work per token).
 using TensorId = int32_t;
 constexpr TensorId kNoTensor = -1;
+// Acquire's tier argument for "the tier the source serves by default" (DefaultTier()).
+constexpr int kDefaultTier = -1;
 
 class WeightSource;
 
@@ -59,8 +63,18 @@ class WeightSource {
   virtual const TensorInfo& Info(TensorId id) const = 0;
 
   // slice >= 0 selects one index of the outermost dimension (an expert of a 3-D expert tensor).
-  // tier 0 is the skeleton; a source without residual tiers serves tier 0 for any tier.
-  virtual Expected<WeightHandle> Acquire(TensorId id, int slice = -1, int tier = 0) = 0;
+  // tier 0 is the skeleton, tier k adds the first k residuals: the view carries exactly
+  // min(tier, what the source holds for the tensor) residuals (a source without residual tiers
+  // serves tier 0 for any tier); kDefaultTier asks for DefaultTier().
+  virtual Expected<WeightHandle> Acquire(TensorId id, int slice = -1,
+                                         int tier = kDefaultTier) = 0;
+  // The tier ops run at unless told otherwise (Model's per-op tier table starts here): the top
+  // of the ladder a store was opened to serve; 0 for sources without residual tiers.
+  virtual int DefaultTier() const { return 0; }
+  // The model's per-op tier table (Model::op_tiers(), indexed like `ops`; valid while the model
+  // lives), so a streaming source reads each op at the tier it will run at: residuals only for
+  // ops above tier 0. The forward pass still passes the tier to every Acquire.
+  virtual void BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) {}
 
   // Op boundaries, in topological order: a streaming source prefetches and evicts by them.
   virtual void BeginOp(const std::string& op_id) {}

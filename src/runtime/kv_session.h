@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/status.h"
-#include "model/engine.h"
+#include "runtime/engine.h"
 
 namespace substrate {
 

@@ -34,7 +34,8 @@ int64_t PrefetchScheduler::NowUs() const {
 }
 
 void PrefetchScheduler::Submit(const ReadRequest& r) {
-  const uint64_t bytes = index_.ops()[r.op].SlabBytes(r.tier);
+  const StoreOp& op = index_.ops()[r.op];
+  const uint64_t bytes = op.SlabBytes(r.tier) - op.SlabOffset(r.first_tier);
   {
     std::lock_guard<std::mutex> lock(mu_);
     r.ticket->state = ReadTicket::kQueued;
@@ -132,11 +133,13 @@ void PrefetchScheduler::WorkerLoop(int index) {
 Status PrefetchScheduler::Execute(IoReader& io, const ReadRequest& r) {
   const StoreOp& op = index_.ops()[r.op];
   const int top = std::min(r.tier, op.n_tiers - 1);
-  for (int k = 0; k <= top; ++k) {
+  // Tier k lands at its slab offset, less the offset of the first tier read.
+  uint8_t* const base = r.dst - op.SlabOffset(r.first_tier);
+  for (int k = r.first_tier; k <= top; ++k) {
     const StoreOp::Span& s = op.span[k];
     const RandomAccessFile& f = index_.file(s.file);
     const int64_t start = NowUs();
-    RETURN_IF_ERROR(io.Read(f, s.offset, s.bytes, r.dst + op.SlabOffset(k)));
+    RETURN_IF_ERROR(io.Read(f, s.offset, s.bytes, base + op.SlabOffset(k)));
     if (trace_) {
       const std::string name = f.path().substr(f.path().rfind('/') + 1);
       ReadEvent e{&op.id, &name, s.offset, s.bytes, start, NowUs(), f.direct(), io.uring(),
@@ -147,9 +150,9 @@ Status PrefetchScheduler::Execute(IoReader& io, const ReadRequest& r) {
   // Checksums after the reads, so the disk stays busy while the CPU verifies the next op's data.
   for (const auto& [id, slice] : op.units) {
     const StoreUnit& u = index_.tensors()[id].units[slice >= 0 ? slice : 0];
-    for (int k = 0; k <= top && k < u.n_tiers; ++k) {
+    for (int k = r.first_tier; k <= top && k < u.n_tiers; ++k) {
       const StoreRange& rg = u.tier[k];
-      RETURN_IF_ERROR(index_.Verify(rg, r.dst + op.SlabOffset(k) + (rg.offset - op.span[k].offset)));
+      RETURN_IF_ERROR(index_.Verify(rg, base + op.SlabOffset(k) + (rg.offset - op.span[k].offset)));
     }
   }
   return Status::Ok();

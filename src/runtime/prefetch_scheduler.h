@@ -36,7 +36,9 @@ struct ReadTicket {
 struct ReadRequest {
   int64_t deadline = 0;  // EDF key
   int op = -1;           // StoreIndex op
-  int tier = 0;          // reads tiers 0..tier, laid out as StoreOp::SlabOffset says
+  int tier = 0;          // reads tiers first_tier..tier, laid out as StoreOp::SlabOffset says,
+  int first_tier = 0;    // shifted so that first_tier's span starts at dst (a resident skeleton's
+                         // residuals are read alone)
   uint8_t* dst = nullptr;
   ReadTicket* ticket = nullptr;
   int during = -1;       // StoreIndex op begun last when it was issued (for the trace), -1: none

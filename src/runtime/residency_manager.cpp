@@ -46,6 +46,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     return InvalidArgument("tier " + std::to_string(options.serve_tier) +
                            " asked for, but the store's ladder has " + index_->LadderText());
   serve_ = options.serve_tier < 0 ? index_->n_tiers() - 1 : options.serve_tier;
+  keep_ = options.resident_max_tier < 0 ? serve_ : std::min(options.resident_max_tier, serve_);
   stats_.serve_tier = serve_;
 
   const auto& ops = index_->ops();
@@ -92,20 +93,20 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   uint64_t resident = 0;
   slab_bytes_ = 0;
   for (size_t o = 0; o < ops.size(); ++o) {
-    const OpState& s = st_[o];
+    OpState& s = st_[o];
     if (s.where == Where::kResident) {
-      resident += OpBytes(static_cast<int>(o));
+      s.resident_top = keep_;
+      resident += ResidentBytes(static_cast<int>(o));
       ++stats_.n_ops_resident;
     } else if (s.where == Where::kStreamed) {
-      slab_bytes_ = std::max(slab_bytes_, OpBytes(static_cast<int>(o)));
       ++stats_.n_ops_streamed;
     } else {
       ++stats_.n_ops_expert;
     }
-    if (s.where == Where::kStreamed || s.evict_at != static_cast<int>(o))
-      evict_lists_[s.evict_at].push_back(static_cast<int>(o));
+    if (s.where != Where::kExpert) slab_bytes_ = std::max(slab_bytes_, StreamedBytes(static_cast<int>(o)));
+    if (s.where != Where::kExpert) evict_lists_[s.evict_at].push_back(static_cast<int>(o));
   }
-  int n_slabs = stats_.n_ops_streamed ? options_.prefetch_depth + 1 : 0;
+  int n_slabs = slab_bytes_ > 0 ? options_.prefetch_depth + 1 : 0;
   if (n_slabs > 0 && !options.plan_path.empty()) {
     // A plan's windows (early prefetches, late evictions) may hold more streamed ops at once. When
     // the budget cannot hold that many slabs, its early reads wait for a slab to free.
@@ -157,12 +158,11 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   for (size_t o = 0; o < ops.size(); ++o) {
     OpState& s = st_[o];
     if (s.where != Where::kResident) continue;
-    auto buf = AlignedBuffer::Allocate(OpBytes(static_cast<int>(o)), ledger_, "weights");
+    auto buf = AlignedBuffer::Allocate(ResidentBytes(static_cast<int>(o)), ledger_, "weights");
     if (!buf.ok()) return buf.status().WithContext("resident op '" + ops[o].id + "'");
     s.resident = std::move(buf).value();
-    s.tier = serve_;
     tickets.push_back(std::make_unique<ReadTicket>());
-    Submit(deadline++, static_cast<int>(o), serve_, s.resident.data(), tickets.back().get());
+    Submit(deadline++, static_cast<int>(o), keep_, s.resident.data(), tickets.back().get());
   }
   // Every ticket is waited for, even after an error: the workers must not write into buffers
   // (or tickets) this function's failure would free.
@@ -184,6 +184,12 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
   std::vector<int> order(seq_);
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return OpBytes(a) > OpBytes(b); });
+  // A resident op that keeps fewer tiers than are served still reads its residuals through the
+  // slabs: they are at least the largest such part.
+  uint64_t residual_slab = 0;
+  if (keep_ < serve_)
+    for (int o : seq_)
+      residual_slab = std::max(residual_slab, OpBytes(o) - index_->ops()[o].SlabOffset(keep_ + 1));
   uint64_t expert_min = 0;
   for (size_t o = 0; o < st_.size(); ++o)
     if (st_[o].where == Where::kExpert) expert_min = std::max(expert_min, OpBytes(static_cast<int>(o)));
@@ -193,13 +199,13 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
   int best_k = -1;
   uint64_t prefix = 0, best_used = 0;
   for (size_t k = 0; k <= order.size(); ++k) {
-    const uint64_t slab = k < order.size() ? OpBytes(order[k]) : 0;
+    const uint64_t slab = std::max(k < order.size() ? OpBytes(order[k]) : 0, residual_slab);
     const uint64_t used = prefix + slabs * slab + reserve + expert_min;
     if (used <= budget) {
       best_k = static_cast<int>(k);
       best_used = used;
     }
-    if (k < order.size()) prefix += OpBytes(order[k]);
+    if (k < order.size()) prefix += ResidentBytes(order[k]);
   }
   if (best_k < 0)
     return OutOfMemory("budget " + FormatBytes(budget) + " cannot stream this model: " +
@@ -211,11 +217,11 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
   uint64_t used = best_used;
   for (int o : seq_) {
     if (st_[o].where == Where::kResident) continue;
-    if (used + OpBytes(o) > budget) continue;
+    if (used + ResidentBytes(o) > budget) continue;
     // Keeping the slab-sized op resident would not shrink the slabs; smaller ones only.
     if (best_k < static_cast<int>(order.size()) && o == order[best_k]) continue;
     st_[o].where = Where::kResident;
-    used += OpBytes(o);
+    used += ResidentBytes(o);
   }
   return Status::Ok();
 }
@@ -279,7 +285,7 @@ void ResidencyManager::AdvanceTo(int seq) {
     // Positions skipped (an op the model did not run): release what was read for them.
     for (int64_t q = pos_ + 1; q < pos_ + d; ++q) {
       OpState& s = st_[seq_[q % n]];
-      if (s.where == Where::kStreamed && s.slab >= 0 && s.abs == q) {
+      if (s.where != Where::kExpert && s.slab >= 0 && s.abs == q) {
         sched_->Cancel(&slabs_[s.slab]->ticket);
         slabs_[s.slab]->op = -1;
         s.slab = -1;
@@ -298,7 +304,7 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
   s.win_start = NowUs();
   s.win_stall = 0;
   s.win_hit = true;
-  s.win_tier = s.where == Where::kResident ? s.tier : serve_;
+  s.win_tier = Want(o);
   op_error_[o] = Status::Ok();
   if (s.layer >= 0) cur_layer_ = s.layer;
   if (s.where == Where::kExpert) {
@@ -306,7 +312,13 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
     return;
   }
   if (s.seq >= 0) AdvanceTo(s.seq);
-  if (s.where == Where::kStreamed) {
+  if (Streams(o)) {
+    if (s.slab >= 0 && s.abs == pos_ && Raised(o, s.asked)) {
+      // Read ahead before its tier was raised: read again at the new tier.
+      sched_->Cancel(&slabs_[s.slab]->ticket);
+      slabs_[s.slab]->op = -1;
+      s.slab = -1;
+    }
     if (s.slab < 0 || s.abs != pos_) {
       // Not read ahead (the first op, or slabs were busy): read now, at the head of the queue.
       if (s.slab < 0) {
@@ -325,10 +337,10 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
         }
         if (free_slab >= 0) {
           s.slab = free_slab;
-          s.tier = serve_;
+          s.tier = s.asked = Want(o);
           slabs_[free_slab]->op = o;
-          Submit(INT64_MIN / 2, o, serve_, slabs_[free_slab]->buf.data(),
-                 &slabs_[free_slab]->ticket);
+          Submit(INT64_MIN / 2, o, s.tier, slabs_[free_slab]->buf.data(),
+                 &slabs_[free_slab]->ticket, s.resident_top + 1);
         }
       }
       s.abs = pos_;
@@ -355,6 +367,12 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
 Status ResidencyManager::BeginExpert(int o) {
   OpState& s = st_[o];
   int slot = experts_->Find(o);
+  if (slot >= 0 && experts_->slot(slot).pins == 0 && experts_->slot(slot).tier < Want(o)) {
+    // Cached at a lower tier than the op now runs at: read it again, in the same slot.
+    sched_->Cancel(&experts_->slot(slot).ticket);
+    experts_->Clear(slot);
+    slot = -1;
+  }
   if (slot >= 0) {
     ExpertCache::Slot& sl = experts_->slot(slot);
     if (sched_->Ready(&sl.ticket)) {
@@ -383,8 +401,8 @@ Status ResidencyManager::BeginExpert(int o) {
       (void)sched_->Wait(&experts_->slot(busy).ticket, &waited);
       s.win_stall += waited;
     }
-    experts_->Assign(slot, o, serve_);
-    Submit(INT64_MIN / 2, o, serve_, experts_->slot(slot).data, &experts_->slot(slot).ticket);
+    experts_->Assign(slot, o, Want(o));
+    Submit(INT64_MIN / 2, o, Want(o), experts_->slot(slot).data, &experts_->slot(slot).ticket);
   }
   ExpertCache::Slot& sl = experts_->slot(slot);
   int64_t waited = 0;
@@ -418,10 +436,10 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
     if (o < 0 || experts_->Find(o) >= 0) continue;
     const int slot = experts_->TakeVictim(pos_ - 2 * ops_per_layer_);
     if (slot < 0) return;
-    experts_->Assign(slot, o, serve_);
+    experts_->Assign(slot, o, Want(o));
     experts_->slot(slot).hint_pos = pos_;
     ++experts_->hinted;
-    Submit(deadline, o, serve_, experts_->slot(slot).data, &experts_->slot(slot).ticket);
+    Submit(deadline, o, Want(o), experts_->slot(slot).data, &experts_->slot(slot).ticket);
     ++busy;
   }
 }
@@ -456,7 +474,7 @@ void ResidencyManager::EndOp(const std::string& op_id) {
   }
   for (int e : evict_lists_[o]) {
     OpState& v = st_[e];
-    if (v.where != Where::kStreamed || v.slab < 0 || v.abs > pos_) continue;
+    if (v.where == Where::kExpert || v.slab < 0 || v.abs > pos_) continue;
     sched_->Cancel(&slabs_[v.slab]->ticket);  // done already; makes the ticket idle
     slabs_[v.slab]->op = -1;
     v.slab = -1;
@@ -471,21 +489,22 @@ void ResidencyManager::EndOp(const std::string& op_id) {
 Expected<const uint8_t*> ResidencyManager::DemandLoad(int o, int* tier) {
   for (const auto& d : demand_)
     if (d->op == o) {
-      *tier = serve_;
+      *tier = d->tier;
       return d->buf.data();
     }
   auto d = std::make_unique<Demand>();
   d->op = o;
+  d->tier = Want(o);
   auto buf = AlignedBuffer::Allocate(OpBytes(o), ledger_, "stream");
   if (!buf.ok()) return buf.status().WithContext("reading op '" + index_->ops()[o].id + "' on demand");
   d->buf = std::move(buf).value();
-  Submit(INT64_MIN / 2, o, serve_, d->buf.data(), &d->ticket);
+  Submit(INT64_MIN / 2, o, d->tier, d->buf.data(), &d->ticket);
   int64_t waited = 0;
   Status st = sched_->Wait(&d->ticket, &waited);
   if (cur_op_ >= 0) st_[cur_op_].win_stall += waited;
   RETURN_IF_ERROR(st);
   ++stats_.demand_loads;
-  *tier = serve_;
+  *tier = d->tier;
   demand_.push_back(std::move(d));
   return demand_.back()->buf.data();
 }
@@ -496,19 +515,20 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
   ASSIGN_OR_RETURN(const StoreUnit* u, index_->FindUnit(id, slice, &offset_el));
   const int o = u->op;
   OpState& s = st_[o];
-  const uint8_t* base = nullptr;
-  int loaded = serve_;
   if (!op_error_[o].ok()) return op_error_[o];
-  if (s.where == Where::kResident) {
-    base = s.resident.data();
-    loaded = s.tier;
-  } else if (s.where == Where::kExpert) {
+  const StoreOp& op = index_->ops()[o];
+  // Tiers 0..resident_top come from the op's resident buffer; higher ones from the read that
+  // holds them (an expert slot, a slab, a demand read), whose layout is the slab layout with
+  // its first tier at the start (`read` points where tier 0 would be).
+  const uint8_t* read = nullptr;
+  int loaded = s.resident_top;
+  if (s.where == Where::kExpert) {
     int slot = experts_->Find(o);
     if (slot >= 0 && sched_->Ready(&experts_->slot(slot).ticket)) {
-      base = experts_->slot(slot).data;
+      read = experts_->slot(slot).data;
       loaded = experts_->slot(slot).tier;
     } else {
-      ASSIGN_OR_RETURN(base, DemandLoad(o, &loaded));
+      ASSIGN_OR_RETURN(read, DemandLoad(o, &loaded));
     }
   } else if (s.slab >= 0) {
     // Read ahead already (perhaps still in flight: a look-ahead acquiring the next op's tensors).
@@ -520,17 +540,27 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
       if (cur_op_ >= 0) st_[cur_op_].win_stall += waited;
       RETURN_IF_ERROR(st);
     }
-    base = slabs_[s.slab]->buf.data();
+    read = slabs_[s.slab]->buf.data() - op.SlabOffset(s.resident_top + 1);
     loaded = s.tier;
-  } else {
-    ASSIGN_OR_RETURN(base, DemandLoad(o, &loaded));
+  } else if (Want(o) > s.resident_top) {
+    ASSIGN_OR_RETURN(read, DemandLoad(o, &loaded));
   }
-  const StoreOp& op = index_->ops()[o];
-  const int use = std::min({std::max(tier, serve_), loaded, u->n_tiers - 1});
+  const int use = std::min({tier < 0 ? serve_ : tier, loaded, u->n_tiers - 1});
   const uint8_t* ptr[3] = {nullptr, nullptr, nullptr};
   for (int k = 0; k <= use; ++k)
-    ptr[k] = base + op.SlabOffset(k) + (u->tier[k].offset - op.span[k].offset);
+    ptr[k] = (k <= s.resident_top ? s.resident.data() : read) + op.SlabOffset(k) +
+             (u->tier[k].offset - op.span[k].offset);
   return WeightHandle(this, index_->MakeView(id, slice, *u, offset_el, use, ptr), 0);
+}
+
+void ResidencyManager::BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) {
+  std::lock_guard<std::mutex> lock(mu_);
+  model_op_.assign(index_->ops().size(), -1);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const int o = index_->FindOp(ops[i].id);
+    if (o >= 0) model_op_[o] = static_cast<int>(i);
+  }
+  tiers_ = tiers;
 }
 
 Status ResidencyManager::FlushTrace() { return trace_ ? trace_->Flush() : Status::Ok(); }

@@ -19,6 +19,7 @@
 // the scheduler's worker thread(s), which shut down when the manager is destroyed.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -42,6 +43,10 @@ struct ResidencyOptions {
   uint64_t reserve_bytes = 0;  // left for KV cache and scratch (EstimateRunReserve)
   int prefetch_depth = 2;      // streamed ops read ahead of the current one
   int serve_tier = -1;         // -1: the store's top tier; past the ladder: InvalidArgument
+  // Resident ops keep tiers 0..resident_max_tier in memory (-1: every served tier); their
+  // higher tiers are read into slabs, residuals only, for the passes that run them there
+  // (deferred verification's top-tier passes, escalations).
+  int resident_max_tier = -1;
   std::string plan_path;       // a PlanBundle JSON: its resident set, evict_after and fallbacks
   std::string trace_path;      // JSONL trace (runtime/trace_writer.h), "" for none
   IoMode io_mode = IoMode::kAuto;
@@ -90,10 +95,13 @@ class ResidencyManager : public WeightSource {
 
   TensorId Resolve(const std::string& name) const override { return index_->Resolve(name); }
   const TensorInfo& Info(TensorId id) const override { return index_->tensors()[id].info; }
-  Expected<WeightHandle> Acquire(TensorId id, int slice = -1, int tier = 0) override;
+  Expected<WeightHandle> Acquire(TensorId id, int slice = -1,
+                                 int tier = kDefaultTier) override;
+  int DefaultTier() const override { return serve_; }
   void BeginOp(const std::string& op_id) override;
   void EndOp(const std::string& op_id) override;
   void HintExperts(int layer, const int32_t* experts, int n) override;
+  void BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) override;
   // Look-ahead guesses are worth their GEMV only when some experts are not cached.
   bool WantsLookahead() const override { return stats_.n_ops_expert > stats_.expert_slots; }
 
@@ -111,7 +119,9 @@ class ResidencyManager : public WeightSource {
     AlignedBuffer resident;
     int slab = -1;          // slab holding it (streamed)
     int64_t abs = -1;       // absolute sequence position it was scheduled for
-    int tier = 0;           // tier read / served
+    int tier = 0;           // the top tier of its slab's read
+    int asked = 0;          // the tier the op wanted when that read was issued (Want)
+    int resident_top = -1;  // tiers 0..resident_top held in `resident` (-1: none)
     int evict_at = -1;      // op whose EndOp evicts it (default itself)
     // The plan's prefetch: the sequence position whose BeginOp issues this op's read (same token,
     // before the op), or -1 for the depth rule.
@@ -133,6 +143,7 @@ class ResidencyManager : public WeightSource {
   };
   struct Demand {
     int op = -1;
+    int tier = 0;
     AlignedBuffer buf;
     ReadTicket ticket;
   };
@@ -147,10 +158,25 @@ class ResidencyManager : public WeightSource {
   int SlabsWanted() const;
   int Admit(int op, int64_t abs);
   // Queues a read, tagged with the op begun last (the trace's "during").
-  void Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t);
+  void Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t,
+              int first_tier = 0);
   Status BeginExpert(int op);
   Expected<const uint8_t*> DemandLoad(int op, int* tier);
   int64_t NowUs() const;
+  // The tier op o runs at now: the model's per-op table (BindOpTiers), within the served ladder.
+  int Want(int o) const {
+    return tiers_ && model_op_[o] >= 0 ? std::min<int>(tiers_[model_op_[o]], serve_) : serve_;
+  }
+  // Whether op o's buffer, read for tier `asked`, is behind a later raise of its tier.
+  bool Raised(int o, int asked) const { return Want(o) > asked; }
+  // Whether dense op o reads into a slab at its current tier: a streamed op always, a resident
+  // one when it runs above the tiers it keeps.
+  bool Streams(int o) const {
+    return st_[o].where != Where::kExpert && Want(o) > st_[o].resident_top;
+  }
+  // Bytes of the tiers a resident op keeps, and of what a slab read of op o holds.
+  uint64_t ResidentBytes(int op) const { return index_->ops()[op].SlabBytes(keep_); }
+  uint64_t StreamedBytes(int op) const;
   uint64_t OpBytes(int op) const { return index_->ops()[op].SlabBytes(serve_); }
 
   // Declared before the scheduler, destroyed after it: workers may still write into them.
@@ -160,6 +186,9 @@ class ResidencyManager : public WeightSource {
   ResidencyOptions options_;
   ModelHParams hp_;
   int serve_ = 0;
+  int keep_ = 0;  // resident ops keep tiers 0..keep_ (ResidencyOptions::resident_max_tier)
+  const uint8_t* tiers_ = nullptr;  // the model's per-op tiers (BindOpTiers)
+  std::vector<int> model_op_;       // store op -> index in that table, -1
   std::vector<OpState> st_;
   std::vector<int> seq_;                       // dense ops in forward order
   bool plan_schedules_ = false;                // some op's read follows the plan's start_during

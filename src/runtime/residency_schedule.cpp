@@ -11,21 +11,24 @@ namespace substrate {
 // queued bytes ahead of it at the measured rate, against the compute time of the ops before it)
 // takes the op's fallback: served at a lower tier when the plan allows, else waited for.
 int ResidencyManager::Admit(int op, int64_t abs) {
-  int tier = serve_;
+  const int want = Want(op);
+  int tier = want;
   const double bw = sched_->bandwidth();
   if (bw <= 0) return tier;
   const int64_t n = static_cast<int64_t>(seq_.size());
   double deadline_us = 0;
   for (int64_t q = pos_ + 1; q < abs; ++q) deadline_us += st_[seq_[q % n]].compute_us;
   const double queued = static_cast<double>(sched_->queued_bytes());
+  const StoreOp& o = index_->ops()[op];
+  const uint64_t first = o.SlabOffset(st_[op].resident_top + 1);
   auto finish_us = [&](int t) {
-    return (queued + static_cast<double>(index_->ops()[op].SlabBytes(t))) / bw * 1e6;
+    return (queued + static_cast<double>(o.SlabBytes(t) - first)) / bw * 1e6;
   };
   if (finish_us(tier) <= deadline_us) return tier;
   ++stats_.predicted_late;
   if (!st_[op].lower_tier_fallback) return tier;
-  while (tier > 0 && finish_us(tier) > deadline_us) --tier;
-  if (tier < serve_) ++stats_.demoted;
+  while (tier > std::max(0, st_[op].resident_top + 1) && finish_us(tier) > deadline_us) --tier;
+  if (tier < want) ++stats_.demoted;
   return tier;
 }
 
@@ -35,11 +38,18 @@ int ResidencyManager::FreeSlab() const {
   return -1;
 }
 
-void ResidencyManager::Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t) {
+uint64_t ResidencyManager::StreamedBytes(int op) const {
+  const StoreOp& o = index_->ops()[op];
+  return o.SlabBytes(serve_) - o.SlabOffset(st_[op].resident_top + 1);
+}
+
+void ResidencyManager::Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t,
+                              int first_tier) {
   ReadRequest r;
   r.deadline = deadline;
   r.op = op;
   r.tier = tier;
+  r.first_tier = first_tier;
   r.dst = dst;
   r.ticket = t;
   r.during = cur_op_;
@@ -56,7 +66,7 @@ void ResidencyManager::ScheduleAhead() {
   for (int64_t q = pos_ + 1; q < pos_ + n; ++q) {
     const int o = seq_[q % n];
     OpState& s = st_[o];
-    if (s.where != Where::kStreamed) continue;
+    if (!Streams(o)) continue;
     ++streamed;
     if (s.issue_seq < 0 && streamed > options_.prefetch_depth) {
       if (!plan_schedules_) break;  // every later op follows the depth rule too
@@ -66,11 +76,13 @@ void ResidencyManager::ScheduleAhead() {
     if (s.issue_seq >= 0 && pos_ < q - q % n + s.issue_seq) continue;  // start_during not begun
     const int free_slab = FreeSlab();
     if (free_slab < 0) break;
+    s.asked = Want(o);
     s.tier = Admit(o, q);
     s.slab = free_slab;
     s.abs = q;
     slabs_[free_slab]->op = o;
-    Submit(q, o, s.tier, slabs_[free_slab]->buf.data(), &slabs_[free_slab]->ticket);
+    Submit(q, o, s.tier, slabs_[free_slab]->buf.data(), &slabs_[free_slab]->ticket,
+           s.resident_top + 1);
   }
 }
 

@@ -143,6 +143,10 @@ class InferenceBackend {
   // {"bytes_read", "stall_us", "op_hits", "op_misses"}, "prompt_cache" {...}, "constraint"
   // {...}. Thread-safe; cheap (called a few times a second).
   virtual nlohmann::json RuntimeStats() const { return nlohmann::json::object(); }
+
+  // Counters of the runtime under the model (/metrics: substrate_runtime_<name>): disk reads,
+  // hits and misses of streamed ops and experts, stalls. Empty for a resident model.
+  virtual std::vector<std::pair<std::string, double>> RuntimeCounters() const { return {}; }
 };
 
 }  // namespace substrate::serve

@@ -6,7 +6,7 @@
 #include <random>
 
 #include "core/log.h"
-#include "model/engine.h"
+#include "runtime/engine.h"
 #include "runtime/kv_session.h"
 #include "runtime/residency_manager.h"
 #include "serve/token_constraint.h"
@@ -134,6 +134,7 @@ class ModelSession : public Session {
     go.sampling.repeat_penalty = 1.0f;
     go.sampling.seed = p.has_seed ? p.seed : std::random_device{}();
     go.draft_max = b_->draft_max_;
+    go.verify = b_->verify_;
     // Slots take model passes in turn.
     go.run_pass = [this](const std::function<Status()>& pass) {
       std::lock_guard<FifoMutex> lock(b_->forward_mu_);
@@ -240,15 +241,17 @@ class ModelSession : public Session {
 
 Expected<std::unique_ptr<ModelBackend>> ModelBackend::Load(const ModelBackendOptions& options) {
   std::unique_ptr<ModelBackend> b(new ModelBackend());
-  EngineOptions eo;
+  EngineOptions eo = options.engine;
   eo.n_threads = options.threads;
   eo.ledger = options.ledger;
   eo.require_tokenizer = true;
   eo.kv_type = options.kv_type;
+  eo.n_ctx = options.context;
+  eo.n_sessions = options.slots;
   if (options.draft_max < 0 || options.draft_max > 64)
     return InvalidArgument("serve: --draft-max must be 0..64");
   b->draft_max_ = options.draft_max;
-  eo.weights = options.weights;
+  b->verify_ = options.verify;
   ASSIGN_OR_RETURN(b->engine_, Engine::Load(options.path, eo));
   if (!options.prompt_cache_dir.empty()) {
     auto pc = DiskPromptCache::Open(options.prompt_cache_dir, ModelFingerprint(*b->engine_),
@@ -261,7 +264,8 @@ Expected<std::unique_ptr<ModelBackend>> ModelBackend::Load(const ModelBackendOpt
   if (ctx < 2 || ctx > (1 << 22))
     return InvalidArgument("serve: context of " + std::to_string(ctx) + " tokens is out of range");
   b->context_ = static_cast<int>(ctx);
-  b->model_id_ = options.model_id.empty() ? FileStem(options.path) : options.model_id;
+  const std::string& named = options.path.empty() ? options.engine.store : options.path;
+  b->model_id_ = options.model_id.empty() ? FileStem(named) : options.model_id;
   // A model without a usable template still serves /v1/completions; chat requests get the
   // reason as a 400.
   const std::string tmpl = options.chat_template.empty()
@@ -288,6 +292,29 @@ Expected<std::unique_ptr<ModelBackend>> ModelBackend::Load(const ModelBackendOpt
 }
 
 ModelBackend::~ModelBackend() = default;
+
+std::vector<std::pair<std::string, double>> ModelBackend::RuntimeCounters() const {
+  const ResidencyManager* rm = engine_->runtime();
+  if (!rm) return {};
+  const ResidencyStats s = rm->stats();
+  auto d = [](auto v) { return static_cast<double>(v); };
+  return {{"ops_resident", d(s.n_ops_resident)},
+          {"ops_streamed", d(s.n_ops_streamed)},
+          {"ops_expert", d(s.n_ops_expert)},
+          {"resident_bytes", d(s.resident_bytes)},
+          {"stream_bytes_read_total", d(s.stream_bytes_read)},
+          {"read_seconds_total", s.read_seconds},
+          {"read_bandwidth_bytes_per_second", s.read_bandwidth},
+          {"op_hits_total", d(s.hits)},
+          {"op_misses_total", d(s.misses)},
+          {"stall_seconds_total", d(s.stall_us) * 1e-6},
+          {"expert_hits_total", d(s.expert_hits)},
+          {"expert_misses_total", d(s.expert_misses)},
+          {"expert_late_total", d(s.expert_late)},
+          {"expert_slots", d(s.expert_slots)},
+          {"demand_loads_total", d(s.demand_loads)},
+          {"serve_tier", d(s.serve_tier)}};
+}
 
 int ModelBackend::VocabSize() const {
   return static_cast<int>(engine_->model().hparams().n_vocab);
@@ -417,7 +444,7 @@ Expected<std::unique_ptr<Session>> ModelBackend::NewSession() {
 
 nlohmann::json ModelBackend::RuntimeStats() const {
   nlohmann::json j = nlohmann::json::object();
-  if (const auto* rm = dynamic_cast<const ResidencyManager*>(&engine_->weights())) {
+  if (const ResidencyManager* rm = engine_->runtime()) {
     const ResidencyStats s = rm->stats();
     j["ops"] = {{"resident", s.n_ops_resident}, {"streamed", s.n_ops_streamed},
                 {"expert", s.n_ops_expert}};

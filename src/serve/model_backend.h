@@ -1,5 +1,6 @@
-// The real InferenceBackend: a model loaded by model/Engine (weights resident, charged to the
-// ledger), its tokenizer and chat template. This is what `substrate serve` runs.
+// The real InferenceBackend: a model opened by the runtime's Engine (weights resident, or
+// streamed from a store inside a RAM budget), its tokenizer and chat template. This is what
+// `substrate serve` runs.
 //
 // Slots share one Engine, whose scratch allows one forward pass at a time: each slot takes the
 // forward lock per step (its prefill, then one decode token), so parallel slots interleave
@@ -16,12 +17,11 @@
 
 #include "core/memory_ledger.h"
 #include "format/dtype.h"
-#include "model/weight_source.h"
+#include "runtime/engine.h"
 #include "serve/backend.h"
 #include "serve/prompt_cache.h"
 
 namespace substrate {
-class Engine;
 class ChatTemplate;
 class ModelFile;
 }
@@ -41,9 +41,11 @@ struct ModelBackendOptions {
   std::string chat_template;      // Jinja source replacing the model's own; empty: the model's
   std::string prompt_cache_dir;   // non-empty: the prompt cache on disk (serve/prompt_cache.h)
   uint64_t prompt_cache_bytes = 8ull << 30;
-  // Builds the weight source (EngineOptions::weights): a runtime ResidencyManager streams a
-  // store under a budget. nullptr: every tensor resident.
-  std::function<Expected<std::unique_ptr<WeightSource>>(const ModelFile&, MemoryLedger*)> weights;
+  VerifyOptions verify;           // deferred verification (only checked tokens are streamed)
+  int slots = 1;                  // sessions open at once: their KV caches share the budget
+  // The RAM budget and out-of-core runtime (EngineOptions::max_ram, store, residency); the
+  // fields above fill in the rest of the engine's options.
+  EngineOptions engine;
 };
 
 // A mutex that hands the lock over in arrival order, so that slots take forward passes in
@@ -73,6 +75,7 @@ class ModelBackend : public InferenceBackend {
                                   const nlohmann::ordered_json& tools) const override;
   Expected<std::unique_ptr<Session>> NewSession() override;
   nlohmann::json RuntimeStats() const override;
+  std::vector<std::pair<std::string, double>> RuntimeCounters() const override;
 
   Engine& engine() { return *engine_; }
   // The vocabulary as constrained decoding sees it (built on first use).
@@ -99,6 +102,7 @@ class ModelBackend : public InferenceBackend {
   // Constrained decoding, summed over finished generations.
   std::atomic<uint64_t> masks_{0};
   std::atomic<uint64_t> mask_ns_{0};
+  VerifyOptions verify_;
 };
 
 }  // namespace substrate::serve

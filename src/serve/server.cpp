@@ -309,6 +309,13 @@ std::string HttpServer::MetricsText() const {
     metric("substrate_prompt_cache_disk_bytes", "gauge", "Bytes the prompt cache on disk holds.");
     o << "substrate_prompt_cache_disk_bytes " << pc.value("bytes", uint64_t{0}) << '\n';
   }
+  // The out-of-core runtime's counters (none for a resident model); totals are counters.
+  for (const auto& [name, value] : backend_->RuntimeCounters()) {
+    const std::string full = "substrate_runtime_" + name;
+    const bool total = name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0;
+    metric(full.c_str(), total ? "counter" : "gauge", "Out-of-core runtime (ResidencyManager).");
+    o << full << ' ' << value << '\n';
+  }
   return o.str();
 }
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/memory_ledger.h"
-#include "model/engine.h"
+#include "runtime/engine.h"
 #include "serve/grammar.h"
 #include "serve/grammar_automaton.h"
 #include "serve/token_trie.h"

@@ -48,7 +48,7 @@ Expected<WeightHandle> StoreWeightSource::Acquire(TensorId id, int slice, int ti
   const StoreTensor& t = index_->tensors()[id];
   UnitData& d = data_[id][t.sliced ? slice : 0];
   const int loaded = std::min(u->n_tiers, options_.max_tier + 1);
-  const int use = std::min(std::max(tier, options_.serve_tier), loaded - 1);
+  const int use = std::min(tier < 0 ? options_.serve_tier : tier, loaded - 1);
   if (options_.streaming) {
     std::lock_guard<std::mutex> lock(mu_);
     for (int k = 0; k <= use; ++k) {

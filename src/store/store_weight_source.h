@@ -1,7 +1,7 @@
 // StoreWeightSource: a WeightSource over a tiered store (store/pack.h), resident: it reads every
 // range up to `max_tier` at open, verifies each CRC32C, and charges the bytes to the ledger
-// account "weights". Acquire serves the requested tier, raised to `serve_tier` (the model asks
-// for tier 0; the store's owner picks the quality), capped at what the unit has. The streaming
+// account "weights". Acquire serves the requested tier (kDefaultTier: `serve_tier`, the store
+// owner's pick), capped at what the unit has. The streaming
 // source with a byte budget is runtime/ResidencyManager; both read the store through StoreIndex.
 #pragma once
 
@@ -20,7 +20,7 @@ namespace substrate {
 
 struct StoreOptions {
   int max_tier = 2;    // tiers above it are not loaded
-  int serve_tier = 2;  // the least tier Acquire serves
+  int serve_tier = 2;  // the tier served by default (DefaultTier)
   // Streaming: nothing is read at open (file sizes are checked); a range is read and verified
   // on Acquire, charged to "stream", and freed at the EndOp of the op that read it. Peak memory
   // is then about one op's weights.
@@ -41,8 +41,10 @@ class StoreWeightSource : public WeightSource {
 
   TensorId Resolve(const std::string& name) const override { return index_->Resolve(name); }
   const TensorInfo& Info(TensorId id) const override { return index_->tensors()[id].info; }
-  Expected<WeightHandle> Acquire(TensorId id, int slice = -1, int tier = 0) override;
+  Expected<WeightHandle> Acquire(TensorId id, int slice = -1,
+                                 int tier = kDefaultTier) override;
 
+  int DefaultTier() const override { return options_.serve_tier; }
   void EndOp(const std::string& op_id) override;
 
   // Bytes read from the store so far (at open, or by streaming).

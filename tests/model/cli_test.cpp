@@ -1,6 +1,7 @@
 // End-to-end tests of `substrate run` and `substrate perplexity` through the built binary.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -8,6 +9,8 @@
 #include <string>
 
 #include <nlohmann/json.hpp>
+
+#include "format/model_file.h"
 
 namespace {
 
@@ -114,6 +117,32 @@ TEST(CliPerplexity, Bf16AndQ8KlDivergenceOnTwoChunks) {
   EXPECT_LT(kld, 0.002) << k.out;  // reference over 60 chunks: 0.000565
   EXPECT_GT(Field(k.out, "same top token"), 95.0) << k.out;
   std::filesystem::remove(base);
+}
+
+// A NaN in one norm weight: the run stops with an error naming the op where non-finite values
+// first appear, instead of printing nothing and reporting end-of-generation.
+TEST(CliRun, NonFiniteWeightsNameTheFirstOp) {
+  const std::string model = std::string(SUBSTRATE_SOURCE_DIR) + "/models/tiny-coder-Q8_0.gguf";
+  auto file = substrate::ModelFile::Open(model);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  const substrate::TensorInfo* t = (*file)->Find("blk.2.attn_norm.weight");
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(t->type, substrate::DType::kF32);
+  const std::string path = ::testing::TempDir() + "/model_nan_norm.gguf";
+  std::filesystem::copy_file(model, path, std::filesystem::copy_options::overwrite_existing);
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(t->parts[0].offset + 4 * 7));
+    const float nan = std::nanf("");
+    f.write(reinterpret_cast<const char*>(&nan), 4);
+  }
+  Result r = RunCli("run -m " + path + " -p 'def f(x):' -n 4");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("NaN"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("'block_2.attn'"), std::string::npos) << r.out;
+  // The unmodified file runs.
+  EXPECT_EQ(RunCli("run -m " + model + " -p 'def f(x):' -n 4").rc, 0);
+  std::filesystem::remove(path);
 }
 
 }  // namespace

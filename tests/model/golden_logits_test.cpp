@@ -50,7 +50,7 @@ void CheckLogits(const std::string& model_path, const std::string& folder) {
   for (const GoldenSeq& s : *golden) {
     const int64_t n = static_cast<int64_t>(s.tokens.size());
     ASSERT_EQ(s.logits.size(), static_cast<size_t>(n * V)) << s.name;
-    auto cache = KvCache::Create(m->model->hparams(), n, &ledger);
+    auto cache = KvCache::Create(m->model->hparams(), n, m->model->backend());
     ASSERT_TRUE(cache.ok());
     std::vector<float> logits;
     Status st = m->model->Forward(s.tokens.data(), n, *cache, true, &logits);
@@ -101,12 +101,12 @@ TEST_P(GoldenLogits, KvCacheDecodeMatchesFullPass) {
   ASSERT_NE(seq, nullptr);
   const int64_t n = std::min<int64_t>(static_cast<int64_t>(seq->tokens.size()), 64);
   const int64_t V = m->model->hparams().n_vocab;
-  auto full_cache = KvCache::Create(m->model->hparams(), n, &ledger);
+  auto full_cache = KvCache::Create(m->model->hparams(), n, m->model->backend());
   ASSERT_TRUE(full_cache.ok());
   std::vector<float> full;
   ASSERT_TRUE(m->model->Forward(seq->tokens.data(), n, *full_cache, true, &full).ok());
 
-  auto cache = KvCache::Create(m->model->hparams(), n, &ledger);
+  auto cache = KvCache::Create(m->model->hparams(), n, m->model->backend());
   ASSERT_TRUE(cache.ok());
   std::vector<float> step;
   const int64_t prefill = n / 2;  // a batch first, then single tokens

@@ -17,7 +17,7 @@ void CheckGreedy(const std::string& model_path, const std::string& folder,
   auto m = LoadModel(model_path, &ledger);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   const int64_t V = m->model->hparams().n_vocab;
-  auto cache = KvCache::Create(m->model->hparams(), 256, &ledger, kv_type);
+  auto cache = KvCache::Create(m->model->hparams(), 256, m->model->backend(), kv_type);
   ASSERT_TRUE(cache.ok());
   EXPECT_EQ(ledger.Accounts()["kv_cache"].current, KvCache::Bytes(m->model->hparams(), 256, kv_type));
   std::vector<float> logits;
@@ -85,7 +85,7 @@ TEST(Greedy, F16KvCacheStaysCloseOnEveryArchitecture) {
     std::vector<float> logits[2];
     int k = 0;
     for (DType type : {DType::kF32, DType::kF16}) {
-      auto cache = KvCache::Create(m->model->hparams(), 64, &ledger, type);
+      auto cache = KvCache::Create(m->model->hparams(), 64, m->model->backend(), type);
       ASSERT_TRUE(cache.ok());
       // The prompt at once, then token by token: both write paths.
       const int64_t n_prompt = static_cast<int64_t>(tokens.size()) - 8;

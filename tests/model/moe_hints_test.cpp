@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "backend/cpu/cpu_backend.h"
 #include "kernels/cpu_features.h"
 #include "model/expert_batch.h"
 #include "model/kv_cache.h"
@@ -98,7 +99,7 @@ void RunText(const LoadedModel& m, WeightSource* src, const std::vector<int32_t>
   ThreadPool& pool = TestPool();
   auto model = Model::Create(m.file->metadata(), src, &pool, ledger);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
-  auto cache = KvCache::Create((*model)->hparams(), static_cast<int64_t>(toks.size()) + 8, ledger);
+  auto cache = KvCache::Create((*model)->hparams(), static_cast<int64_t>(toks.size()) + 8, (*model)->backend());
   ASSERT_TRUE(cache.ok());
   std::vector<float> logits;
   ASSERT_TRUE((*model)->Forward(toks.data(), static_cast<int64_t>(prefill), *cache, false, &logits).ok());
@@ -178,8 +179,9 @@ TEST(MoeHints, BatchedEqualsOneByOneWithInterleavedSharedExpert) {
   auto file = ModelFile::Open(path);
   ASSERT_TRUE(file.ok()) << file.status().ToString();
   m.file = std::move(file).value();
+  CpuBackend backend(&TestPool(), &ledger);
   ResidentWeightSource::Options ro;
-  ro.decode_layout = true;
+  ro.backend = &backend;
   auto src = ResidentWeightSource::Load(*m.file, &ledger, ro);
   ASSERT_TRUE(src.ok()) << src.status().ToString();
   m.source = std::move(src).value();

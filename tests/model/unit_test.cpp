@@ -5,8 +5,8 @@
 #include <set>
 
 #include "kernels/ops.h"
+#include "kernels/routing.h"
 #include "model/blocks.h"
-#include "model/engine.h"
 #include "model/hparams.h"
 #include "model/op_id.h"
 #include "model/sampler.h"
@@ -52,13 +52,13 @@ TEST(Routing, SoftmaxTopKWithAndWithoutRenormalization) {
   int32_t idx[2];
   float w[2];
   hp.expert_weights_norm = false;  // qwen2moe
-  RouteToken(hp, logits, nullptr, idx, w);
+  RouteRow(hp.routing(), logits, nullptr, idx, w);
   EXPECT_EQ(idx[0], 1);
   EXPECT_EQ(idx[1], 2);
   const double z = 1 + std::exp(2.0) + std::exp(1.0) + std::exp(-1.0);
   EXPECT_NEAR(w[0], std::exp(2.0) / z, 1e-6);
   hp.expert_weights_norm = true;  // mixtral, qwen3moe
-  RouteToken(hp, logits, nullptr, idx, w);
+  RouteRow(hp.routing(), logits, nullptr, idx, w);
   EXPECT_NEAR(w[0] + w[1], 1.0, 1e-6);
 }
 
@@ -77,7 +77,7 @@ TEST(Routing, DeepseekGroupsBiasAndScale) {
   const float bias[4] = {0.0f, 0.0f, 0.8f, 1.0f};
   int32_t idx[2];
   float w[2];
-  RouteToken(hp, logits, bias, idx, w);
+  RouteRow(hp.routing(), logits, bias, idx, w);
   EXPECT_EQ(idx[0], 3);
   EXPECT_EQ(idx[1], 2);
   const float s2 = Sigmoid(0.0f), s3 = Sigmoid(-0.5f);
@@ -112,17 +112,12 @@ TEST(Sampler, GreedyAndSeededSampling) {
   EXPECT_EQ(r.Sample(logits.data(), 4, {1}), 2);
 }
 
-TEST(StopStrings, HoldsBackPossiblePrefixes) {
-  EXPECT_EQ(StopPrefixHold("hello <|im", {"<|im_end|>"}), 4u);
-  EXPECT_EQ(StopPrefixHold("hello", {"<|im_end|>"}), 0u);
-  EXPECT_EQ(StopPrefixHold("ab\n\n", {"\n\n\n"}), 2u);
-}
-
 TEST(OpIds, StableNamesAndTopologicalList) {
   EXPECT_EQ(OpIdAttention(5), "block_5.attn");
   EXPECT_EQ(OpIdMoeExpert(5, 17), "block_5.moe.expert_17");
   EXPECT_EQ(OpIdMoeShared(2), "block_2.moe.shared");
   ModelHParams hp;
+  hp.arch = "qwen2moe";
   hp.n_layer = 2;
   hp.n_expert = 3;
   hp.n_expert_used = 1;

@@ -12,7 +12,7 @@
 
 #include "core/file_io.h"
 #include "grammar_test_util.h"
-#include "model/engine.h"
+#include "runtime/engine.h"
 #include "serve/json_schema.h"
 #include "serve/model_backend.h"
 #include "serve/server.h"

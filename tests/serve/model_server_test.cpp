@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <memory>
 
-#include "model/engine.h"
+#include "runtime/engine.h"
 #include "serve/model_backend.h"
 #include "serve/server.h"
 #include "core/file_io.h"

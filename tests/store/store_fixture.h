@@ -28,27 +28,41 @@ inline std::string StoreTestPath(const std::string& name) {
       .string();
 }
 
-// The packed store, removed when the process exits; "" when the fixture is absent.
+// ../shared/gguf/<model>.gguf packed once per test process into a temp store with the default
+// ladder (Q4_K + Q8_0 + F16), removed at exit; "" when the fixture is absent.
+inline std::string PackOnce(const std::string& model, const std::string& name) {
+  const std::string path = std::string(SUBSTRATE_SHARED_DIR) + "/gguf/" + model + ".gguf";
+  if (!std::filesystem::exists(path)) return std::string();
+  const std::string out = StoreTestPath(name);
+  auto file = ModelFile::Open(path);
+  if (!file.ok()) return std::string();
+  auto st = PackStore(**file, out, PackOptions{});
+  if (!st.ok()) {
+    ADD_FAILURE() << st.status().ToString();
+    return std::string();
+  }
+  return out;
+}
+
+struct RemoveAtExit {
+  const std::string& dir;
+  ~RemoveAtExit() {
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+  }
+};
+
+// tiny-coder-moe (the default fixture of the store and runtime tests).
 inline const std::string& PackedTinyMoeStore() {
-  static const std::string dir = [] {
-    const std::string model = std::string(SUBSTRATE_SHARED_DIR) + "/gguf/tiny-coder-moe-bf16.gguf";
-    if (!std::filesystem::exists(model)) return std::string();
-    const std::string out = StoreTestPath("packed");
-    auto file = ModelFile::Open(model);
-    if (!file.ok()) return std::string();
-    auto st = PackStore(**file, out, PackOptions{});
-    if (!st.ok()) {
-      ADD_FAILURE() << st.status().ToString();
-      return std::string();
-    }
-    return out;
-  }();
-  static const struct Cleanup {
-    ~Cleanup() {
-      std::error_code ec;
-      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-    }
-  } cleanup;
+  static const std::string dir = PackOnce("tiny-coder-moe-bf16", "packed");
+  static const RemoveAtExit cleanup{dir};
+  return dir;
+}
+
+// tiny-coder (dense).
+inline const std::string& PackedTinyCoderStore() {
+  static const std::string dir = PackOnce("tiny-coder-bf16", "packed_dense");
+  static const RemoveAtExit cleanup{dir};
   return dir;
 }
 
@@ -77,7 +91,7 @@ inline std::vector<int32_t> GreedyThrough(WeightSource* src, const Metadata& md,
     *err = model.status();
     return {};
   }
-  auto cache = KvCache::Create((*model)->hparams(), 256, ledger);
+  auto cache = KvCache::Create((*model)->hparams(), 256, (*model)->backend());
   if (!cache.ok()) {
     *err = cache.status();
     return {};

@@ -5,13 +5,19 @@
 #include <cmath>
 #include <map>
 
-#include "model/engine.h"
+#include "runtime/engine.h"
 #include "model/prompt_lookup.h"
 #include "model/sampler.h"
-#include "model_test_util.h"
+#include "model/model_test_util.h"
 
 namespace substrate::testing {
 namespace {
+
+TEST(StopStrings, HoldsBackPossiblePrefixes) {
+  EXPECT_EQ(StopPrefixHold("hello <|im", {"<|im_end|>"}), 4u);
+  EXPECT_EQ(StopPrefixHold("hello", {"<|im_end|>"}), 0u);
+  EXPECT_EQ(StopPrefixHold("ab\n\n", {"\n\n\n"}), 2u);
+}
 
 TEST(PromptLookup, ProposesWhatFollowedTheLatestMatch) {
   // Last 3-gram [1 2 3] occurred at 0 (followed by 4 1 2) and at 4 (followed by 9 1 2 3).

@@ -1,6 +1,10 @@
-// Engine: the library entry point for generation (used by `substrate run/chat/perplexity` and
-// by the server). Loads a model file (GGUF or HF folder), its weights (resident), its tokenizer;
-// a Session holds one conversation's KV cache, reused across calls when prompts share a prefix.
+// Engine: the runtime session every command opens a model through (run, chat, perplexity,
+// bench and the server). It opens a GGUF file, an HF folder or a packed store under a RAM
+// budget (optionally with a compiled plan), and owns what a run needs: the compute backend, the
+// weight source (every tensor resident, or the out-of-core ResidencyManager streaming a store
+// inside the budget), the memory ledger's cap, the model, its tokenizer and the token loop
+// (sampling, stop strings, speculative decoding). A Session holds one conversation's KV cache,
+// reused across calls when prompts share a prefix; sessions' caches are inside the same budget.
 //
 //   ASSIGN_OR_RETURN(auto engine, Engine::Load("model.gguf", {}));
 //   ASSIGN_OR_RETURN(auto session, engine->NewSession(4096));
@@ -23,6 +27,7 @@
 #include "model/model.h"
 #include "model/resident_weight_source.h"
 #include "model/sampler.h"
+#include "runtime/residency_manager.h"
 #include "tokenizer/tokenizer.h"
 
 namespace substrate {
@@ -32,15 +37,52 @@ struct EngineOptions {
   MemoryLedger* ledger = nullptr;  // nullptr: MemoryLedger::Global()
   bool require_tokenizer = true;   // false: token-level use of models without a vocabulary
   DType kv_type = DType::kF32;     // sessions' KV cache rows: kF32 (exact) or kF16 (half size)
-  // Builds the weight source for the opened model file, charging the ledger (runtime/'s
-  // ResidencyManager streams a store under a budget). nullptr: every tensor resident.
-  std::function<Expected<std::unique_ptr<WeightSource>>(const ModelFile&, MemoryLedger*)> weights;
+
+  // The RAM budget: the ledger's cap, which every byte of weights, KV cache and scratch is
+  // charged against (0: no cap). A resident model that does not fit fails with OutOfMemory.
+  uint64_t max_ram = 0;
+  // A packed store (store/pack.h) to run out of core: its weights stream through a
+  // ResidencyManager inside max_ram (required with it); the model path may be empty or the
+  // store's model.gguf. `residency` carries the plan, trace, prefetch and I/O choices and the
+  // tier served (its budget and reserve are filled in here).
+  std::string store;
+  ResidencyOptions residency;
+  // What the runtime reserves beside the weights: the KV caches of `n_sessions` sessions of
+  // n_ctx positions (0: min(model's training context, 4096)), scratch for their passes, and
+  // extra_reserve bytes of the caller's own charges (bench's bandwidth probe).
+  int64_t n_ctx = 0;
+  int n_sessions = 1;
+  uint64_t extra_reserve = 0;
 };
 
 // One conversation: its KV cache and the tokens in it.
 struct Session {
   KvCache cache;
   std::vector<float> logits;  // logits after the last evaluated token
+  // Deferred verification: the verify tier's own cache, holding only verified tokens (a prefix
+  // of the conversation), made at the first verified generation.
+  std::unique_ptr<KvCache> verify_cache;
+};
+
+// Deferred verification (the localvm design): a low tier drafts tokens; the top tier checks
+// windows of them in one pass each (reading, out of core, only the residuals above the resident
+// skeleton) and rolls back at the first disagreement. Greedy output is the verify tier's own;
+// sampled output is distributed as the verify tier's (Sampler::Verify).
+struct VerifyOptions {
+  enum class Mode {
+    kOff,
+    kAll,     // every token is checked, W at a time; only checked tokens are shown
+    kMargin,  // only low-margin tokens (top-1 minus top-2 log-probability < tau) need checking:
+              // one opens a window that is checked once it is W tokens long; tokens before
+              // it are shown unchecked
+  };
+  Mode mode = Mode::kOff;
+  int window = 8;
+  float tau = 2.0f;
+  int draft_tier = 0;
+  int verify_tier = -1;  // -1: the weight source's default (a store's top tier)
+  // Tests: rewrites the i-th drafted token (a scripted disagreement); null in real use.
+  std::function<int32_t(int64_t i, int32_t token)> edit_draft;
 };
 
 // Constrained decoding (GenerateOptions::processor). Apply sees the logits of every position a
@@ -73,6 +115,7 @@ struct GenerateOptions {
   std::function<void(const float* logits, int32_t token)> on_choice;
   // Optional: constrains the choices (see LogitsProcessor); not owned.
   LogitsProcessor* processor = nullptr;
+  VerifyOptions verify;
 };
 
 struct GenerateStats {
@@ -85,6 +128,13 @@ struct GenerateStats {
   int64_t n_drafted = 0;     // drafted tokens evaluated
   int64_t n_accepted = 0;    // of which shown
   std::string stop_reason;   // "eog", "stop", "length", "callback", "context"
+  double first_token_seconds = 0;  // from the call to the first shown token
+  // Deferred verification.
+  int64_t n_verify_passes = 0;
+  int64_t n_verified = 0;        // drafted tokens a verify pass checked
+  int64_t n_rollbacks = 0;
+  int64_t n_rollback_lost = 0;   // drafted tokens discarded by rollbacks
+  uint64_t verify_bytes = 0;     // bytes the runtime read during verify passes
 };
 
 // Called per generated token with the text that became complete (may be empty); return false to
@@ -104,7 +154,11 @@ class Engine {
   const Tokenizer* tokenizer() const { return tokenizer_.get(); }
   MemoryLedger& ledger() { return *ledger_; }
   WeightSource& weights() { return *weights_; }
+  // The out-of-core runtime, when the weights come from a store (else null): its counters.
+  ResidencyManager* runtime() { return runtime_; }
+  const ResidencyManager* runtime() const { return runtime_; }
   ThreadPool& pool() { return *pool_; }
+  Backend& backend() { return *backend_; }
 
   // n_ctx <= 0: the model's training context.
   Expected<std::unique_ptr<Session>> NewSession(int64_t n_ctx);
@@ -120,11 +174,17 @@ class Engine {
 
  private:
   Engine() = default;
+  // Generate with opt.verify on (runtime/deferred_verify.cpp).
+  Expected<GenerateStats> GenerateDeferred(Session& s, const std::vector<int32_t>& prompt,
+                                           const GenerateOptions& opt,
+                                           const TokenCallback& on_token);
   std::unique_ptr<ModelFile> file_;
   std::unique_ptr<WeightSource> weights_;
+  ResidencyManager* runtime_ = nullptr;  // weights_, when it streams a store
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool* pool_ = nullptr;
   MemoryLedger* ledger_ = nullptr;
+  std::unique_ptr<Backend> backend_;  // runs on pool_; outlives model_
   DType kv_type_ = DType::kF32;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;

@@ -1,9 +1,11 @@
-#include "model/engine.h"
+#include "runtime/engine.h"
 
 #include <algorithm>
 #include <chrono>
 
+#include "backend/cpu/cpu_backend.h"
 #include "model/prompt_lookup.h"
+#include "runtime/token_emitter.h"
 
 namespace substrate {
 namespace {
@@ -27,37 +29,54 @@ size_t StopPrefixHold(const std::string& text, const std::vector<std::string>& s
   return hold;
 }
 
-Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path, const EngineOptions& opt) {
+Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
+                                               const EngineOptions& opt) {
   std::unique_ptr<Engine> e(new Engine());
   e->ledger_ = opt.ledger ? opt.ledger : &MemoryLedger::Global();
   e->kv_type_ = opt.kv_type;
+  if (opt.max_ram > 0) e->ledger_->set_cap(opt.max_ram);
+  std::string path = path_in;
+  if (!opt.store.empty()) {
+    if (opt.max_ram == 0) return InvalidArgument("a store runs under a budget: give --max-ram SIZE");
+    const std::string in_store = opt.store + "/model.gguf";
+    if (!path.empty() && path != in_store)
+      return InvalidArgument("give either -m MODEL or --store STORE/, not both");
+    path = in_store;
+  }
   if (opt.n_threads > 0) {
     e->own_pool_ = std::make_unique<ThreadPool>(opt.n_threads);
     e->pool_ = e->own_pool_.get();
   } else {
     e->pool_ = &ThreadPool::Default();
   }
+  e->backend_ = std::make_unique<CpuBackend>(e->pool_, e->ledger_);
   auto file = ModelFile::Open(path);
   if (!file.ok()) return file.status().WithContext("opening model '" + path + "'");
   e->file_ = std::move(file).value();
   // Architecture and tensor checks first, so an unsupported model fails before any weight read.
-  {
-    auto hp = ModelHParams::FromMetadata(e->file_->metadata());
-    if (!hp.ok()) return hp.status().WithContext(path);
-  }
-  if (opt.weights) {
-    auto weights = opt.weights(*e->file_, e->ledger_);
-    if (!weights.ok()) return weights.status().WithContext(path);
-    e->weights_ = std::move(weights).value();
+  auto hp = ModelHParams::FromMetadata(e->file_->metadata());
+  if (!hp.ok()) return hp.status().WithContext(path);
+  if (!opt.store.empty()) {
+    ResidencyOptions ro = opt.residency;
+    ro.budget_bytes = opt.max_ram;
+    const int64_t ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min<int64_t>(hp->n_ctx_train, 4096);
+    // Each session's KV cache, plus the scratch of one pass at a time.
+    const uint64_t kv = KvCache::Bytes(*hp, ctx, opt.kv_type);
+    ro.reserve_bytes =
+        EstimateRunReserve(*hp, ctx, std::min<int64_t>(ctx, Model::kMaxBatch), opt.kv_type) +
+        kv * static_cast<uint64_t>(std::max(opt.n_sessions, 1) - 1) + opt.extra_reserve;
+    auto m = ResidencyManager::Open(opt.store, e->ledger_, ro);
+    if (!m.ok()) return m.status().WithContext(path);
+    e->runtime_ = m->get();
+    e->weights_ = std::move(m).value();
   } else {
     ResidentWeightSource::Options ro;
-    ro.decode_layout = true;
-    ro.pool = e->pool_;
+    ro.backend = e->backend_.get();
     auto weights = ResidentWeightSource::Load(*e->file_, e->ledger_, ro);
     if (!weights.ok()) return weights.status().WithContext(path);
     e->weights_ = std::move(weights).value();
   }
-  auto model = Model::Create(e->file_->metadata(), e->weights_.get(), e->pool_, e->ledger_);
+  auto model = Model::Create(e->file_->metadata(), e->weights_.get(), e->backend_.get(), e->ledger_);
   if (!model.ok()) return model.status().WithContext(path);
   e->model_ = std::move(model).value();
   auto tok = Tokenizer::FromMetadata(e->file_->metadata());
@@ -71,8 +90,8 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path, const En
 
 Expected<std::unique_ptr<Session>> Engine::NewSession(int64_t n_ctx) {
   if (n_ctx <= 0) n_ctx = model_->hparams().n_ctx_train;
-  ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(model_->hparams(), n_ctx, ledger_, kv_type_));
-  auto s = std::make_unique<Session>(Session{std::move(cache), {}});
+  ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(model_->hparams(), n_ctx, *backend_, kv_type_));
+  auto s = std::make_unique<Session>(Session{std::move(cache), {}, nullptr});
   return s;
 }
 
@@ -99,9 +118,19 @@ Expected<int64_t> Engine::Prefill(Session& s, const std::vector<int32_t>& prompt
 Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>& prompt,
                                          const GenerateOptions& opt,
                                          const TokenCallback& on_token) {
+  if (opt.verify.mode != VerifyOptions::Mode::kOff) {
+    // The processor's state follows shown tokens; deferred verification drafts ahead and rolls
+    // back, which it cannot follow yet.
+    if (opt.processor)
+      return InvalidArgument(
+          "constrained decoding (grammar, response_format, tool calls, logit_bias) does not run "
+          "with deferred verification yet");
+    return GenerateDeferred(s, prompt, opt, on_token);
+  }
   GenerateStats st;
   st.n_prompt = static_cast<int64_t>(prompt.size());
-  auto t0 = std::chrono::steady_clock::now();
+  const auto start = std::chrono::steady_clock::now();
+  auto t0 = start;
   auto run_pass = [&](const std::function<Status()>& pass) {
     return opt.run_pass ? opt.run_pass(pass) : pass();
   };
@@ -114,45 +143,11 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
   t0 = std::chrono::steady_clock::now();
   Sampler sampler(opt.sampling);
   std::vector<int32_t> history = prompt;
-  std::unique_ptr<TokenDecoder> decoder;
-  if (tokenizer_) decoder = std::make_unique<TokenDecoder>(*tokenizer_);
-  std::string pending;  // decoded text not yet shown (could start a stop string)
   const int64_t V = model_->hparams().n_vocab;
-  st.stop_reason = "length";
-  // Shows one chosen token; false when generation ends with it (or, at end-of-generation,
-  // before it).
+  TokenEmitter emitter(tokenizer_.get(), opt, on_token, &history, &st);
   auto emit = [&](int32_t tok, const float* logits) {
-    if (opt.stop_at_eog && tokenizer_ && tokenizer_->IsEog(tok)) {
-      st.stop_reason = "eog";
-      return false;
-    }
-    if (opt.processor) opt.processor->Accept(tok);
-    if (opt.on_choice) opt.on_choice(logits, tok);
-    history.push_back(tok);
-    ++st.n_generated;
-    std::string text;
-    if (decoder) {
-      auto piece = decoder->Push(tok);
-      if (piece.ok()) pending += *piece;
-      size_t cut = std::string::npos;
-      for (const std::string& stop : opt.stop) {
-        if (stop.empty()) continue;
-        cut = std::min(cut, pending.find(stop));
-      }
-      if (cut != std::string::npos) {
-        on_token(tok, pending.substr(0, cut));
-        st.stop_reason = "stop";
-        return false;
-      }
-      const size_t hold = StopPrefixHold(pending, opt.stop);
-      text = pending.substr(0, pending.size() - hold);
-      pending.erase(0, pending.size() - hold);
-    }
-    if (!on_token(tok, text)) {
-      st.stop_reason = "callback";
-      return false;
-    }
-    return st.n_generated < opt.max_tokens;
+    if (st.n_generated == 0) st.first_token_seconds = Seconds(start);
+    return emitter.Emit(tok, logits);
   };
 
   // Each step evaluates the last shown token (not yet in the cache) plus, with drafting, the
@@ -199,10 +194,7 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
       if (!more) break;
     }
   }
-  if (decoder && st.stop_reason != "stop" && st.stop_reason != "callback") {
-    pending += decoder->Flush();
-    if (!pending.empty()) on_token(-1, pending);
-  }
+  emitter.Finish();
   st.decode_seconds = Seconds(t0);
   return st;
 }

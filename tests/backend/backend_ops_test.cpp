@@ -1,0 +1,687 @@
+// The differential op test (in the manner of llama.cpp's test-backend-ops): every op of every
+// backend this build has — the CPU backend at each ISA tier the CPU runs (scalar, AVX2,
+// AVX-512, AMX); a GPU backend joins the list when built — against ReferenceBackend, on random
+// inputs of awkward shapes (odd rows, 1..70 tokens), every weight type, with residual tiers on
+// and off, each op with its own bound on the normalized mean squared error. A deliberately
+// wrong kernel must make it fail (the last test).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/reference_backend.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu_features.h"
+#include "quant/quant.h"
+
+namespace substrate {
+namespace {
+
+// ---- the backends under test ----
+
+struct Candidate {
+  std::string name;
+  std::function<std::unique_ptr<Backend>()> make;
+  Isa isa = Isa::kScalar;  // the CPU tier it runs at
+};
+
+ThreadPool& Pool() {
+  static ThreadPool pool(2);
+  return pool;
+}
+
+MemoryLedger& Ledger() {
+  static MemoryLedger ledger;
+  return ledger;
+}
+
+std::vector<Candidate> Backends() {
+  std::vector<Candidate> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
+    if (DetectedIsa() < isa) continue;
+    out.push_back({std::string("cpu/") + IsaName(isa),
+                   [] { return std::make_unique<CpuBackend>(&Pool(), &Ledger()); }, isa});
+  }
+  return out;
+}
+
+class ScopedIsa {
+ public:
+  explicit ScopedIsa(Isa isa) : prev_(SetIsaForTesting(isa)) {}
+  ~ScopedIsa() { SetIsaForTesting(prev_); }
+
+ private:
+  Isa prev_;
+};
+
+// ---- host <-> backend tensors ----
+
+class Tensors {
+ public:
+  explicit Tensors(Backend& be) : be_(be) {}
+  Tensor Make(int64_t rows, int64_t cols, const std::vector<float>& values) {
+    auto b = be_.Allocate(static_cast<size_t>(rows * cols) * sizeof(float), "test");
+    EXPECT_TRUE(b.ok());
+    Tensor t{static_cast<float*>(b->data()), rows, cols};
+    if (!values.empty()) be_.Upload(values.data(), t);
+    keep_.push_back(std::move(b).value());
+    return t;
+  }
+  Tensor Zeros(int64_t rows, int64_t cols) { return Make(rows, cols, {}); }
+  std::vector<float> Read(const Tensor& t) {
+    std::vector<float> v(static_cast<size_t>(t.size()));
+    be_.Download(t, v.data());
+    return v;
+  }
+  // A KV cache layer of `positions` rows in backend memory.
+  KvLayer Kv(DType type, int64_t positions, int64_t k_stride, int64_t v_stride) {
+    const size_t el = type == DType::kF16 ? 2 : 4;
+    auto k = be_.Allocate(static_cast<size_t>(positions * k_stride) * el, "test");
+    auto v = be_.Allocate(static_cast<size_t>(positions * v_stride) * el, "test");
+    KvLayer kv{type, k->data(), k_stride, v->data(), v_stride};
+    keep_.push_back(std::move(k).value());
+    keep_.push_back(std::move(v).value());
+    return kv;
+  }
+
+ private:
+  Backend& be_;
+  std::vector<Buffer> keep_;
+};
+
+// ---- comparison ----
+
+double Nmse(const std::vector<float>& got, const std::vector<float>& want) {
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    err += double(got[i] - want[i]) * (got[i] - want[i]);
+    norm += double(want[i]) * want[i];
+  }
+  return err / std::max(norm, 1e-30);
+}
+
+// Mismatches found, one line each ("" when the op agrees).
+using Failures = std::vector<std::string>;
+
+void Expect(Failures& f, const std::string& what, const std::vector<float>& got,
+            const std::vector<float>& want, double bound) {
+  const double e = Nmse(got, want);
+  if (!(e <= bound)) f.push_back(what + ": NMSE " + std::to_string(e) + " > " + std::to_string(bound));
+}
+
+std::vector<float> Random(int64_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> g(0.0f, scale);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = g(rng);
+  return v;
+}
+
+// ---- weights ----
+
+// W [rows, cols] quantized to `type`, with residual tiers Q8_0 and F16 of the error: the view
+// serves tier `tier` (0 = skeleton only). Owns the bytes.
+struct Weight {
+  DType type;
+  int64_t rows, cols;
+  std::vector<uint8_t> skeleton, res1, res2;
+  WeightView View(int tier) const {
+    WeightView v;
+    v.type = type;
+    v.data = skeleton.data();
+    v.bytes = skeleton.size();
+    v.rows = rows;
+    v.cols = cols;
+    v.n_residuals = tier;
+    v.residual_type[0] = DType::kQ8_0;
+    v.residual_type[1] = DType::kF16;
+    v.residual[0] = res1.data();
+    v.residual[1] = res2.data();
+    return v;
+  }
+};
+
+std::vector<uint8_t> Quantize(DType type, const std::vector<float>& w, int64_t rows, int64_t cols) {
+  const size_t row_bytes = *RowBytes(type, static_cast<uint64_t>(cols));
+  std::vector<uint8_t> out(row_bytes * rows);
+  for (int64_t r = 0; r < rows; ++r)
+    QuantizeRow(type, w.data() + r * cols, out.data() + r * row_bytes, cols);
+  return out;
+}
+
+std::vector<float> Dequantize(DType type, const std::vector<uint8_t>& q, int64_t rows,
+                              int64_t cols) {
+  const size_t row_bytes = *RowBytes(type, static_cast<uint64_t>(cols));
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    DequantizeRow(type, q.data() + r * row_bytes, out.data() + r * cols, cols);
+  return out;
+}
+
+Weight MakeWeight(DType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+  Weight w{type, rows, cols, {}, {}, {}};
+  std::vector<float> v = Random(rows * cols, rng, 0.05f);
+  w.skeleton = Quantize(type, v, rows, cols);
+  std::vector<float> err = Dequantize(type, w.skeleton, rows, cols);
+  for (size_t i = 0; i < v.size(); ++i) err[i] = v[i] - err[i];
+  w.res1 = Quantize(DType::kQ8_0, err, rows, cols);
+  const std::vector<float> r1 = Dequantize(DType::kQ8_0, w.res1, rows, cols);
+  for (size_t i = 0; i < v.size(); ++i) err[i] -= r1[i];
+  w.res2 = Quantize(DType::kF16, err, rows, cols);
+  return w;
+}
+
+const std::vector<DType>& WeightTypes() {
+  static const std::vector<DType> types = {
+      DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,   DType::kQ4_0,
+      DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K,   DType::kQ3_K,
+      DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kIQ4_NL, DType::kIQ4_XS};
+  return types;
+}
+
+// Squared norms of each row of the weight at `tier` (skeleton plus residuals).
+std::vector<double> RowNorms2(const Weight& w, int tier) {
+  std::vector<float> m = Dequantize(w.type, w.skeleton, w.rows, w.cols);
+  if (tier >= 1) {
+    const std::vector<float> r = Dequantize(DType::kQ8_0, w.res1, w.rows, w.cols);
+    for (size_t i = 0; i < m.size(); ++i) m[i] += r[i];
+  }
+  if (tier >= 2) {
+    const std::vector<float> r = Dequantize(DType::kF16, w.res2, w.rows, w.cols);
+    for (size_t i = 0; i < m.size(); ++i) m[i] += r[i];
+  }
+  std::vector<double> n(static_cast<size_t>(w.rows), 0.0);
+  for (int64_t r = 0; r < w.rows; ++r)
+    for (int64_t c = 0; c < w.cols; ++c) n[r] += double(m[r * w.cols + c]) * m[r * w.cols + c];
+  return n;
+}
+
+// A product's error against the scale of its terms: sum (got - want)^2 over sum of
+// |w_r|^2 |x_t|^2 (Cauchy-Schwarz's bound on each output), so a product that happens to be
+// near zero does not make a tiny denominator.
+double ProductError(const std::vector<float>& got, const std::vector<float>& want,
+                    const std::vector<double>& w_norms2, const std::vector<float>& x,
+                    int64_t n, int64_t cols) {
+  double err = 0, scale = 0;
+  const int64_t rows = static_cast<int64_t>(w_norms2.size());
+  for (int64_t t = 0; t < n; ++t) {
+    double xn = 0;
+    for (int64_t c = 0; c < cols; ++c) xn += double(x[t * cols + c]) * x[t * cols + c];
+    for (int64_t r = 0; r < rows; ++r) {
+      const float g = got[t * rows + r], w = want[t * rows + r];
+      if (!std::isfinite(g)) return INFINITY;
+      err += double(g - w) * (g - w);
+      scale += w_norms2[r] * xn;
+    }
+  }
+  return err / std::max(scale, 1e-30);
+}
+
+// ---- the op checks: each runs one op on `be` and on the reference ----
+
+Failures CheckMatMul(Backend& be) {
+  Failures f;
+  ReferenceBackend ref(&Ledger());
+  std::mt19937 rng(1);
+  for (DType type : WeightTypes()) {
+    for (int64_t rows : {1, 33, 67}) {
+      const int64_t cols = rows == 33 ? 512 : 256;
+      const Weight w = MakeWeight(type, rows, cols, rng);
+      for (int tier : {0, 1, 2}) {
+        for (int64_t n : {1, 3, 16, 70}) {
+          const std::vector<float> x = Random(n * cols, rng);
+          Tensors tb(be), tr(ref);
+          const Tensor xb = tb.Make(n, cols, x), yb = tb.Zeros(n, rows);
+          const Tensor xr = tr.Make(n, cols, x), yr = tr.Zeros(n, rows);
+          const WeightView v = w.View(tier);
+          be.MatMul(v, xb, yb);
+          ref.MatMul(v, xr, yr);
+          // Quantized products round the activations to 8 bits; float ones are nearly exact.
+          const bool exact = (type == DType::kF32 || type == DType::kF16 || type == DType::kBF16) &&
+                             tier == 0;
+          const double bound = exact ? 1e-12 : 4e-6;
+          const double e = ProductError(tb.Read(yb), tr.Read(yr), RowNorms2(w, tier), x, n, cols);
+          if (!(e <= bound))
+            f.push_back(std::string("MatMul ") + DTypeName(type) + " " + std::to_string(rows) +
+                        "x" + std::to_string(cols) + " tier " + std::to_string(tier) + " n=" +
+                        std::to_string(n) + ": error " + std::to_string(e) + " > " +
+                        std::to_string(bound));
+        }
+      }
+    }
+  }
+  return f;
+}
+
+// A NaN or infinity in the activations reaches the outputs of that token (a quantizer that
+// dropped it would hand the model finite garbage: Model::Forward's check relies on this).
+Failures CheckNonFinitePropagates(Backend& be) {
+  Failures f;
+  std::mt19937 rng(9);
+  for (DType type : WeightTypes()) {
+    const Weight w = MakeWeight(type, 16, 256, rng);
+    for (float bad : {NAN, INFINITY}) {
+      for (int tier : {0, 1}) {
+        for (int64_t n : {2, 5}) {
+          std::vector<float> x = Random(n * 256, rng);
+          x[7] = bad;  // token 0
+          Tensors tb(be);
+          const Tensor y = tb.Zeros(n, 16);
+          be.MatMul(w.View(tier), tb.Make(n, 256, x), y);
+          const std::vector<float> out = tb.Read(y);
+          const std::string what = std::string("MatMul ") + DTypeName(type) + " tier " +
+                                   std::to_string(tier) + " n=" + std::to_string(n);
+          for (int r = 0; r < 16; ++r) {
+            if (std::isfinite(out[r])) f.push_back(what + ": a non-finite input gave a finite output");
+            if (!std::isfinite(out[16 + r])) f.push_back(what + ": the clean token is not finite");
+          }
+        }
+      }
+    }
+  }
+  return f;
+}
+
+TEST(BackendOps, NonFiniteActivationsReachTheOutputs) {
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    auto be = c.make();
+    for (const std::string& m : CheckNonFinitePropagates(*be)) ADD_FAILURE() << c.name << ": " << m;
+  }
+}
+
+TEST(BackendOps, MatMulEveryTypeTierAndTokenCount) {
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    auto be = c.make();
+    for (const std::string& m : CheckMatMul(*be)) ADD_FAILURE() << c.name << ": " << m;
+  }
+}
+
+// The CPU backend's own resident layout (interleaved Q8_0 on AVX-512): the same products.
+TEST(BackendOps, MatMulOverAdoptedResidentLayout) {
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    auto be = c.make();
+    ReferenceBackend ref(&Ledger());
+    std::mt19937 rng(2);
+    Weight w = MakeWeight(DType::kQ8_0, 48, 256, rng);
+    const Weight plain = w;
+    WeightView v = w.View(1);
+    v.layout = be->AdoptResidentWeight(DType::kQ8_0, 48, 256, w.skeleton.data());
+    for (int64_t n : {1, 5, 70}) {
+      const std::vector<float> x = Random(n * 256, rng);
+      Tensors tb(*be), tr(ref);
+      const Tensor yb = tb.Zeros(n, 48), yr = tr.Zeros(n, 48);
+      be->MatMul(v, tb.Make(n, 256, x), yb);
+      ref.MatMul(plain.View(1), tr.Make(n, 256, x), yr);
+      EXPECT_LE(Nmse(tb.Read(yb), tr.Read(yr)), 2e-4) << c.name << " n=" << n;
+      // Embedding rows read through the same layout.
+      const int32_t ids[3] = {0, 17, 47};
+      const Tensor eb = tb.Zeros(3, 256), er = tr.Zeros(3, 256);
+      be->EmbedRows(v, ids, 3, eb);
+      ref.EmbedRows(plain.View(1), ids, 3, er);
+      EXPECT_EQ(tb.Read(eb), tr.Read(er)) << c.name;
+    }
+  }
+}
+
+Failures CheckMatMulBatchAndEmbed(Backend& be) {
+  Failures f;
+  ReferenceBackend ref(&Ledger());
+  std::mt19937 rng(3);
+  const Weight a = MakeWeight(DType::kQ4_K, 35, 256, rng), b = MakeWeight(DType::kQ6_K, 64, 512, rng),
+               c = MakeWeight(DType::kQ8_0, 17, 256, rng);
+  for (int64_t n : {1, 2, 4, 9}) {
+    Tensors tb(be), tr(ref);
+    const std::vector<float> x1 = Random(n * 256, rng), x2 = Random(n * 512, rng);
+    const WeightView va = a.View(1), vb = b.View(0), vc = c.View(2);
+    MatMulOp ob[3] = {{&va, tb.Make(n, 256, x1), tb.Zeros(n, 35)},
+                      {&vb, tb.Make(n, 512, x2), tb.Zeros(n, 64)},
+                      {&vc, tb.Make(n, 256, x1), tb.Zeros(n, 17)}};
+    MatMulOp orf[3] = {{&va, tr.Make(n, 256, x1), tr.Zeros(n, 35)},
+                       {&vb, tr.Make(n, 512, x2), tr.Zeros(n, 64)},
+                       {&vc, tr.Make(n, 256, x1), tr.Zeros(n, 17)}};
+    be.MatMulBatch(ob, 3);
+    ref.MatMulBatch(orf, 3);
+    for (int i = 0; i < 3; ++i)
+      Expect(f, "MatMulBatch job " + std::to_string(i) + " n=" + std::to_string(n),
+             tb.Read(ob[i].y), tr.Read(orf[i].y), 2e-4);
+  }
+  for (DType type : WeightTypes()) {
+    const Weight w = MakeWeight(type, 29, 256, rng);
+    for (int tier : {0, 2}) {
+      const int32_t ids[4] = {28, 0, 7, 7};
+      Tensors tb(be), tr(ref);
+      const Tensor eb = tb.Zeros(4, 256), er = tr.Zeros(4, 256);
+      be.EmbedRows(w.View(tier), ids, 4, eb);
+      ref.EmbedRows(w.View(tier), ids, 4, er);
+      Expect(f, std::string("EmbedRows ") + DTypeName(type) + " tier " + std::to_string(tier),
+             tb.Read(eb), tr.Read(er), 1e-12);
+    }
+  }
+  return f;
+}
+
+TEST(BackendOps, MatMulBatchAndEmbedRows) {
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    auto be = c.make();
+    for (const std::string& m : CheckMatMulBatchAndEmbed(*be)) ADD_FAILURE() << c.name << ": " << m;
+  }
+}
+
+Failures CheckElementwise(Backend& be) {
+  Failures f;
+  ReferenceBackend ref(&Ledger());
+  std::mt19937 rng(4);
+  for (int64_t rows : {1, 7, 70}) {
+    for (int64_t cols : {1, 33, 256, 4097}) {
+      const std::vector<float> x = Random(rows * cols, rng), y = Random(rows * cols, rng);
+      const std::vector<float> g = Random(rows, rng);
+      const std::string shape = " [" + std::to_string(rows) + "x" + std::to_string(cols) + "]";
+      // RmsNorm and AddBias with F32 and F16 vectors.
+      for (DType vt : {DType::kF32, DType::kF16}) {
+        const Weight w = MakeWeight(vt, 1, cols, rng);
+        Tensors tb(be), tr(ref);
+        const Tensor nb = tb.Zeros(rows, cols), nr = tr.Zeros(rows, cols);
+        be.RmsNorm(tb.Make(rows, cols, x), w.View(0), 1e-6f, nb);
+        ref.RmsNorm(tr.Make(rows, cols, x), w.View(0), 1e-6f, nr);
+        Expect(f, std::string("RmsNorm ") + DTypeName(vt) + shape, tb.Read(nb), tr.Read(nr), 1e-10);
+        const Tensor bb = tb.Make(rows, cols, y), br = tr.Make(rows, cols, y);
+        be.AddBias(bb, w.View(0));
+        ref.AddBias(br, w.View(0));
+        Expect(f, std::string("AddBias ") + DTypeName(vt) + shape, tb.Read(bb), tr.Read(br), 1e-12);
+      }
+      Tensors tb(be), tr(ref);
+      // In place on the same tensor, as the model calls it.
+      const Tensor sb = tb.Make(rows, cols, x), sr = tr.Make(rows, cols, x);
+      be.SwiGlu(sb, tb.Make(rows, cols, y), sb);
+      ref.SwiGlu(sr, tr.Make(rows, cols, y), sr);
+      Expect(f, "SwiGlu" + shape, tb.Read(sb), tr.Read(sr), 1e-10);
+      const Tensor ab = tb.Make(rows, cols, x), ar = tr.Make(rows, cols, x);
+      be.Add(ab, tb.Make(rows, cols, y));
+      ref.Add(ar, tr.Make(rows, cols, y));
+      Expect(f, "Add" + shape, tb.Read(ab), tr.Read(ar), 1e-14);
+      const Tensor gb = tb.Make(rows, cols, x), gr = tr.Make(rows, cols, x);
+      be.ScaleRowsBySigmoid(gb, tb.Make(rows, 1, g));
+      ref.ScaleRowsBySigmoid(gr, tr.Make(rows, 1, g));
+      Expect(f, "ScaleRowsBySigmoid" + shape, tb.Read(gb), tr.Read(gr), 1e-10);
+      const Tensor fb = tb.Make(rows, cols, x), fr = tr.Make(rows, cols, x);
+      be.Fill(fb, 0.25f);
+      ref.Fill(fr, 0.25f);
+      Expect(f, "Fill" + shape, tb.Read(fb), tr.Read(fr), 0);
+      if (cols > 8) {
+        const Tensor cb = tb.Zeros(rows, 11), cr = tr.Zeros(rows, 11);
+        be.CopyColumns(tb.Make(rows, cols, x), 3, cb, 2, 9);
+        ref.CopyColumns(tr.Make(rows, cols, x), 3, cr, 2, 9);
+        Expect(f, "CopyColumns" + shape, tb.Read(cb), tr.Read(cr), 0);
+      }
+      std::vector<float> bad = x;
+      bad[bad.size() / 2] = NAN;
+      if (!be.AllFinite(tb.Make(rows, cols, x)) || be.AllFinite(tb.Make(rows, cols, bad)))
+        f.push_back("AllFinite" + shape);
+      bad[bad.size() / 2] = -INFINITY;
+      if (be.AllFinite(tb.Make(rows, cols, bad))) f.push_back("AllFinite -inf" + shape);
+    }
+  }
+  return f;
+}
+
+TEST(BackendOps, NormsBiasActivationsCopies) {
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    auto be = c.make();
+    for (const std::string& m : CheckElementwise(*be)) ADD_FAILURE() << c.name << ": " << m;
+  }
+}
+
+Failures CheckRope(Backend& be) {
+  Failures f;
+  ReferenceBackend ref(&Ledger());
+  std::mt19937 rng(5);
+  struct Case {
+    RopeStyle style;
+    int n_heads, head_dim, offset, n_rot;
+    float yarn;
+  };
+  for (const Case& k : {Case{RopeStyle::kNeox, 4, 64, 0, 64, 0}, Case{RopeStyle::kNormal, 3, 40, 0, 40, 0},
+                        Case{RopeStyle::kNeox, 2, 64, 0, 32, 0}, Case{RopeStyle::kNormal, 5, 48, 16, 32, 0},
+                        Case{RopeStyle::kNormal, 1, 72, 64, 8, 4.0f}}) {
+    for (int64_t n : {1, 9, 70}) {
+      RopeParams p;
+      p.style = k.style;
+      p.n_rot = k.n_rot;
+      p.freq_base = 10000.0f;
+      if (k.yarn > 0) {
+        p.yarn_factor = k.yarn;
+        p.yarn_orig_ctx = 256;
+        p.attn_factor = 1.1f;
+      }
+      std::vector<int32_t> pos(static_cast<size_t>(n));
+      for (int64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(100 + 7 * t);
+      const int64_t cols = int64_t{k.n_heads} * k.head_dim;
+      const std::vector<float> x = Random(n * cols, rng);
+      Tensors tb(be), tr(ref);
+      const Tensor xb = tb.Make(n, cols, x), xr = tr.Make(n, cols, x);
+      be.Rope(xb, k.n_heads, k.head_dim, k.offset, pos.data(), p);
+      ref.Rope(xr, k.n_heads, k.head_dim, k.offset, pos.data(), p);
+      Expect(f, "Rope heads " + std::to_string(k.n_heads) + "x" + std::to_string(k.head_dim) +
+                    " offset " + std::to_string(k.offset) + " n=" + std::to_string(n),
+             tb.Read(xb), tr.Read(xr), 1e-10);
+    }
+  }
+  return f;
+}
+
+TEST(BackendOps, RopeStylesOffsetsAndYarn) {
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    auto be = c.make();
+    for (const std::string& m : CheckRope(*be)) ADD_FAILURE() << c.name << ": " << m;
+  }
+}
+
+Failures CheckAttention(Backend& be) {
+  Failures f;
+  ReferenceBackend ref(&Ledger());
+  std::mt19937 rng(6);
+  for (DType kv_type : {DType::kF32, DType::kF16}) {
+    for (const AttentionShape& s : {AttentionShape{8, 2, 64, 64, 0.125f},
+                                    AttentionShape{6, 6, 40, 24, 0.2f},
+                                    AttentionShape{4, 1, 128, 128, 0.0883f}}) {
+      for (int64_t pos0 : {0, 37}) {
+        for (int64_t n : {1, 5, 70}) {
+          const int64_t kd = int64_t{s.n_head_kv} * s.dk, vd = int64_t{s.n_head_kv} * s.dv;
+          const int64_t total = pos0 + n;
+          const std::vector<float> k = Random(total * kd, rng), v = Random(total * vd, rng);
+          const std::vector<float> q = Random(n * s.n_head * s.dk, rng);
+          Tensors tb(be), tr(ref);
+          const KvLayer kb = tb.Kv(kv_type, total, kd, vd), kr = tr.Kv(kv_type, total, kd, vd);
+          // The history in one store, then this pass's rows (as decode appends).
+          std::vector<float> kh(k.begin(), k.begin() + pos0 * kd), vh(v.begin(), v.begin() + pos0 * vd);
+          std::vector<float> kn(k.begin() + pos0 * kd, k.end()), vn(v.begin() + pos0 * vd, v.end());
+          if (pos0 > 0) {
+            be.StoreKv(kb, 0, tb.Make(pos0, kd, kh), tb.Make(pos0, vd, vh));
+            ref.StoreKv(kr, 0, tr.Make(pos0, kd, kh), tr.Make(pos0, vd, vh));
+          }
+          be.StoreKv(kb, pos0, tb.Make(n, kd, kn), tb.Make(n, vd, vn));
+          ref.StoreKv(kr, pos0, tr.Make(n, kd, kn), tr.Make(n, vd, vn));
+          const Tensor ob = tb.Zeros(n, int64_t{s.n_head} * s.dv), orf = tr.Zeros(n, int64_t{s.n_head} * s.dv);
+          be.Attention(s, tb.Make(n, int64_t{s.n_head} * s.dk, q), kb, pos0, ob);
+          ref.Attention(s, tr.Make(n, int64_t{s.n_head} * s.dk, q), kr, pos0, orf);
+          Expect(f, std::string("Attention kv ") + DTypeName(kv_type) + " heads " +
+                        std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) + " dk " +
+                        std::to_string(s.dk) + " pos0 " + std::to_string(pos0) + " n=" +
+                        std::to_string(n),
+                 tb.Read(ob), tr.Read(orf), 1e-9);
+        }
+      }
+    }
+  }
+  // A NaN query reaches the head's output (a softmax that drops it would hide it as zeros).
+  for (DType kv_type : {DType::kF32, DType::kF16}) {
+    const AttentionShape s{4, 2, 64, 64, 0.125f};
+    Tensors tb(be);
+    const KvLayer kv = tb.Kv(kv_type, 3, 128, 128);
+    be.StoreKv(kv, 0, tb.Make(3, 128, Random(3 * 128, rng)), tb.Make(3, 128, Random(3 * 128, rng)));
+    std::vector<float> q = Random(3 * 256, rng);
+    q[5] = NAN;  // token 0, head 0
+    const Tensor o = tb.Zeros(3, 256);
+    be.Attention(s, tb.Make(3, 256, q), kv, 0, o);
+    const std::vector<float> out = tb.Read(o);
+    if (!std::isnan(out[0])) f.push_back(std::string("Attention kv ") + DTypeName(kv_type) + ": NaN query lost");
+    if (!std::isfinite(out[256 + 70])) f.push_back("Attention: a clean token not finite");
+  }
+  // MLA: the per-head key/value assembly, then attention over it.
+  const MlaShape m{4, 32, 16, 24};
+  for (int64_t n : {1, 6}) {
+    const int64_t kvb_cols = int64_t{m.n_head} * (m.nope + m.dv), lat_cols = 64 + m.rot;
+    const std::vector<float> kvb = Random(n * kvb_cols, rng), lat = Random(n * lat_cols, rng);
+    const std::vector<float> q = Random(n * m.n_head * (m.nope + m.rot), rng);
+    Tensors tb(be), tr(ref);
+    const int64_t kd = int64_t{m.n_head} * (m.nope + m.rot), vd = int64_t{m.n_head} * m.dv;
+    const KvLayer kb = tb.Kv(DType::kF32, n, kd, vd), kr = tr.Kv(DType::kF32, n, kd, vd);
+    be.StoreMlaKv(kb, 0, tb.Make(n, kvb_cols, kvb), tb.Make(n, lat_cols, lat), 64, m);
+    ref.StoreMlaKv(kr, 0, tr.Make(n, kvb_cols, kvb), tr.Make(n, lat_cols, lat), 64, m);
+    const AttentionShape s{m.n_head, m.n_head, m.nope + m.rot, m.dv, 0.15f};
+    const Tensor ob = tb.Zeros(n, vd), orf = tr.Zeros(n, vd);
+    be.Attention(s, tb.Make(n, kd, q), kb, 0, ob);
+    ref.Attention(s, tr.Make(n, kd, q), kr, 0, orf);
+    Expect(f, "MLA n=" + std::to_string(n), tb.Read(ob), tr.Read(orf), 1e-9);
+  }
+  return f;
+}
+
+TEST(BackendOps, AttentionGqaKvTypesAndMla) {
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    auto be = c.make();
+    for (const std::string& m : CheckAttention(*be)) ADD_FAILURE() << c.name << ": " << m;
+  }
+}
+
+Failures CheckMoeOps(Backend& be) {
+  Failures f;
+  ReferenceBackend ref(&Ledger());
+  std::mt19937 rng(7);
+  struct Case {
+    int E, k;
+    GatingFunc gating;
+    bool normalize, bias;
+    int groups, used;
+    float scale;
+  };
+  for (const Case& c : {Case{8, 2, GatingFunc::kSoftmax, false, false, 0, 0, 1.0f},
+                        Case{64, 8, GatingFunc::kSoftmax, true, false, 0, 0, 1.0f},
+                        Case{32, 4, GatingFunc::kSigmoid, true, true, 4, 2, 2.5f},
+                        Case{60, 4, GatingFunc::kSoftmax, false, false, 0, 0, 1.0f}}) {
+    for (int64_t n : {1, 13}) {
+      RoutingParams p{c.E, c.k, c.gating, c.normalize, c.scale, c.groups, c.used};
+      const std::vector<float> logits = Random(n * c.E, rng, 2.0f);
+      const Weight bias = MakeWeight(DType::kF32, 1, c.E, rng);
+      Tensors tb(be), tr(ref);
+      std::vector<int32_t> sb(static_cast<size_t>(n * c.k)), sr(sb.size());
+      std::vector<float> wb(sb.size()), wr(sb.size());
+      const WeightView bv = bias.View(0);
+      be.Route(tb.Make(n, c.E, logits), c.bias ? &bv : nullptr, p, sb.data(), wb.data());
+      ref.Route(tr.Make(n, c.E, logits), c.bias ? &bv : nullptr, p, sr.data(), wr.data());
+      const std::string what = "Route E=" + std::to_string(c.E) + " k=" + std::to_string(c.k);
+      if (sb != sr) f.push_back(what + ": different experts");
+      Expect(f, what + " weights", wb, wr, 1e-12);
+    }
+  }
+  for (int64_t cols : {1, 64, 300}) {
+    const int64_t n = 9;
+    const std::vector<float> src = Random(n * cols, rng), acc = Random(n * cols, rng);
+    const std::vector<int32_t> rows = {8, 0, 3, 3, 5, 1, 8};
+    const std::vector<float> wts = {0.5f, 1.0f, 0.25f, 2.0f, -1.0f, 0.1f, 0.7f};
+    Tensors tb(be), tr(ref);
+    const Tensor gb = tb.Zeros(7, cols), gr = tr.Zeros(7, cols);
+    be.GatherRows(tb.Make(n, cols, src), rows.data(), 7, gb);
+    ref.GatherRows(tr.Make(n, cols, src), rows.data(), 7, gr);
+    Expect(f, "GatherRows cols " + std::to_string(cols), tb.Read(gb), tr.Read(gr), 0);
+    const Tensor ab = tb.Make(n, cols, acc), ar = tr.Make(n, cols, acc);
+    be.ScatterAddRows(gb, rows.data(), wts.data(), 7, ab);
+    ref.ScatterAddRows(gr, rows.data(), wts.data(), 7, ar);
+    Expect(f, "ScatterAddRows cols " + std::to_string(cols), tb.Read(ab), tr.Read(ar), 1e-14);
+  }
+  return f;
+}
+
+TEST(BackendOps, RoutingGatherScatter) {
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    auto be = c.make();
+    for (const std::string& m : CheckMoeOps(*be)) ADD_FAILURE() << c.name << ": " << m;
+  }
+}
+
+// A backend with one deliberately wrong kernel of each kind the checks cover: each check must
+// report it, or the bounds above are too loose to catch a real bug.
+class WrongBackend : public CpuBackend {
+ public:
+  enum Fault { kMatMulLastRow, kAttentionScale, kRopeAngle, kNormEps, kRouteOrder };
+  WrongBackend(Fault fault) : CpuBackend(&Pool(), &Ledger()), fault_(fault) {}
+
+  void MatMul(const WeightView& w, const Tensor& x, const Tensor& y) override {
+    CpuBackend::MatMul(w, x, y);
+    // An off-by-one in a row loop: the last row of the last token is not written.
+    if (fault_ == kMatMulLastRow) y.data[y.size() - 1] = 0.0f;
+  }
+  void Attention(const AttentionShape& s, const Tensor& q, const KvLayer& kv, int64_t pos0,
+                 const Tensor& out) override {
+    AttentionShape t = s;
+    if (fault_ == kAttentionScale) t.scale *= 1.02f;
+    CpuBackend::Attention(t, q, kv, pos0, out);
+  }
+  void Rope(const Tensor& x, int n_heads, int head_dim, int head_offset, const int32_t* pos,
+            const RopeParams& p) override {
+    RopeParams q = p;
+    if (fault_ == kRopeAngle) q.freq_base *= 1.001f;
+    CpuBackend::Rope(x, n_heads, head_dim, head_offset, pos, q);
+  }
+  void RmsNorm(const Tensor& x, const WeightView& w, float eps, const Tensor& y) override {
+    CpuBackend::RmsNorm(x, w, fault_ == kNormEps ? eps + 1e-3f : eps, y);
+  }
+  void Route(const Tensor& logits, const WeightView* bias, const RoutingParams& p, int32_t* sel,
+             float* weight) override {
+    CpuBackend::Route(logits, bias, p, sel, weight);
+    if (fault_ == kRouteOrder) std::swap(sel[0], sel[1]);
+  }
+
+ private:
+  Fault fault_;
+};
+
+TEST(BackendOps, AWrongKernelFailsTheChecks) {
+  {
+    WrongBackend be(WrongBackend::kMatMulLastRow);
+    EXPECT_FALSE(CheckMatMul(be).empty());
+  }
+  {
+    WrongBackend be(WrongBackend::kAttentionScale);
+    EXPECT_FALSE(CheckAttention(be).empty());
+  }
+  {
+    WrongBackend be(WrongBackend::kRopeAngle);
+    EXPECT_FALSE(CheckRope(be).empty());
+  }
+  {
+    WrongBackend be(WrongBackend::kNormEps);
+    EXPECT_FALSE(CheckElementwise(be).empty());
+  }
+  {
+    WrongBackend be(WrongBackend::kRouteOrder);
+    EXPECT_FALSE(CheckMoeOps(be).empty());
+  }
+}
+
+}  // namespace
+}  // namespace substrate
