@@ -129,38 +129,43 @@ nlohmann::json ProfileJson(const std::vector<KernelProfileEntry>& entries, doubl
   return parts;
 }
 
+constexpr const char* kUsage =
+    "usage: substrate bench -m MODEL [-p 512] [-n 128] [-t N] [-r 2] [--json] [--profile]\n"
+    "                       [--bw-bytes 2G] [--kv-type f32|f16]\n"
+    "                       [--store STORE/ --max-ram SIZE [--tier N] ...]\n"
+    "                       [--verify all|margin [--verify-window W] [--verify-tau T] ...]\n"
+    "Prompt processing (-p tokens in one batch) and generation (-n tokens one at a time)\n"
+    "speed, bytes of weights read per generated token, the memory read bandwidth measured\n"
+    "now over a --bw-bytes buffer, and the ratio achieved/limit. -p 0 or -n 0 skips a test.\n"
+    "--profile adds where decode time goes (kernel timers per weight type).\n"
+    "With --store: weights per token are the served tier's; disk bytes per token and the\n"
+    "read rate over decode, against an O_DIRECT read of the store's largest file in the same\n"
+    "run (--probe-bytes, default 256M; 0 skips it).\n"
+    "With --verify: generation runs through deferred verification (greedy, from an 8-token\n"
+    "random prompt after the -p test); the JSON adds its counters.\n";
+
 int RunBench(const std::vector<std::string>& args) {
-  Flags f(args, StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-t", "--threads", "-r",
-                                     "--repetitions", "--bw-bytes", "--probe-bytes", "--kv-type",
-                                     "--cache-type", "--verify", "--verify-window", "--verify-tau",
-                                     "--verify-tier", "--draft-tier"}));
-  if (!f.status().ok()) return PrintError("bench", f.status());
-  if (f.Has("--help") || f.Has("-h")) {
-    std::printf(
-        "usage: substrate bench -m MODEL [-p 512] [-n 128] [-t N] [-r 2] [--json] [--profile]\n"
-        "                       [--bw-bytes 2G] [--kv-type f32|f16]\n"
-        "                       [--store STORE/ --max-ram SIZE [--tier N] ...]\n"
-        "                       [--verify all|margin [--verify-window W] [--verify-tau T] ...]\n"
-        "Prompt processing (-p tokens in one batch) and generation (-n tokens one at a time)\n"
-        "speed, bytes of weights read per generated token, the memory read bandwidth measured\n"
-        "now over a --bw-bytes buffer, and the ratio achieved/limit. -p 0 or -n 0 skips a test.\n"
-        "--profile adds where decode time goes (kernel timers per weight type).\n"
-        "With --store: weights per token are the served tier's; disk bytes per token and the\n"
-        "read rate over decode, against an O_DIRECT read of the store's largest file in the same\n"
-        "run (--probe-bytes, default 256M; 0 skips it).\n"
-        "With --verify: generation runs through deferred verification (greedy, from an 8-token\n"
-        "random prompt after the -p test); the JSON adds its counters.\n");
+  Flags f(args, {StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-t", "--threads", "-r",
+                                      "--repetitions", "--bw-bytes", "--probe-bytes", "--kv-type",
+                                      "--cache-type", "--verify", "--verify-window", "--verify-tau",
+                                      "--verify-tier", "--draft-tier"}),
+                 {"--json", "--profile"}});
+  if (!f.status().ok()) return UsageError("bench", f.status(), kUsage);
+  if (f.help()) {
+    std::fputs(kUsage, stdout);
     return 0;
   }
   std::string path = f.Get({"-m", "--model"});
   if (path.empty() && !f.Has("--store"))
     return PrintError("bench", InvalidArgument("-m MODEL (or --store STORE/) is required"));
-  auto p = f.GetInt({"-p"}, 512), n = f.GetInt({"-n"}, 128), t = f.GetInt({"-t", "--threads"}, 0),
+  auto p = f.GetInt({"-p"}, 512), n = f.GetInt({"-n"}, 128),
        r = f.GetInt({"-r", "--repetitions"}, 2);
-  for (auto* e : {&p, &n, &t, &r})
+  for (auto* e : {&p, &n, &r})
     if (!e->ok()) return PrintError("bench", e->status());
-  if (*p < 0 || *n < 0 || *r < 1 || *t < 0)
-    return PrintError("bench", InvalidArgument("-p/-n must be >= 0, -r >= 1, -t >= 0"));
+  auto t = ThreadsFlag(f);
+  if (!t.ok()) return PrintError("bench", t.status());
+  if (*p < 0 || *n < 0 || *r < 1)
+    return PrintError("bench", InvalidArgument("-p/-n must be >= 0, -r >= 1"));
   auto bw_bytes = ParseBytes(f.Get({"--bw-bytes"}, f.Has("--store") ? "128M" : "2G"));
   if (!bw_bytes.ok()) return PrintError("bench", bw_bytes.status());
   auto probe_bytes = ParseBytes(f.Get({"--probe-bytes"}, "256M"));

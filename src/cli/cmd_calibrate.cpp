@@ -87,20 +87,22 @@ int Evaluate(const Flags& f, const std::string& model, const std::string& text, 
 }
 
 int RunCalibrate(const std::vector<std::string>& args) {
-  Flags f(args, {"-m", "--model", "-f", "--file", "--types", "-c", "--ctx-size", "--from-chunk",
-                 "--chunks", "-t", "--threads", "-o", "--out", "--evaluate", "--profile",
-                 "--measure-hardware", "--ssd-file"});
-  if (!f.status().ok()) return PrintError("calibrate", f.status());
-  if (f.Has("-h") || f.Has("--help")) return std::fputs(kUsage, stdout), 0;
+  Flags f(args, {{"-m", "--model", "-f", "--file", "--types", "-c", "--ctx-size", "--from-chunk",
+                  "--chunks", "-t", "--threads", "-o", "--out", "--evaluate", "--profile",
+                  "--measure-hardware", "--ssd-file"}});
+  if (!f.status().ok()) return UsageError("calibrate", f.status(), kUsage);
+  if (f.help()) return std::fputs(kUsage, stdout), 0;
   if (!f.Get({"--measure-hardware"}).empty()) return MeasureHardware(f);
   const std::string model = f.Get({"-m", "--model"}), text = f.Get({"-f", "--file"});
   if (model.empty() || text.empty())
-    return PrintError("calibrate", InvalidArgument(std::string("need -m MODEL and -f TEXT\n") + kUsage));
+    return UsageError("calibrate", InvalidArgument("need -m MODEL and -f TEXT"), kUsage);
   auto n_ctx = f.GetInt({"-c", "--ctx-size"}, 512), from = f.GetInt({"--from-chunk"}, 0),
-       chunks = f.GetInt({"--chunks"}, 4), threads = f.GetInt({"-t", "--threads"}, 0);
-  for (auto* e : {&n_ctx, &from, &chunks, &threads})
+       chunks = f.GetInt({"--chunks"}, 4);
+  auto threads = ThreadsFlag(f);
+  for (auto* e : {&n_ctx, &from, &chunks})
     if (!e->ok()) return PrintError("calibrate", e->status());
-  if (*from < 0 || *chunks <= 0 || *chunks > 100000 || *threads < 0 || *threads > 1024)
+  if (!threads.ok()) return PrintError("calibrate", threads.status());
+  if (*from < 0 || *chunks <= 0 || *chunks > 100000)
     return PrintError("calibrate", InvalidArgument("--from-chunk >= 0, --chunks >= 1, --threads >= 0"));
   if (!f.Get({"--evaluate"}).empty())
     return Evaluate(f, model, text, *n_ctx, *from, *chunks, static_cast<int>(*threads));

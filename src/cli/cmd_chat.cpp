@@ -26,9 +26,9 @@ constexpr const char* kUsage =
     "  type a message and press enter; /reset starts over, /exit (or end of input) quits\n";
 
 int RunChat(const std::vector<std::string>& args) {
-  Flags f(args, StoreFlagsWithValue(GenerationFlagsWithValue({"--system", "--session"})));
-  if (!f.status().ok()) return PrintError("chat", f.status());
-  if (f.Has("-h") || f.Has("--help")) {
+  Flags f(args, {StoreFlagsWithValue(GenerationFlagsWithValue({"--system", "--session"}))});
+  if (!f.status().ok()) return UsageError("chat", f.status(), kUsage);
+  if (f.help()) {
     std::fputs(kUsage, stdout);
     return 0;
   }

@@ -8,16 +8,20 @@
 namespace substrate::cli {
 namespace {
 
+constexpr const char* kUsage =
+    "usage: substrate compile PROFILE --max-ram BYTES --quality LOSS|min [--tps T]\n"
+    "         [--max-concurrent K] [--mem-bw B/S] [--ssd-bw B/S] [--threshold 0.15]\n"
+    "         [--persistence 32] -o plan.json\n";
+
 int RunCompile(const std::vector<std::string>& args) {
-  Flags f(args, {"--max-ram", "--quality", "--tps", "--max-concurrent", "--mem-bw", "--ssd-bw",
-                 "--threshold", "--persistence", "--out", "-o"});
-  if (!f.status().ok()) return PrintError("compile", f.status());
-  if (f.Has("--help") || f.positional().size() != 1) {
-    std::printf("usage: substrate compile PROFILE --max-ram BYTES --quality LOSS|min [--tps T]\n"
-                "         [--max-concurrent K] [--mem-bw B/S] [--ssd-bw B/S] [--threshold 0.15]\n"
-                "         [--persistence 32] -o plan.json\n");
-    return f.Has("--help") ? 0 : 2;
-  }
+  Flags f(args, {{"--max-ram", "--quality", "--tps", "--max-concurrent", "--mem-bw", "--ssd-bw",
+                  "--threshold", "--persistence", "--out", "-o"},
+                 {},
+                 1});
+  if (!f.status().ok()) return UsageError("compile", f.status(), kUsage);
+  if (f.help()) return std::fputs(kUsage, stdout), 0;
+  if (f.positional().size() != 1)
+    return UsageError("compile", InvalidArgument("one PROFILE expected"), kUsage);
   std::string out = f.Get({"--out", "-o"});
   if (out.empty()) return PrintError("compile", InvalidArgument("-o plan.json is required"));
   if (f.Get({"--max-ram"}).empty()) return PrintError("compile", InvalidArgument("--max-ram is required"));

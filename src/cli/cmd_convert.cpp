@@ -11,16 +11,16 @@ namespace substrate::cli {
 namespace {
 
 int RunConvert(const std::vector<std::string>& args) {
-  Flags flags(args, {"-o", "--output", "--type", "--outtype"});
-  if (!flags.status().ok()) return PrintError("convert", flags.status());
+  constexpr const char* kUsage =
+      "usage: substrate convert HF_DIR -o OUT.gguf [--type f32|f16|bf16|auto]\n"
+      "  auto (default) keeps the checkpoint's own type; 1-D tensors, norms and MoE\n"
+      "  routers are always written as f32, as llama.cpp's converter does\n";
+  Flags flags(args, {{"-o", "--output", "--type", "--outtype"}, {}, 1});
+  if (!flags.status().ok()) return UsageError("convert", flags.status(), kUsage);
+  if (flags.help()) return std::fputs(kUsage, stdout), 0;
   std::string out = flags.Get({"-o", "--output"});
-  if (flags.Has("-h") || flags.Has("--help") || flags.positional().size() != 1 || out.empty()) {
-    std::fprintf(stderr,
-                 "usage: substrate convert HF_DIR -o OUT.gguf [--type f32|f16|bf16|auto]\n"
-                 "  auto (default) keeps the checkpoint's own type; 1-D tensors, norms and MoE\n"
-                 "  routers are always written as f32, as llama.cpp's converter does\n");
-    return flags.Has("-h") || flags.Has("--help") ? 0 : 2;
-  }
+  if (flags.positional().size() != 1 || out.empty())
+    return UsageError("convert", InvalidArgument("need HF_DIR and -o OUT.gguf"), kUsage);
   std::string type = flags.Get({"--type", "--outtype"}, "auto");
   std::optional<DType> out_type;
   if (type != "auto") {

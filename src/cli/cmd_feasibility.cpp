@@ -9,15 +9,18 @@
 namespace substrate::cli {
 namespace {
 
+constexpr const char* kUsage =
+    "usage: substrate feasibility PROFILE --max-ram BYTES --quality LOSS [--tps T]\n"
+    "         [--max-concurrent K] [--mem-bw B/S] [--ssd-bw B/S]\n"
+    "Prints the memory, bandwidth, latency and quality axes as JSON; exit 3 when infeasible.\n";
+
 int RunFeasibility(const std::vector<std::string>& args) {
-  Flags f(args, {"--max-ram", "--quality", "--tps", "--max-concurrent", "--mem-bw", "--ssd-bw"});
-  if (!f.status().ok()) return PrintError("feasibility", f.status());
-  if (f.Has("--help") || f.positional().size() != 1) {
-    std::printf("usage: substrate feasibility PROFILE --max-ram BYTES --quality LOSS [--tps T]\n"
-                "         [--max-concurrent K] [--mem-bw B/S] [--ssd-bw B/S]\n"
-                "Prints the memory, bandwidth, latency and quality axes as JSON; exit 3 when infeasible.\n");
-    return f.Has("--help") ? 0 : 2;
-  }
+  Flags f(args,
+          {{"--max-ram", "--quality", "--tps", "--max-concurrent", "--mem-bw", "--ssd-bw"}, {}, 1});
+  if (!f.status().ok()) return UsageError("feasibility", f.status(), kUsage);
+  if (f.help()) return std::fputs(kUsage, stdout), 0;
+  if (f.positional().size() != 1)
+    return UsageError("feasibility", InvalidArgument("one PROFILE expected"), kUsage);
   auto profile = compiler::LoadProfile(f.positional()[0]);
   if (!profile.ok()) return PrintError("feasibility", profile.status());
   compiler::CompileRequest req;

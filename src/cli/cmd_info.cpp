@@ -63,14 +63,14 @@ std::string FormatLine(const ModelFile& m) {
 }
 
 int RunInfo(const std::vector<std::string>& args) {
-  Flags flags(args, {"--max-items"});
-  if (!flags.status().ok()) return PrintError("info", flags.status());
-  if (flags.positional().size() != 1 || flags.Has("-h") || flags.Has("--help")) {
-    std::fprintf(stderr,
-                 "usage: substrate info FILE.gguf|HF_DIR [--json] [--max-items N]\n"
-                 "  prints architecture, metadata, the tensor table and totals\n");
-    return flags.Has("-h") || flags.Has("--help") ? 0 : 2;
-  }
+  constexpr const char* kUsage =
+      "usage: substrate info FILE.gguf|HF_DIR [--json] [--max-items N]\n"
+      "  prints architecture, metadata, the tensor table and totals\n";
+  Flags flags(args, {{"--max-items"}, {"--json"}, 1});
+  if (!flags.status().ok()) return UsageError("info", flags.status(), kUsage);
+  if (flags.help()) return std::fputs(kUsage, stdout), 0;
+  if (flags.positional().size() != 1)
+    return UsageError("info", InvalidArgument("one FILE.gguf or HF_DIR expected"), kUsage);
   auto max_items = flags.GetInt({"--max-items"}, 8);
   if (!max_items.ok()) return PrintError("info", max_items.status());
   auto opened = ModelFile::Open(flags.positional()[0]);

@@ -13,12 +13,13 @@ namespace substrate::cli {
 namespace {
 
 int RunInspect(const std::vector<std::string>& args) {
-  Flags f(args, {"--svg", "--ops"});
-  if (!f.status().ok()) return PrintError("inspect", f.status());
-  if (f.Has("--help") || f.positional().size() != 1) {
-    std::printf("usage: substrate inspect plan.json [--ops N (default 40, 0 = all)] [--svg FILE]\n");
-    return f.Has("--help") ? 0 : 2;
-  }
+  constexpr const char* kUsage =
+      "usage: substrate inspect plan.json [--ops N (default 40, 0 = all)] [--svg FILE]\n";
+  Flags f(args, {{"--svg", "--ops"}, {}, 1});
+  if (!f.status().ok()) return UsageError("inspect", f.status(), kUsage);
+  if (f.help()) return std::fputs(kUsage, stdout), 0;
+  if (f.positional().size() != 1)
+    return UsageError("inspect", InvalidArgument("one plan.json expected"), kUsage);
   auto plan = compiler::LoadPlan(f.positional()[0]);
   if (!plan.ok()) return PrintError("inspect", plan.status());
   auto max_ops = f.GetInt({"--ops"}, 40);

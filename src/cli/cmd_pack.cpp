@@ -20,17 +20,19 @@ Expected<DType> TypeFlag(const std::string& name) {
   return *t;
 }
 
+constexpr const char* kUsage =
+    "usage: substrate pack -m MODEL -o STORE/ [--skeleton Q4_K|keep --residual Q8_0\n"
+    "                      --residual2 F16 --tiers N] [--plan plan.json] [--threads N]\n";
+
 int RunPack(const std::vector<std::string>& args) {
-  Flags f(args, {"-m", "--model", "-o", "--out", "--skeleton", "--residual", "--residual2",
-                 "--tiers", "--plan", "-t", "--threads"});
-  if (!f.status().ok()) return PrintError("pack", f.status());
+  Flags f(args, {{"-m", "--model", "-o", "--out", "--skeleton", "--residual", "--residual2",
+                  "--tiers", "--plan", "-t", "--threads"}});
+  if (!f.status().ok()) return UsageError("pack", f.status(), kUsage);
+  if (f.help()) return std::fputs(kUsage, stdout), 0;
   const std::string model = f.Get({"-m", "--model"});
   const std::string out = f.Get({"-o", "--out"});
   if (model.empty() || out.empty())
-    return PrintError("pack", InvalidArgument(
-                                  "usage: substrate pack -m MODEL -o STORE/ [--skeleton Q4_K|keep "
-                                  "--residual Q8_0 --residual2 F16 --tiers N] [--plan plan.json] "
-                                  "[--threads N]"));
+    return UsageError("pack", InvalidArgument("need -m MODEL and -o STORE/"), kUsage);
   PackOptions o;
   o.progress = true;
   const std::string skeleton = f.Get({"--skeleton"}, "Q4_K");
@@ -62,9 +64,8 @@ int RunPack(const std::vector<std::string>& args) {
     plan = std::move(p).value();
     o.plan = &plan;
   }
-  auto threads = f.GetInt({"-t", "--threads"}, 0);
-  if (!threads.ok() || *threads < 0 || *threads > 1024)
-    return PrintError("pack", InvalidArgument("--threads must be 0 (all) to 1024"));
+  auto threads = ThreadsFlag(f);
+  if (!threads.ok()) return PrintError("pack", threads.status());
   if (*threads > 0) ThreadPool::SetDefaultThreads(static_cast<int>(*threads));
   auto file = ModelFile::Open(model);
   if (!file.ok()) return PrintError("pack", file.status());

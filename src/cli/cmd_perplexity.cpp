@@ -23,21 +23,21 @@ constexpr const char* kUsage =
     "  --kv-type f32|f16          KV cache rows (default f32)\n";
 
 int RunPerplexity(const std::vector<std::string>& args) {
-  Flags f(args, StoreFlagsWithValue({"-m", "--model", "-f", "--file", "-c", "--ctx-size", "--chunks",
-                                     "-t", "--threads", "--kl-divergence-base", "--kl-divergence",
-                                     "--kv-type", "--cache-type"}));
-  if (!f.status().ok()) return PrintError("perplexity", f.status());
-  if (f.Has("-h") || f.Has("--help")) {
+  Flags f(args, {StoreFlagsWithValue({"-m", "--model", "-f", "--file", "-c", "--ctx-size",
+                                      "--chunks", "-t", "--threads", "--kl-divergence-base",
+                                      "--kl-divergence", "--kv-type", "--cache-type"})});
+  if (!f.status().ok()) return UsageError("perplexity", f.status(), kUsage);
+  if (f.help()) {
     std::fputs(kUsage, stdout);
     return 0;
   }
   std::string model_path = f.Get({"-m", "--model"});
   const std::string text_path = f.Get({"-f", "--file"});
   if ((model_path.empty() && !f.Has("--store")) || text_path.empty())
-    return PrintError("perplexity", InvalidArgument(std::string("need -m MODEL and -f FILE\n") + kUsage));
+    return UsageError("perplexity", InvalidArgument("need -m MODEL and -f FILE"), kUsage);
   auto n_ctx = f.GetInt({"-c", "--ctx-size"}, 512);
   auto chunks = f.GetInt({"--chunks"}, -1);
-  auto threads = f.GetInt({"-t", "--threads"}, 0);
+  auto threads = ThreadsFlag(f);
   if (!n_ctx.ok() || !chunks.ok() || !threads.ok())
     return PrintError("perplexity", !n_ctx.ok() ? n_ctx.status() : !chunks.ok() ? chunks.status() : threads.status());
   if (*n_ctx < 4 || *n_ctx > (1 << 20))

@@ -31,16 +31,14 @@ std::string Mib(uint64_t bytes) {
 }
 
 int RunQuantize(const std::vector<std::string>& args) {
-  Flags flags(args, {"--threads", "-t", "--plan"});
-  if (!flags.status().ok()) return PrintError("quantize", flags.status());
-  if (flags.Has("--help") || flags.Has("-h")) {
+  Flags flags(args, {{"--threads", "-t", "--plan"}, {}, 3});
+  if (!flags.status().ok()) return UsageError("quantize", flags.status(), kUsage);
+  if (flags.help()) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-  if (flags.positional().size() != 3) {
-    std::fputs(kUsage, stderr);
-    return 1;
-  }
+  if (flags.positional().size() != 3)
+    return UsageError("quantize", InvalidArgument("need IN, OUT and TYPE"), kUsage);
   const std::string& in_path = flags.positional()[0];
   const std::string& out_path = flags.positional()[1];
   auto ftype = FileTypeFromName(flags.positional()[2]);
@@ -50,10 +48,8 @@ int RunQuantize(const std::vector<std::string>& args) {
     return PrintError("quantize", InvalidArgument("unknown type '" + flags.positional()[2] +
                                                   "'; known:" + names));
   }
-  auto threads = flags.GetInt({"--threads", "-t"}, 0);
+  auto threads = ThreadsFlag(flags, {"--threads", "-t"});
   if (!threads.ok()) return PrintError("quantize", threads.status());
-  if (*threads < 0 || *threads > 1024)
-    return PrintError("quantize", InvalidArgument("--threads must be in [0, 1024]"));
   if (in_path == out_path)
     return PrintError("quantize", InvalidArgument("input and output are the same file"));
 

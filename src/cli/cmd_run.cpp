@@ -39,9 +39,11 @@ constexpr const char* kUsage =
     "                   below --verify-tau (default 2) are. Only checked tokens are shown\n";
 
 int RunRun(const std::vector<std::string>& args) {
-  Flags f(args, StoreFlagsWithValue(GenerationFlagsWithValue({"-p", "--prompt", "-f", "--file", "--system"})));
-  if (!f.status().ok()) return PrintError("run", f.status());
-  if (f.Has("-h") || f.Has("--help")) {
+  Flags f(args, {StoreFlagsWithValue(
+                     GenerationFlagsWithValue({"-p", "--prompt", "-f", "--file", "--system"})),
+                 {"--chat", "--json"}});
+  if (!f.status().ok()) return UsageError("run", f.status(), kUsage);
+  if (f.help()) {
     std::fputs(kUsage, stdout);
     return 0;
   }
@@ -53,7 +55,7 @@ int RunRun(const std::vector<std::string>& args) {
     if (!text.ok()) return PrintError("run", text.status());
     prompt = *text;
   }
-  if (prompt.empty()) return PrintError("run", InvalidArgument(std::string("no prompt (-p)\n") + kUsage));
+  if (prompt.empty()) return UsageError("run", InvalidArgument("no prompt (-p)"), kUsage);
 
   EngineOptions eo;
   eo.kv_type = gf->kv_type;
@@ -90,6 +92,7 @@ int RunRun(const std::vector<std::string>& args) {
     nlohmann::json j = StatsJson(*engine, *stats);
     j["text"] = text;
     if (engine->runtime()) j["store"] = nlohmann::json::parse(StoreStatsJson(*engine));
+    if (engine->tier_controller()) j["adaptive"] = AdaptiveStatsJson(*engine);
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("\n");

@@ -51,32 +51,31 @@ const char* kUsage =
     "                inside --max-ram; /metrics adds the runtime's counters\n";
 
 int RunServe(const std::vector<std::string>& args) {
-  Flags f(args, StoreFlagsWithValue({"-m", "--model", "--host", "--port", "--api-key", "-c",
-                                     "--ctx-size", "--parallel", "-np", "-t", "--threads",
-                                     "--max-queue", "--max-body", "--alias", "--kv-type",
-                                     "--cache-type", "--draft-max", "--verify",
-                                     "--verify-window", "--verify-tau", "--verify-tier",
-                                     "--draft-tier", "--chat-template-file", "--reasoning-format",
-                                     "--slot-save-path", "--prompt-cache-dir",
-                                     "--prompt-cache-size"}));
-  if (!f.status().ok()) return PrintError("serve", f.status());
-  if (f.Has("-h") || f.Has("--help")) {
+  Flags f(args, {StoreFlagsWithValue({"-m", "--model", "--host", "--port", "--api-key", "-c",
+                                      "--ctx-size", "--parallel", "-np", "-t", "--threads",
+                                      "--max-queue", "--max-body", "--alias", "--kv-type",
+                                      "--cache-type", "--draft-max", "--verify",
+                                      "--verify-window", "--verify-tau", "--verify-tier",
+                                      "--draft-tier", "--chat-template-file",
+                                      "--reasoning-format", "--slot-save-path",
+                                      "--prompt-cache-dir", "--prompt-cache-size"})});
+  if (!f.status().ok()) return UsageError("serve", f.status(), kUsage);
+  if (f.help()) {
     std::fputs(kUsage, stdout);
     return 0;
   }
   const std::string model = f.Get({"-m", "--model"});
-  if (model.empty() && !f.Has("--store")) {
-    std::fputs(kUsage, stderr);
-    return PrintError("serve", InvalidArgument("-m MODEL (or --store STORE/) is required"));
-  }
+  if (model.empty() && !f.Has("--store"))
+    return UsageError("serve", InvalidArgument("-m MODEL (or --store STORE/) is required"), kUsage);
   auto port = f.GetInt({"--port"}, 8080);
   auto ctx = f.GetInt({"-c", "--ctx-size"}, 0);
   auto parallel = f.GetInt({"--parallel", "-np"}, 1);
-  auto threads = f.GetInt({"-t", "--threads"}, 0);
+  auto threads = ThreadsFlag(f);
   auto max_queue = f.GetInt({"--max-queue"}, 64);
   auto draft_max = f.GetInt({"--draft-max"}, 0);
-  for (const auto* v : {&port, &ctx, &parallel, &threads, &max_queue, &draft_max})
+  for (const auto* v : {&port, &ctx, &parallel, &max_queue, &draft_max})
     if (!v->ok()) return PrintError("serve", v->status());
+  if (!threads.ok()) return PrintError("serve", threads.status());
   if (*port < 0 || *port > 65535)
     return PrintError("serve", InvalidArgument("--port must be 0..65535"));
   if (*parallel < 1 || *parallel > 256)

@@ -321,19 +321,17 @@ Status Synth(const Preset& preset, const FileType& ftype, const std::string& out
 }
 
 int RunSynth(const std::vector<std::string>& args) {
-  Flags f(args, {"--preset", "--type", "-o", "--out", "--layers", "--seed", "-t", "--threads"});
-  if (!f.status().ok()) return PrintError("synth", f.status());
   std::string names;
   for (const auto& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
-  if (f.Has("--help") || f.Has("-h")) {
-    std::printf(
-        "usage: substrate synth --preset NAME --type TYPE -o FILE.gguf [--layers N] [--seed S]\n"
-        "                       [-t THREADS]\n"
-        "Writes a GGUF with a real model's tensor shapes and metadata and random weights.\n"
-        "presets: %s\nTYPE: a tensor type (Q8_0, Q4_0, F16...) or a mix (Q4_K_M, Q3_K_S...)\n",
-        names.c_str());
-    return 0;
-  }
+  const std::string usage =
+      "usage: substrate synth --preset NAME --type TYPE -o FILE.gguf [--layers N] [--seed S]\n"
+      "                       [-t THREADS]\n"
+      "Writes a GGUF with a real model's tensor shapes and metadata and random weights.\n"
+      "presets: " +
+      names + "\nTYPE: a tensor type (Q8_0, Q4_0, F16...) or a mix (Q4_K_M, Q3_K_S...)\n";
+  Flags f(args, {{"--preset", "--type", "-o", "--out", "--layers", "--seed", "-t", "--threads"}});
+  if (!f.status().ok()) return UsageError("synth", f.status(), usage);
+  if (f.help()) return std::fputs(usage.c_str(), stdout), 0;
   std::string preset_name = f.Get({"--preset"}), type_name = f.Get({"--type"}, "Q4_K_M");
   std::string out = f.Get({"-o", "--out"});
   const Preset* preset = nullptr;
@@ -347,9 +345,10 @@ int RunSynth(const std::vector<std::string>& args) {
   if (out.empty()) return PrintError("synth", InvalidArgument("-o FILE.gguf is required"));
   auto layers = f.GetInt({"--layers"}, preset->n_layer);
   auto seed = f.GetInt({"--seed"}, 1);
-  auto threads = f.GetInt({"-t", "--threads"}, 0);
-  for (auto* e : {&layers, &seed, &threads})
+  for (auto* e : {&layers, &seed})
     if (!e->ok()) return PrintError("synth", e->status());
+  auto threads = ThreadsFlag(f);
+  if (!threads.ok()) return PrintError("synth", threads.status());
   if (*layers < 1 || *layers > preset->n_layer)
     return PrintError("synth", InvalidArgument("--layers must be in 1.." +
                                                std::to_string(preset->n_layer)));

@@ -10,17 +10,17 @@
 namespace substrate::cli {
 namespace {
 
+constexpr const char* kUsage =
+    "usage: substrate synth-moe [--layers 27] [--experts 64] [--top-k 8] [--shared 2]\n"
+    "         [--d-model 2048] [--ffn 1536] [--vocab 102400] [--seed 1] [--model-id NAME]\n"
+    "         [--mem-bw BYTES/S --ssd-bw BYTES/S] --out profile.json\n"
+    "Without --mem-bw/--ssd-bw the bandwidths are measured on this machine.\n";
+
 int RunSynthMoe(const std::vector<std::string>& args) {
-  Flags f(args, {"--layers", "--experts", "--top-k", "--shared", "--d-model", "--ffn", "--vocab",
-                 "--seed", "--model-id", "--mem-bw", "--ssd-bw", "--out", "-o"});
-  if (!f.status().ok()) return PrintError("synth-moe", f.status());
-  if (f.Has("--help") || f.Has("-h")) {
-    std::printf("usage: substrate synth-moe [--layers 27] [--experts 64] [--top-k 8] [--shared 2]\n"
-                "         [--d-model 2048] [--ffn 1536] [--vocab 102400] [--seed 1]\n"
-                "         [--mem-bw BYTES/S --ssd-bw BYTES/S] --out profile.json\n"
-                "Without --mem-bw/--ssd-bw the bandwidths are measured on this machine.\n");
-    return 0;
-  }
+  Flags f(args, {{"--layers", "--experts", "--top-k", "--shared", "--d-model", "--ffn", "--vocab",
+                  "--seed", "--model-id", "--mem-bw", "--ssd-bw", "--out", "-o"}});
+  if (!f.status().ok()) return UsageError("synth-moe", f.status(), kUsage);
+  if (f.help()) return std::fputs(kUsage, stdout), 0;
   compiler::SynthMoeOptions o;
   auto geti = [&](const char* name, long long def) { return f.GetInt({name}, def); };
   auto layers = geti("--layers", o.layers), experts = geti("--experts", o.experts),

@@ -11,19 +11,22 @@
 namespace substrate::cli {
 namespace {
 
+constexpr const char* kUsage =
+    "usage: substrate template --template FILE.jinja --context CASE.json [--now "
+    "YYYY-MM-DDTHH:MM:SS]\n"
+    "                         [--bench N]  (render N more times, print timing JSON on stderr)\n"
+    "  CASE.json: {\"messages\": [...], \"tools\": [...], \"add_generation_prompt\": true,\n"
+    "              \"bos_token\": \"...\", \"eos_token\": \"...\", \"now\": "
+    "\"2026-11-29T12:00:00\"}\n";
+
 int RunTemplate(const std::vector<std::string>& args) {
-  Flags flags(args, {"--template", "--context", "--now", "--bench"});
-  if (!flags.status().ok()) return PrintError("template", flags.status());
+  Flags flags(args, {{"--template", "--context", "--now", "--bench"}});
+  if (!flags.status().ok()) return UsageError("template", flags.status(), kUsage);
+  if (flags.help()) return std::fputs(kUsage, stdout), 0;
   std::string tmpl_path = flags.Get({"--template"});
   std::string ctx_path = flags.Get({"--context"});
-  if (tmpl_path.empty() || ctx_path.empty() || flags.Has("--help")) {
-    std::fprintf(stderr,
-                 "usage: substrate template --template FILE.jinja --context CASE.json [--now YYYY-MM-DDTHH:MM:SS]\n"
-                 "                         [--bench N]  (render N more times, print timing JSON on stderr)\n"
-                 "  CASE.json: {\"messages\": [...], \"tools\": [...], \"add_generation_prompt\": true,\n"
-                 "              \"bos_token\": \"...\", \"eos_token\": \"...\", \"now\": \"2026-11-29T12:00:00\"}\n");
-    return 2;
-  }
+  if (tmpl_path.empty() || ctx_path.empty())
+    return UsageError("template", InvalidArgument("need --template and --context"), kUsage);
   auto tmpl = ReadFileToString(tmpl_path, 16u << 20);
   if (!tmpl.ok()) return PrintError("template", tmpl.status());
   auto ctx_text = ReadFileToString(ctx_path, 256u << 20);

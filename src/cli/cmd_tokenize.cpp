@@ -26,18 +26,17 @@ Expected<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& model) {
 
 int RunTokenize(const std::vector<std::string>& args) {
   const char* kCmd = "tokenize";
-  Flags f(args, {"-m", "--model", "--text", "-t", "-f", "--file"});
-  if (!f.status().ok()) return PrintError(kCmd, f.status());
-  if (f.Has("-h") || f.Has("--help")) {
-    std::printf(
-        "usage: substrate tokenize -m MODEL [--text T | -f FILE] [--no-special] [--parse-special]"
-        " [--pieces]\n"
-        "  prints the token ids of the text, separated by spaces\n"
-        "  --no-special     do not add BOS/EOS even where the model asks for them\n"
-        "  --parse-special  recognise control tokens written in the text (<|im_start|>)\n"
-        "  --pieces         print id:'piece' pairs, one per line\n");
-    return 0;
-  }
+  constexpr const char* kUsage =
+      "usage: substrate tokenize -m MODEL [--text T | -f FILE] [--no-special] [--parse-special]"
+      " [--pieces]\n"
+      "  prints the token ids of the text, separated by spaces\n"
+      "  --no-special     do not add BOS/EOS even where the model asks for them\n"
+      "  --parse-special  recognise control tokens written in the text (<|im_start|>)\n"
+      "  --pieces         print id:'piece' pairs, one per line\n";
+  Flags f(args, {{"-m", "--model", "--text", "-t", "-f", "--file"},
+                 {"--no-special", "--parse-special", "--pieces"}});
+  if (!f.status().ok()) return UsageError(kCmd, f.status(), kUsage);
+  if (f.help()) return std::fputs(kUsage, stdout), 0;
   const std::string file = f.Get({"-f", "--file"});
   const bool has_text = f.Has("--text") || f.Has("-t");
   if (has_text == !file.empty()) {
@@ -76,16 +75,14 @@ int RunTokenize(const std::vector<std::string>& args) {
 
 int RunDetokenize(const std::vector<std::string>& args) {
   const char* kCmd = "detokenize";
-  Flags f(args, {"-m", "--model"});
-  if (!f.status().ok()) return PrintError(kCmd, f.status());
-  if (f.Has("-h") || f.Has("--help")) {
-    std::printf(
-        "usage: substrate detokenize -m MODEL [--no-special] IDS...\n"
-        "  prints the text of the ids (separated by spaces or commas, one or many arguments),\n"
-        "  byte for byte, without an added newline\n"
-        "  --no-special  leave out control tokens (<|im_end|>, <s>)\n");
-    return 0;
-  }
+  constexpr const char* kUsage =
+      "usage: substrate detokenize -m MODEL [--no-special] IDS...\n"
+      "  prints the text of the ids (separated by spaces or commas, one or many arguments),\n"
+      "  byte for byte, without an added newline\n"
+      "  --no-special  leave out control tokens (<|im_end|>, <s>)\n";
+  Flags f(args, {{"-m", "--model"}, {"--no-special"}, -1});
+  if (!f.status().ok()) return UsageError(kCmd, f.status(), kUsage);
+  if (f.help()) return std::fputs(kUsage, stdout), 0;
   std::vector<TokenId> ids;
   for (const std::string& a : f.positional()) {
     std::string s = a;

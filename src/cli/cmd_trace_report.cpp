@@ -41,13 +41,12 @@ struct Stall {
 };
 
 int RunTraceReport(const std::vector<std::string>& args) {
-  Flags f(args, {"--top"});
-  if (!f.status().ok()) return PrintError("trace-report", f.status());
-  if (f.Has("-h") || f.Has("--help") || f.positional().size() != 1) {
-    std::fputs("usage: substrate trace-report TRACE.jsonl [--json] [--top N]\n",
-               f.positional().size() == 1 ? stdout : stderr);
-    return f.positional().size() == 1 ? 0 : 2;
-  }
+  constexpr const char* kUsage = "usage: substrate trace-report TRACE.jsonl [--json] [--top N]\n";
+  Flags f(args, {{"--top"}, {"--json"}, 1});
+  if (!f.status().ok()) return UsageError("trace-report", f.status(), kUsage);
+  if (f.help()) return std::fputs(kUsage, stdout), 0;
+  if (f.positional().size() != 1)
+    return UsageError("trace-report", InvalidArgument("one TRACE.jsonl expected"), kUsage);
   auto top = f.GetInt({"--top"}, 10);
   if (!top.ok() || *top < 0) return PrintError("trace-report", InvalidArgument("--top N: N >= 0"));
   const std::string path = f.positional()[0];

@@ -1,6 +1,7 @@
 #include "cli/generation_flags.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 
 #include "core/file_io.h"
@@ -32,7 +33,7 @@ Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
   g.model = f.Get({"-m", "--model"});
   if (g.model.empty() && !f.Has("--store")) return InvalidArgument("no model given (-m MODEL: a .gguf file or a HF folder)");
   ASSIGN_OR_RETURN(long long n_ctx, f.GetInt({"-c", "--ctx-size"}, 0));
-  ASSIGN_OR_RETURN(long long threads, f.GetInt({"-t", "--threads"}, 0));
+  ASSIGN_OR_RETURN(int threads, ThreadsFlag(f));
   ASSIGN_OR_RETURN(long long n, f.GetInt({"-n", "--n-predict"}, 128));
   ASSIGN_OR_RETURN(double temp, f.GetDouble({"--temp", "--temperature"}, 0.0));
   ASSIGN_OR_RETURN(long long seed, f.GetInt({"--seed", "-s"}, 0));
@@ -43,21 +44,32 @@ Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
   ASSIGN_OR_RETURN(long long rln, f.GetInt({"--repeat-last-n"}, 64));
   ASSIGN_OR_RETURN(long long draft, f.GetInt({"--draft-max"}, 0));
   if (draft < 0 || draft > 64) return InvalidArgument("--draft-max " + std::to_string(draft) + " out of range (0..64)");
-  if (n_ctx < 0 || n_ctx > (1 << 22)) return InvalidArgument("-c " + std::to_string(n_ctx) + " out of range");
-  if (threads < 0 || threads > 1024) return InvalidArgument("-t " + std::to_string(threads) + " out of range");
+  if (n_ctx < 0 || n_ctx > (1 << 22))
+    return InvalidArgument("-c " + std::to_string(n_ctx) + " out of range");
   if (n < 0 || n > (1 << 24)) return InvalidArgument("-n " + std::to_string(n) + " out of range");
-  if (temp < 0 || rp <= 0) return InvalidArgument("--temp must be >= 0 and --repeat-penalty > 0");
   g.n_ctx = n_ctx;
-  g.threads = static_cast<int>(threads);
+  g.threads = threads;
   g.generate.max_tokens = static_cast<int>(n);
   SamplingParams& s = g.generate.sampling;
   s.temperature = static_cast<float>(temp);
   s.seed = static_cast<uint64_t>(seed);
-  s.top_k = static_cast<int>(top_k);
+  s.top_k = static_cast<int>(std::clamp<long long>(top_k, INT_MIN, INT_MAX));
   s.top_p = static_cast<float>(top_p);
   s.min_p = static_cast<float>(min_p);
   s.repeat_penalty = static_cast<float>(rp);
-  s.repeat_last_n = static_cast<int>(rln);
+  s.repeat_last_n = static_cast<int>(std::clamp<long long>(rln, INT_MIN, INT_MAX));
+  // The server's rule (model/sampler.h), under the flags' names.
+  if (Status valid = ValidateSamplingParams(s); !valid.ok()) {
+    std::string m = valid.message();
+    for (auto [field, flag] : {std::pair{"temperature", "--temp"},
+                               {"top_k", "--top-k"},
+                               {"top_p", "--top-p"},
+                               {"min_p", "--min-p"},
+                               {"repeat_penalty", "--repeat-penalty"},
+                               {"repeat_last_n", "--repeat-last-n"}})
+      if (m.rfind(field, 0) == 0) m = flag + m.substr(std::string(field).size());
+    return InvalidArgument(m);
+  }
   g.generate.stop = f.GetAll({"--stop"});
   g.generate.draft_max = static_cast<int>(draft);
   g.prompt_cache = f.Get({"--prompt-cache"});

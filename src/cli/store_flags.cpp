@@ -1,10 +1,16 @@
 #include "cli/store_flags.h"
 
+#include <nlohmann/json.hpp>
+
+#include "core/file_io.h"
+
 namespace substrate::cli {
 
 std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra) {
   for (const char* f : {"--store", "--max-ram", "--plan", "--trace", "--prefetch-depth", "--io",
-                        "--io-threads", "--tier"})
+                        "--io-threads", "--tier", "--verifier", "--probes", "--verifier-script",
+                        "--escalation-threshold", "--escalation-persistence", "--escalation-max",
+                        "--escalation-pool"})
     extra.push_back(f);
   return extra;
 }
@@ -15,8 +21,10 @@ Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {
     ASSIGN_OR_RETURN(opt->max_ram, ParseBytes(f.Get({"--max-ram"})));
     if (opt->max_ram == 0) return InvalidArgument("--max-ram must be more than 0");
   }
+  RETURN_IF_ERROR(ApplyAdaptiveFlags(f, &opt->adaptive));
   if (opt->store.empty()) {
-    for (const char* flag : {"--plan", "--trace", "--prefetch-depth", "--io", "--io-threads", "--tier"})
+    for (const char* flag : {"--plan", "--trace", "--prefetch-depth", "--io", "--io-threads", "--tier",
+                             "--adaptive"})
       if (f.Has(flag)) return InvalidArgument(std::string(flag) + " needs --store STORE/");
     return Status::Ok();
   }
@@ -37,6 +45,64 @@ Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {
     return InvalidArgument("--tier " + std::to_string(tier) + ": not a tier (0 = skeleton only)");
   ro.serve_tier = static_cast<int>(tier);
   return Status::Ok();
+}
+
+Status ApplyAdaptiveFlags(const Flags& f, AdaptiveOptions* a) {
+  a->on = f.Has("--adaptive");
+  const bool any = f.Has("--verifier") || f.Has("--probes") || f.Has("--verifier-script") ||
+                   f.Has("--escalation-threshold") || f.Has("--escalation-persistence") ||
+                   f.Has("--escalation-max") || f.Has("--escalation-pool");
+  if (!a->on) {
+    if (any) return InvalidArgument("the verifier and escalation flags need --adaptive");
+    return Status::Ok();
+  }
+  const std::string v = f.Get({"--verifier"}, f.Has("--probes") ? "linear" : "residual");
+  if (v == "residual") {
+    a->verifier = AdaptiveOptions::Verifier::kResidual;
+  } else if (v == "linear") {
+    a->verifier = AdaptiveOptions::Verifier::kLinear;
+    a->probes = f.Get({"--probes"});
+    if (a->probes.empty()) return InvalidArgument("--verifier linear needs --probes FILE (substrate train-probe)");
+  } else if (v == "scripted") {
+    a->verifier = AdaptiveOptions::Verifier::kScripted;
+    const std::string path = f.Get({"--verifier-script"});
+    if (path.empty()) return InvalidArgument("--verifier scripted needs --verifier-script FILE");
+    ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+    try {
+      const nlohmann::json j = nlohmann::json::parse(text);
+      for (auto it = j.begin(); it != j.end(); ++it)
+        a->script[it.key()] = it.value().get<std::vector<float>>();
+    } catch (const nlohmann::json::exception& e) {
+      return InvalidArgument(path + ": a verifier script is {\"op id\": [disagreement per token]}: " +
+                             e.what());
+    }
+  } else {
+    return InvalidArgument("--verifier " + v + ": residual, linear or scripted");
+  }
+  TierControllerOptions& c = a->controller;
+  ASSIGN_OR_RETURN(double th, f.GetDouble({"--escalation-threshold"}, c.threshold));
+  ASSIGN_OR_RETURN(long long pers, f.GetInt({"--escalation-persistence"}, c.persistence));
+  ASSIGN_OR_RETURN(long long k, f.GetInt({"--escalation-max"}, c.max_concurrent));
+  if (!(th >= 0) || pers < 1 || pers > 100000 || k < 1 || k > 100000)
+    return InvalidArgument("--escalation-threshold >= 0, --escalation-persistence and "
+                           "--escalation-max >= 1");
+  c.threshold = static_cast<float>(th);
+  c.persistence = static_cast<int>(pers);
+  c.max_concurrent = static_cast<int>(k);
+  if (f.Has("--escalation-pool")) {
+    ASSIGN_OR_RETURN(c.pool_bytes, ParseBytes(f.Get({"--escalation-pool"})));
+  }
+  return Status::Ok();
+}
+
+nlohmann::json AdaptiveStatsJson(Engine& e) {
+  TierController* c = e.tier_controller();
+  if (!c) return nullptr;
+  const TierControllerStats& s = c->stats();
+  return {{"escalations", s.escalations}, {"decays", s.decays}, {"evictions", s.evictions},
+          {"refused", s.refused}, {"force_demotes", s.force_demotes},
+          {"pool_bytes", c->options().pool_bytes}, {"pool_peak", s.pool_peak},
+          {"escalated_peak", s.escalated_peak}, {"escalated_now", s.escalated}};
 }
 
 std::string StoreStatsJson(const Engine& e) {

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/command.h"
 #include "runtime/engine.h"
 
@@ -16,8 +18,14 @@ namespace substrate::cli {
 // `extra` plus the flags above that take a value.
 std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra);
 
-// Reads the flags into opt (max_ram, store, residency).
+// Reads the flags into opt (max_ram, store, residency, adaptive).
 Status ApplyStoreFlags(const Flags& f, EngineOptions* opt);
+// `--adaptive [--verifier residual|linear|scripted] [--probes P] [--verifier-script F]
+// [--escalation-threshold X] [--escalation-persistence N] [--escalation-max K]
+// [--escalation-pool SIZE]`: the adaptive runtime (with --store).
+Status ApplyAdaptiveFlags(const Flags& f, AdaptiveOptions* a);
+// The tier controller's counters, or null without --adaptive.
+nlohmann::json AdaptiveStatsJson(Engine& e);
 
 // {"bytes_read":..,"read_seconds":..,...} of the engine's out-of-core runtime, or "null".
 std::string StoreStatsJson(const Engine& e);

@@ -1,101 +1,77 @@
 #include "core/file_io.h"
 
-#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
+#include <cstdlib>
+
+#include "core/log.h"
 
 namespace substrate {
 namespace {
-std::string Errno() { return std::strerror(errno); }
+
+constexpr size_t kFlushBytes = 8u << 20;
+
+// A process with this id exists (kill(pid, 0) reaches it, or it exists but is not ours).
+bool ProcessAlive(long pid) {
+  return pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+}
+
+// The PID of "NAME.tmp.PID" for target NAME; 0 when `entry` is not one.
+long TempPid(const std::string& entry, const std::string& name) {
+  const std::string prefix = name + ".tmp.";
+  if (entry.size() <= prefix.size() || entry.compare(0, prefix.size(), prefix) != 0) return 0;
+  char* end = nullptr;
+  const long pid = std::strtol(entry.c_str() + prefix.size(), &end, 10);
+  return *end == '\0' ? pid : 0;
+}
+
+// Temporary files of killed writers of `path` (their PID gone); a leftover may be as large as
+// the file itself (a 13 MB session, a GB-sized store file), and nothing else removes it.
+void RemoveStaleTemps(Env* env, const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  auto children = env->GetChildren(dir);
+  if (!children.ok()) return;  // best effort: the write itself succeeded
+  for (const std::string& c : *children) {
+    const long pid = TempPid(c, name);
+    if (pid == 0 || pid == static_cast<long>(::getpid()) || ProcessAlive(pid)) continue;
+    Status st = env->RemoveFile(slash == std::string::npos ? c : dir + c);
+    if (!st.ok()) LOG_WARN("%s", st.ToString().c_str());
+  }
+}
+
 }  // namespace
 
-Expected<std::unique_ptr<RandomAccessFile>> RandomAccessFile::Open(const std::string& path,
-                                                                   bool direct_io) {
-  int flags = O_RDONLY | O_CLOEXEC;
-  bool direct = false;
-  int fd = -1;
-  if (direct_io) {
-    fd = ::open(path.c_str(), flags | O_DIRECT);
-    direct = fd >= 0;
-  }
-  if (fd < 0) fd = ::open(path.c_str(), flags);
-  if (fd < 0) {
-    if (errno == ENOENT) return NotFound("cannot open '" + path + "': no such file");
-    return IOError("cannot open '" + path + "': " + Errno());
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    std::string err = Errno();
-    ::close(fd);
-    return IOError("cannot stat '" + path + "': " + err);
-  }
-  if (S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    return InvalidArgument("'" + path + "' is a directory, not a file");
-  }
-  return std::unique_ptr<RandomAccessFile>(
-      new RandomAccessFile(path, fd, static_cast<uint64_t>(st.st_size), direct));
-}
-
-RandomAccessFile::~RandomAccessFile() { ::close(fd_); }
-
-Status RandomAccessFile::Read(uint64_t offset, uint64_t n, void* dst) const {
-  if (offset > size_ || n > size_ - offset) {
-    return Corruption("'" + path_ + "': read of " + std::to_string(n) + " bytes at offset " +
-                      std::to_string(offset) + " is past the end of the file (size " +
-                      std::to_string(size_) + ")");
-  }
-  auto* out = static_cast<uint8_t*>(dst);
-  while (n > 0) {
-    ssize_t got = ::pread(fd_, out, n, static_cast<off_t>(offset));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return IOError("'" + path_ + "': read at offset " + std::to_string(offset) + ": " + Errno());
-    }
-    if (got == 0) return Corruption("'" + path_ + "': unexpected end of file at " + std::to_string(offset));
-    out += got;
-    offset += static_cast<uint64_t>(got);
-    n -= static_cast<uint64_t>(got);
-  }
-  return Status::Ok();
-}
-
-Expected<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Create(const std::string& path) {
+Expected<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Create(const std::string& path,
+                                                                     Env* env) {
+  if (!env) env = Env::Default();
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return IOError("cannot create '" + tmp + "': " + Errno());
-  return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(path, tmp, fd));
+  ASSIGN_OR_RETURN(auto file, env->NewWritableFile(tmp));
+  return std::unique_ptr<AtomicFileWriter>(
+      new AtomicFileWriter(env, path, std::move(tmp), std::move(file)));
 }
 
 AtomicFileWriter::~AtomicFileWriter() {
-  if (fd_ >= 0) ::close(fd_);
-  if (!committed_) ::unlink(tmp_.c_str());
+  if (committed_) return;
+  file_.reset();
+  (void)env_->RemoveFile(tmp_);
 }
 
 Status AtomicFileWriter::FlushBuffer() {
-  const char* p = buffer_.data();
-  size_t n = buffer_.size();
-  while (n > 0) {
-    ssize_t w = ::write(fd_, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return IOError("writing '" + tmp_ + "': " + Errno());
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
+  Status st = file_->Append(buffer_.data(), buffer_.size());
   buffer_.clear();
-  return Status::Ok();
+  return st;
 }
 
 Status AtomicFileWriter::Append(const void* data, uint64_t n) {
   if (committed_) return Internal("AtomicFileWriter: append after commit");
   buffer_.append(static_cast<const char*>(data), n);
   offset_ += n;
-  if (buffer_.size() >= (8u << 20)) return FlushBuffer();
+  if (buffer_.size() >= kFlushBytes) return FlushBuffer();
   return Status::Ok();
 }
 
@@ -107,18 +83,18 @@ Status AtomicFileWriter::PadTo(uint64_t alignment) {
 }
 
 Status AtomicFileWriter::Commit() {
+  if (committed_) return Internal("AtomicFileWriter: committed twice");
   RETURN_IF_ERROR(FlushBuffer());
-  if (::fsync(fd_) != 0) return IOError("fsync '" + tmp_ + "': " + Errno());
-  ::close(fd_);
-  fd_ = -1;
-  if (::rename(tmp_.c_str(), path_.c_str()) != 0)
-    return IOError("rename '" + tmp_ + "' to '" + path_ + "': " + Errno());
+  RETURN_IF_ERROR(file_->Sync());
+  RETURN_IF_ERROR(file_->Close());
+  RETURN_IF_ERROR(env_->RenameFile(tmp_, path_));
   committed_ = true;
+  RemoveStaleTemps(env_, path_);
   return Status::Ok();
 }
 
-Expected<std::string> ReadFileToString(const std::string& path, uint64_t max_bytes) {
-  ASSIGN_OR_RETURN(auto file, RandomAccessFile::Open(path));
+Expected<std::string> ReadFileToString(const std::string& path, uint64_t max_bytes, Env* env) {
+  ASSIGN_OR_RETURN(auto file, (env ? env : Env::Default())->NewRandomAccessFile(path, false));
   if (file->size() > max_bytes)
     return InvalidArgument("'" + path + "' is too large (" + std::to_string(file->size()) + " bytes)");
   std::string s(file->size(), '\0');
@@ -126,15 +102,14 @@ Expected<std::string> ReadFileToString(const std::string& path, uint64_t max_byt
   return s;
 }
 
-Status WriteFileAtomic(const std::string& path, std::string_view contents) {
-  ASSIGN_OR_RETURN(auto w, AtomicFileWriter::Create(path));
+Status WriteFileAtomic(const std::string& path, std::string_view contents, Env* env) {
+  ASSIGN_OR_RETURN(auto w, AtomicFileWriter::Create(path, env));
   RETURN_IF_ERROR(w->Append(contents));
   return w->Commit();
 }
 
 bool FileExists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
+  return Env::Default()->FileExists(path);
 }
 
 bool IsDirectory(const std::string& path) {

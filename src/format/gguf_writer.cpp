@@ -99,7 +99,7 @@ Expected<std::string> GgufWriter::HeaderBytes() const {
 
 Status GgufWriter::Start() {
   ASSIGN_OR_RETURN(std::string header, HeaderBytes());
-  ASSIGN_OR_RETURN(out_, AtomicFileWriter::Create(path_));
+  ASSIGN_OR_RETURN(out_, AtomicFileWriter::Create(path_, env_));
   RETURN_IF_ERROR(out_->Append(header));
   RETURN_IF_ERROR(out_->PadTo(alignment()));
   data_start_ = out_->offset();

@@ -20,7 +20,8 @@ namespace substrate {
 
 class GgufWriter {
  public:
-  explicit GgufWriter(std::string path) : path_(std::move(path)) {}
+  // The file is written through env (nullptr: Env::Default()).
+  explicit GgufWriter(std::string path, Env* env = nullptr) : path_(std::move(path)), env_(env) {}
 
   // general.alignment in `md` (u32, a power of two) sets the data alignment; 32 otherwise.
   void SetMetadata(const Metadata& md) { metadata_ = md; }
@@ -48,6 +49,7 @@ class GgufWriter {
   Status Start();
 
   std::string path_;
+  Env* env_ = nullptr;
   Metadata metadata_;
   std::vector<Pending> tensors_;
   uint64_t data_size_ = 0;

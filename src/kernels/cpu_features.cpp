@@ -29,6 +29,15 @@ bool AmxUsable() {
 #endif
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+// AVX-VNNI (VEX-encoded): CPUID leaf 7 sub-leaf 1, EAX bit 4 (clang 14's __builtin_cpu_supports
+// does not know the name).
+bool AvxVnni() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && ((a >> 4) & 1);
+}
+#endif
+
 Isa Detect() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
@@ -38,7 +47,7 @@ Isa Detect() {
                 __builtin_cpu_supports("avx512dq") &&
                 // The AVX-512 units are built with -mavxvnni too, so the compiler may pick
                 // VEX-encoded VNNI: require it rather than fault on AVX-512-only parts.
-                __builtin_cpu_supports("avxvnni");
+                AvxVnni();
   if (avx512 && AmxUsable()) return Isa::kAmx;
   if (avx512) return Isa::kAvx512;
   if (avx2) return Isa::kAvx2;

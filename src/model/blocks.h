@@ -55,6 +55,17 @@ class Scratch {
   AlignedBuffer host_[kHostSlotCount];
 };
 
+// Sees the residual stream around each block of a pass (attention; dense FFN or MoE), named by
+// the block's op (attn_op, ffn_op, or router_op for a MoE block): the signal verifier probes
+// read. x is [n, d] in backend memory (host memory on the CPU backend). Called on the pass's
+// thread; must not allocate in steady state (the token loop does not).
+class PassObserver {
+ public:
+  virtual ~PassObserver() = default;
+  virtual void BeforeBlock(int op, const Tensor& x) {}
+  virtual void AfterBlock(int op, const Tensor& x) {}
+};
+
 struct ForwardContext {
   const ModelHParams* hp = nullptr;
   WeightSource* source = nullptr;

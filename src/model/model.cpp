@@ -154,8 +154,15 @@ Status Model::ForwardBatch(const int32_t* tokens, int64_t n, KvCache& cache, boo
   }
   for (int il = 0; il < hp_.n_layer; ++il) {
     const LayerWeights& w = layers_[il];
+    const int ffn_op = hp_.is_moe_layer(il) ? w.router_op : w.ffn_op;
+    if (observer_) observer_->BeforeBlock(w.attn_op, c.x);
     RETURN_IF_ERROR(hp_.spec->attention(c, il, w));
+    if (observer_) {
+      observer_->AfterBlock(w.attn_op, c.x);
+      observer_->BeforeBlock(ffn_op, c.x);
+    }
     RETURN_IF_ERROR(hp_.is_moe_layer(il) ? MoeBlock(c, il, w) : FfnBlock(c, il, w));
+    if (observer_) observer_->AfterBlock(ffn_op, c.x);
   }
   cache.Append(tokens, n);
   output_finite_ = true;

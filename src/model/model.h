@@ -51,11 +51,17 @@ class Model {
   // The index of op `id` in ops(), or -1.
   int OpIndex(const std::string& id) const;
   WeightSource* source() const { return source_; }
+  // Every layer's tensor ids and op indices.
+  const std::vector<LayerWeights>& layers() const { return layers_; }
   Backend& backend() { return *backend_; }
 
   // The tier each op runs at, indexed like ops(); change it between passes.
   std::vector<uint8_t>& op_tiers() { return op_tiers_; }
   const std::vector<uint8_t>& op_tiers() const { return op_tiers_; }
+
+  // Receives every later pass's residual stream around each block (null: none). Must outlive
+  // the passes it observes.
+  void set_observer(PassObserver* observer) { observer_ = observer; }
 
   // A pass whose result holds NaN or infinities is evaluated again op by op and fails with
   // Corruption naming the first op that produced them (the cache is left without its tokens).
@@ -85,6 +91,7 @@ class Model {
   int embd_op_ = 0, output_op_ = 0;
   std::vector<int32_t> pos_;
   bool output_finite_ = true;  // the last Output's logits held no NaN or infinity
+  PassObserver* observer_ = nullptr;
 };
 
 }  // namespace substrate

@@ -2,9 +2,26 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <unordered_set>
 
 namespace substrate {
+
+Status ValidateSamplingParams(const SamplingParams& p) {
+  auto range = [](const char* name, double v, double lo, double hi) {
+    if (std::isfinite(v) && v >= lo && v <= hi) return Status::Ok();
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s %.7g: must be a number between %.10g and %.10g", name, v, lo,
+                  hi);
+    return InvalidArgument(buf);
+  };
+  RETURN_IF_ERROR(range("temperature", p.temperature, 0.0, 1e6));
+  RETURN_IF_ERROR(range("top_k", p.top_k, 0, kMaxTopK));
+  RETURN_IF_ERROR(range("top_p", p.top_p, 0.0, kMaxTopP));
+  RETURN_IF_ERROR(range("min_p", p.min_p, 0.0, kMaxMinP));
+  RETURN_IF_ERROR(range("repeat_penalty", p.repeat_penalty, 1e-6, 1e6));
+  return range("repeat_last_n", p.repeat_last_n, -1, 1 << 30);
+}
 
 int32_t Argmax(const float* logits, int64_t n) {
   int64_t best = 0;

@@ -7,6 +7,8 @@
 #include <random>
 #include <vector>
 
+#include "core/status.h"
+
 namespace substrate {
 
 struct SamplingParams {
@@ -18,6 +20,14 @@ struct SamplingParams {
   int repeat_last_n = 64;
   uint64_t seed = 0;
 };
+
+// What every front end accepts (run's and chat's flags, the server's request fields), so a value
+// is refused the same way everywhere. The temperature's upper bound is each API's own.
+inline constexpr double kMaxTopP = 1.0, kMaxMinP = 1.0;
+inline constexpr int kMaxTopK = 1 << 20;
+// InvalidArgument naming the first parameter that is not finite or out of its range
+// ("top_p 2: must be between 0 and 1").
+Status ValidateSamplingParams(const SamplingParams& p);
 
 class Sampler {
  public:

@@ -75,6 +75,9 @@ class WeightSource {
   // lives), so a streaming source reads each op at the tier it will run at: residuals only for
   // ops above tier 0. The forward pass still passes the tier to every Acquire.
   virtual void BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) {}
+  // Bytes op `op_id` holds at tiers 0..tier (a store's ladder: skeleton plus residuals), or 0
+  // when the source does not know (no residual tiers).
+  virtual uint64_t OpBytes(const std::string& op_id, int tier) const { return 0; }
 
   // Op boundaries, in topological order: a streaming source prefetches and evicts by them.
   virtual void BeginOp(const std::string& op_id) {}

@@ -216,8 +216,9 @@ Expected<std::vector<TensorChoice>> ChooseTensorTypes(const MixModelInfo& model,
                                                       const std::map<std::string, DType>* overrides) {
   if (overrides) {
     for (const auto& [name, type] : *overrides) {
+      const std::string& wanted = name;  // clang 14 cannot capture a structured binding
       if (std::none_of(tensors.begin(), tensors.end(),
-                       [&](const MixTensor& t) { return t.name == name; }))
+                       [&](const MixTensor& t) { return t.name == wanted; }))
         return NotFound("quantize: override names tensor '" + name + "' that the model lacks");
       if (!CanQuantize(type))
         return Unimplemented("quantize: override for '" + name + "': cannot quantize to " +

@@ -27,8 +27,8 @@ int LayerOf(const std::string& name) {
 
 }  // namespace
 
-GgufFileSink::GgufFileSink(std::string path)
-    : writer_(std::make_unique<GgufWriter>(std::move(path))) {}
+GgufFileSink::GgufFileSink(std::string path, Env* env)
+    : writer_(std::make_unique<GgufWriter>(std::move(path), env)) {}
 GgufFileSink::~GgufFileSink() = default;
 
 Status GgufFileSink::Begin(const Metadata& metadata, const std::vector<TensorInfo>& tensors) {

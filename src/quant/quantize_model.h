@@ -35,7 +35,8 @@ class TensorSink {
 // the file appears under its name only when Finish() succeeds).
 class GgufFileSink : public TensorSink {
  public:
-  explicit GgufFileSink(std::string path);
+  // Writes the quantized model to `path` through env (nullptr: Env::Default()).
+  explicit GgufFileSink(std::string path, Env* env = nullptr);
   ~GgufFileSink() override;
   Status Begin(const Metadata& metadata, const std::vector<TensorInfo>& tensors) override;
   Status WriteTensorData(size_t index, const void* data, uint64_t bytes) override;

@@ -39,6 +39,9 @@ Expected<GenerateStats> Engine::GenerateDeferred(Session& s, const std::vector<i
                                                  const TokenCallback& on_token) {
   const VerifyOptions& vo = opt.verify;
   const int top = vo.verify_tier < 0 ? weights_->DefaultTier() : vo.verify_tier;
+  if (controller_)
+    return InvalidArgument("deferred verification and the adaptive runtime both set the ops' "
+                           "tiers: pick one");
   if (opt.draft_max > 0)
     return InvalidArgument("deferred verification and prompt-lookup drafting (--draft-max) "
                            "are two ways of drafting: pick one");

@@ -58,6 +58,8 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
   if (!hp.ok()) return hp.status().WithContext(path);
   if (!opt.store.empty()) {
     ResidencyOptions ro = opt.residency;
+    // Adaptive: the skeletons resident; escalations read their residuals.
+    if (opt.adaptive.on && ro.resident_max_tier < 0) ro.resident_max_tier = 0;
     ro.budget_bytes = opt.max_ram;
     const int64_t ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min<int64_t>(hp->n_ctx_train, 4096);
     // Each session's KV cache, plus the scratch of one pass at a time.
@@ -79,6 +81,7 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
   auto model = Model::Create(e->file_->metadata(), e->weights_.get(), e->backend_.get(), e->ledger_);
   if (!model.ok()) return model.status().WithContext(path);
   e->model_ = std::move(model).value();
+  if (opt.adaptive.on) RETURN_IF_ERROR(e->SetUpAdaptive(opt.adaptive).WithContext(path));
   auto tok = Tokenizer::FromMetadata(e->file_->metadata());
   if (tok.ok()) {
     e->tokenizer_ = std::move(tok).value();
@@ -86,6 +89,64 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
     return tok.status().WithContext(path + ": tokenizer");
   }
   return e;
+}
+
+Status Engine::SetUpAdaptive(const AdaptiveOptions& a) {
+  Model& m = *model_;
+  const int top = weights_->DefaultTier();
+  if (top < 1 || weights_->OpBytes(m.ops().front().id, top) == 0)
+    return InvalidArgument("--adaptive escalates ops along a store's residual tiers: give a store "
+                           "with residuals (substrate pack) through --store");
+  // Every op starts at the skeleton; blocks the verifier watches may climb to the top tier.
+  const size_t n = m.ops().size();
+  std::fill(m.op_tiers().begin(), m.op_tiers().end(), 0);
+  std::vector<uint8_t> ceiling(n, 0);
+  std::vector<std::vector<uint64_t>> cost(n, std::vector<uint64_t>(static_cast<size_t>(top) + 1, 0));
+  uint64_t largest = 0;
+  for (const LayerWeights& w : m.layers()) {
+    for (int op : {w.attn_op, w.ffn_op, w.router_op}) {
+      if (op < 0) continue;
+      ceiling[op] = static_cast<uint8_t>(top);
+      const uint64_t base = weights_->OpBytes(m.ops()[op].id, 0);
+      for (int k = 1; k <= top; ++k) cost[op][k] = weights_->OpBytes(m.ops()[op].id, k) - base;
+      largest = std::max(largest, cost[op][top]);
+    }
+  }
+  TierControllerOptions co = a.controller;
+  if (co.pool_bytes == 0) co.pool_bytes = largest * static_cast<uint64_t>(co.max_concurrent);
+  ASSIGN_OR_RETURN(TierController c, TierController::Create(&m.op_tiers(), std::move(ceiling),
+                                                            std::move(cost), co, ledger_));
+  controller_ = std::make_unique<TierController>(std::move(c));
+  switch (a.verifier) {
+    case AdaptiveOptions::Verifier::kResidual: {
+      ASSIGN_OR_RETURN(verifier_, ResidualSampleVerifier::Create(controller_.get(), m, top,
+                                                                 a.sample_rows, ledger_));
+      break;
+    }
+    case AdaptiveOptions::Verifier::kLinear: {
+      ASSIGN_OR_RETURN(LinearProbes probes, LinearProbes::Load(a.probes));
+      ASSIGN_OR_RETURN(verifier_, LinearProbeVerifier::Create(controller_.get(), m, probes));
+      break;
+    }
+    case AdaptiveOptions::Verifier::kScripted: {
+      std::map<int, std::vector<float>> schedule;
+      for (const auto& [id, values] : a.script) {
+        const int op = m.OpIndex(id);
+        if (op < 0) return InvalidArgument("the verifier script names op '" + id + "', which this model lacks");
+        schedule[op] = values;
+      }
+      verifier_ = std::make_unique<ScriptedVerifier>(controller_.get(), std::move(schedule));
+      break;
+    }
+  }
+  m.set_observer(verifier_.get());
+  return Status::Ok();
+}
+
+void Engine::AfterToken() {
+  if (!controller_) return;
+  verifier_->NextToken();
+  controller_->EndToken();
 }
 
 Expected<std::unique_ptr<Session>> Engine::NewSession(int64_t n_ctx) {
@@ -112,6 +173,7 @@ Expected<int64_t> Engine::Prefill(Session& s, const std::vector<int32_t>& prompt
   RETURN_IF_ERROR(model_->Forward(prompt.data() + common,
                                   static_cast<int64_t>(prompt.size() - common), s.cache, false,
                                   &s.logits));
+  AfterToken();
   return static_cast<int64_t>(common);
 }
 
@@ -175,6 +237,7 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
       std::vector<float>* out = n_draft > 0 ? &rows : &s.logits;
       RETURN_IF_ERROR(run_pass(
           [&] { return model_->Forward(batch.data(), n_draft + 1, s.cache, n_draft > 0, out); }));
+      AfterToken();
       ++st.n_forwards;
       st.n_drafted += n_draft;
       bool more = true;

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,9 +29,23 @@
 #include "model/resident_weight_source.h"
 #include "model/sampler.h"
 #include "runtime/residency_manager.h"
+#include "runtime/tier_controller.h"
+#include "runtime/verifier.h"
 #include "tokenizer/tokenizer.h"
 
 namespace substrate {
+
+// The adaptive runtime (runtime/tier_controller.h, verifier.h): ops run at the store's skeleton
+// and a verifier probe escalates the ones it finds drifting, within an escalation pool.
+struct AdaptiveOptions {
+  enum class Verifier { kResidual, kLinear, kScripted };
+  bool on = false;
+  Verifier verifier = Verifier::kResidual;
+  std::string probes;                                // kLinear: a `substrate train-probe` file
+  std::map<std::string, std::vector<float>> script;  // kScripted: op id -> disagreement per token
+  int sample_rows = 16;                              // kResidual: rows sampled per op
+  TierControllerOptions controller;  // pool_bytes 0: K times the largest escalation
+};
 
 struct EngineOptions {
   int n_threads = 0;               // 0: ThreadPool::Default()
@@ -53,6 +68,7 @@ struct EngineOptions {
   int64_t n_ctx = 0;
   int n_sessions = 1;
   uint64_t extra_reserve = 0;
+  AdaptiveOptions adaptive;
 };
 
 // One conversation: its KV cache and the tokens in it.
@@ -159,6 +175,11 @@ class Engine {
   const ResidencyManager* runtime() const { return runtime_; }
   ThreadPool& pool() { return *pool_; }
   Backend& backend() { return *backend_; }
+  // The adaptive runtime's controller (null without EngineOptions::adaptive).
+  TierController* tier_controller() { return controller_.get(); }
+  // After each evaluated token (the token loops call it; so may other loops over the model):
+  // the verifier's token ends and the controller decays its escalations.
+  void AfterToken();
 
   // n_ctx <= 0: the model's training context.
   Expected<std::unique_ptr<Session>> NewSession(int64_t n_ctx);
@@ -174,6 +195,7 @@ class Engine {
 
  private:
   Engine() = default;
+  Status SetUpAdaptive(const AdaptiveOptions& a);
   // Generate with opt.verify on (runtime/deferred_verify.cpp).
   Expected<GenerateStats> GenerateDeferred(Session& s, const std::vector<int32_t>& prompt,
                                            const GenerateOptions& opt,
@@ -187,6 +209,8 @@ class Engine {
   std::unique_ptr<Backend> backend_;  // runs on pool_; outlives model_
   DType kv_type_ = DType::kF32;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<TierController> controller_;  // after model_: it writes its tier table
+  std::unique_ptr<VerifierProbe> verifier_;
   std::unique_ptr<Tokenizer> tokenizer_;
 };
 

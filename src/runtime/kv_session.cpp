@@ -6,7 +6,10 @@
 
 #include "core/file_io.h"
 #include "format/model_file.h"
+#include "format/model_fingerprint.h"
+#include "runtime/residency_manager.h"
 #include "store/crc32c.h"
+#include "store/store_index.h"
 
 namespace substrate {
 namespace {
@@ -24,12 +27,6 @@ struct Header {
 };
 static_assert(sizeof(Header) == 48, "the header is written as it sits in memory");
 
-uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
 uint64_t FileBytes(const Header& h) {
   return sizeof(Header) + 4 * h.n_tokens +
          uint64_t{h.n_layer} * h.n_tokens * (h.k_row_bytes + h.v_row_bytes) + 4;
@@ -37,30 +34,32 @@ uint64_t FileBytes(const Header& h) {
 
 }  // namespace
 
-uint64_t ModelFingerprint(const Engine& e) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  const std::string arch = e.metadata().GetString("general.architecture", "");
-  h = Fnv1a(h, arch.data(), arch.size());
-  for (const TensorInfo& t : e.file().tensors()) {
-    h = Fnv1a(h, t.name.data(), t.name.size());
-    const auto type = static_cast<uint32_t>(t.type);
-    h = Fnv1a(h, &type, sizeof type);
-    for (uint64_t d : t.ne) h = Fnv1a(h, &d, sizeof d);
+Expected<uint64_t> ModelFingerprint(const Engine& e) {
+  ASSIGN_OR_RETURN(uint64_t h, WeightFingerprint(e.file()));
+  // A store's model.gguf has no tensors: the weights are its manifest's ranges, at the tier the
+  // runtime serves (a session made at tier 0 is not one made at tier 2).
+  const std::string& path = e.file().path();
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  if (e.file().tensors().empty() && Env::Default()->FileExists(dir + "/manifest.json")) {
+    const ResidencyManager* rm = e.runtime();
+    ASSIGN_OR_RETURN(uint64_t store, StoreFingerprint(dir, rm ? rm->serve_tier() : 2));
+    h = Fnv1a(h, &store, sizeof store);
   }
   return h;
 }
 
-Status SaveKvSession(const std::string& path, const Engine& e, Session& s) {
+Status SaveKvSession(const std::string& path, const Engine& e, Session& s, Env* env) {
   KvCache& c = s.cache;
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
-  h.fingerprint = ModelFingerprint(e);
+  ASSIGN_OR_RETURN(h.fingerprint, ModelFingerprint(e));
   h.kv_type = static_cast<uint32_t>(c.type());
   h.n_layer = static_cast<uint32_t>(c.n_layer());
   h.k_row_bytes = c.k_row_bytes();
   h.v_row_bytes = c.v_row_bytes();
   h.n_tokens = static_cast<uint64_t>(c.n_past());
-  ASSIGN_OR_RETURN(auto w, AtomicFileWriter::Create(path));
+  ASSIGN_OR_RETURN(auto w, AtomicFileWriter::Create(path, env));
   uint32_t crc = 0;
   auto put = [&](const void* p, uint64_t n) {
     crc = Crc32c(p, n, crc);
@@ -76,9 +75,9 @@ Status SaveKvSession(const std::string& path, const Engine& e, Session& s) {
   return w->Commit();
 }
 
-Expected<bool> LoadKvSession(const std::string& path, const Engine& e, Session& s,
-                             std::string* why) {
-  ASSIGN_OR_RETURN(auto f, RandomAccessFile::Open(path));
+Expected<bool> LoadKvSession(const std::string& path, const Engine& e, Session& s, std::string* why,
+                             Env* env) {
+  ASSIGN_OR_RETURN(auto f, (env ? env : Env::Default())->NewRandomAccessFile(path, false));
   auto corrupt = [&](const std::string& what) {
     return Corruption("session file '" + path + "': " + what);
   };
@@ -93,11 +92,12 @@ Expected<bool> LoadKvSession(const std::string& path, const Engine& e, Session& 
     return corrupt("size " + std::to_string(f->size()) + " bytes, the header says " +
                    std::to_string(FileBytes(h)) + " (truncated or damaged)");
   KvCache& c = s.cache;
-  if (h.fingerprint != ModelFingerprint(e)) {
+  ASSIGN_OR_RETURN(const uint64_t fingerprint, ModelFingerprint(e));
+  if (h.fingerprint != fingerprint) {
     *why = "it was saved with another model";
   } else if (h.kv_type != static_cast<uint32_t>(c.type()) ||
-             h.n_layer != static_cast<uint32_t>(c.n_layer()) ||
-             h.k_row_bytes != c.k_row_bytes() || h.v_row_bytes != c.v_row_bytes()) {
+             h.n_layer != static_cast<uint32_t>(c.n_layer()) || h.k_row_bytes != c.k_row_bytes() ||
+             h.v_row_bytes != c.v_row_bytes()) {
     *why = "its KV cache type differs (--kv-type)";
   } else if (static_cast<int64_t>(h.n_tokens) > c.n_ctx()) {
     *why = "its " + std::to_string(h.n_tokens) + " tokens exceed the context of " +

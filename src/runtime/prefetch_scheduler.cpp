@@ -5,10 +5,10 @@
 namespace substrate {
 
 PrefetchScheduler::PrefetchScheduler(const StoreIndex& index, IoMode mode, int n_workers,
-                                     TraceWriter* trace, RuntimeClock::time_point origin)
+                                     TraceWriter* trace, RuntimeClock::time_point origin, Env* env)
     : index_(index), trace_(trace), origin_(origin) {
   n_workers = std::max(1, n_workers);
-  for (int i = 0; i < n_workers; ++i) readers_.push_back(IoReader::Create(mode));
+  for (int i = 0; i < n_workers; ++i) readers_.push_back(IoReader::Create(mode, env));
   uring_ = readers_[0]->uring();
   for (int i = 0; i < n_workers; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }

@@ -1,5 +1,5 @@
 // PrefetchScheduler: an earliest-deadline-first queue of op reads served by worker threads that
-// do real reads (runtime/io_reader.h: O_DIRECT, io_uring or pread) and verify every range's
+// do real reads (an Env's IoReader: O_DIRECT, io_uring or pread) and verify every range's
 // CRC32C before the op may use it. The ResidencyManager submits the next ops' reads while the
 // current op computes, and waits on an op's ticket at its BeginOp.
 //
@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/io_reader.h"
+#include "core/env.h"
 #include "runtime/trace_writer.h"
 #include "store/store_index.h"
 
@@ -47,9 +47,10 @@ struct ReadRequest {
 
 class PrefetchScheduler {
  public:
-  // `index` and `trace` (may be null) must outlive the scheduler. origin: time zero of traces.
+  // `index`, `trace` (may be null) and `env` (nullptr: Env::Default(), whose readers read the
+  // index's files) must outlive the scheduler. origin: time zero of traces.
   PrefetchScheduler(const StoreIndex& index, IoMode mode, int n_workers, TraceWriter* trace,
-                    RuntimeClock::time_point origin);
+                    RuntimeClock::time_point origin, Env* env = nullptr);
   // Drops queued requests (their tickets fail with "cancelled"), lets running ones finish, joins.
   ~PrefetchScheduler();
 

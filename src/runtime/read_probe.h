@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <string>
 
+#include "core/env.h"
 #include "core/memory_ledger.h"
 #include "core/status.h"
-#include "runtime/io_reader.h"
 #include "store/store_index.h"
 
 namespace substrate {

@@ -19,6 +19,7 @@ Expected<std::unique_ptr<ResidencyManager>> ResidencyManager::Open(const std::st
   StoreIndexOptions io;
   io.max_tier = options.serve_tier < 0 ? 2 : options.serve_tier;
   io.direct_io = options.direct_io;
+  io.env = options.env;
   ASSIGN_OR_RETURN(m->index_, StoreIndex::Open(store_dir, io));
   Status st = m->Setup(ledger, options);
   if (!st.ok()) return st.WithContext("runtime: store '" + store_dir + "'");
@@ -131,10 +132,10 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
                        FormatBytes(options.reserve_bytes) + "): " + FormatBytes(need) + " asked");
 
   if (!options.trace_path.empty()) {
-    ASSIGN_OR_RETURN(trace_, TraceWriter::Open(options.trace_path));
+    ASSIGN_OR_RETURN(trace_, TraceWriter::Open(options.trace_path, options.env));
   }
   sched_ = std::make_unique<PrefetchScheduler>(*index_, options.io_mode, options.io_threads,
-                                               trace_.get(), origin_);
+                                               trace_.get(), origin_, options.env);
   stats_.uring = sched_->uring();
   stats_.direct = index_->n_files() > 0 && index_->file(0).direct();
 

@@ -27,11 +27,11 @@
 #include <vector>
 
 #include "core/aligned_buffer.h"
+#include "core/env.h"
 #include "core/memory_ledger.h"
 #include "model/hparams.h"
 #include "model/weight_source.h"
 #include "runtime/expert_cache.h"
-#include "runtime/io_reader.h"
 #include "runtime/prefetch_scheduler.h"
 #include "runtime/trace_writer.h"
 #include "store/store_index.h"
@@ -56,6 +56,7 @@ struct ResidencyOptions {
   bool direct_io = true;
   ExpertCache::Policy expert_policy = ExpertCache::Policy::kLru;
   int expert_slots = 0;  // 0: as many as the budget leaves
+  Env* env = nullptr;    // the store's files, reads and trace; nullptr: Env::Default()
 };
 
 struct ResidencyStats {
@@ -102,6 +103,10 @@ class ResidencyManager : public WeightSource {
   void EndOp(const std::string& op_id) override;
   void HintExperts(int layer, const int32_t* experts, int n) override;
   void BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) override;
+  uint64_t OpBytes(const std::string& op_id, int tier) const override {
+    const int o = index_->FindOp(op_id);
+    return o < 0 ? 0 : index_->ops()[o].SlabBytes(tier);
+  }
   // Look-ahead guesses are worth their GEMV only when some experts are not cached.
   bool WantsLookahead() const override { return stats_.n_ops_expert > stats_.expert_slots; }
 

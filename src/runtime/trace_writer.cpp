@@ -1,11 +1,6 @@
 #include "runtime/trace_writer.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 
 namespace substrate {
 namespace {
@@ -29,10 +24,10 @@ std::string JsonQuote(const std::string& s) {
   return out + "\"";
 }
 
-Expected<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return IOError("cannot create trace '" + path + "': " + std::strerror(errno));
-  std::unique_ptr<TraceWriter> w(new TraceWriter(path, fd));
+Expected<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path, Env* env) {
+  auto file = (env ? env : Env::Default())->NewWritableFile(path);
+  if (!file.ok()) return file.status().WithContext("trace");
+  std::unique_ptr<TraceWriter> w(new TraceWriter(path, std::move(*file)));
   w->thread_ = std::thread([p = w.get()] { p->WriterLoop(); });
   return w;
 }
@@ -44,20 +39,17 @@ TraceWriter::~TraceWriter() {
   }
   cv_.notify_all();
   thread_.join();
-  ::close(fd_);
+  (void)file_->Close();
 }
 
 Status TraceWriter::WriteAll(const std::string& buf) {
-  size_t done = 0;
-  while (done < buf.size()) {
-    ssize_t n = ::write(fd_, buf.data() + done, buf.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return IOError("trace '" + path_ + "': write: " + std::strerror(errno));
-    }
-    done += static_cast<size_t>(n);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.ok()) return error_;  // the disk filled: the log stops, the run goes on
   }
-  return Status::Ok();
+  std::lock_guard<std::mutex> write_lock(write_mu_);  // Flush and the writer thread
+  Status st = file_->Append(buf.data(), buf.size());
+  return st.ok() ? st : st.WithContext("trace");
 }
 
 void TraceWriter::WriterLoop() {

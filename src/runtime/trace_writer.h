@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "core/env.h"
 #include "core/status.h"
 
 namespace substrate {
@@ -42,7 +43,9 @@ struct ReadEvent {
 
 class TraceWriter {
  public:
-  static Expected<std::unique_ptr<TraceWriter>> Open(const std::string& path);
+  // Creates (truncates) `path` through env (nullptr: Env::Default()). A write error (a full
+  // disk) stops the log, never the run: Flush() reports it.
+  static Expected<std::unique_ptr<TraceWriter>> Open(const std::string& path, Env* env = nullptr);
   ~TraceWriter();  // flushes and joins the writer thread
 
   void Op(const OpEvent& e);      // thread-safe
@@ -50,14 +53,15 @@ class TraceWriter {
   Status Flush();                 // writes what is buffered; the first write error, if any
 
  private:
-  TraceWriter(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  TraceWriter(std::string path, std::unique_ptr<WritableFile> file)
+      : path_(std::move(path)), file_(std::move(file)) {}
   void Append(const std::string& line);
   void WriterLoop();
   Status WriteAll(const std::string& buf);
 
   std::string path_;
-  int fd_;
-  std::mutex mu_;
+  std::unique_ptr<WritableFile> file_;
+  std::mutex mu_, write_mu_;
   std::condition_variable cv_;
   std::string buf_, pending_;
   bool stop_ = false;

@@ -254,8 +254,9 @@ Expected<std::unique_ptr<ModelBackend>> ModelBackend::Load(const ModelBackendOpt
   b->verify_ = options.verify;
   ASSIGN_OR_RETURN(b->engine_, Engine::Load(options.path, eo));
   if (!options.prompt_cache_dir.empty()) {
-    auto pc = DiskPromptCache::Open(options.prompt_cache_dir, ModelFingerprint(*b->engine_),
-                                    options.prompt_cache_bytes);
+    auto fp = ModelFingerprint(*b->engine_);
+    if (!fp.ok()) return fp.status().WithContext("--prompt-cache-dir");
+    auto pc = DiskPromptCache::Open(options.prompt_cache_dir, *fp, options.prompt_cache_bytes);
     if (!pc.ok()) return pc.status().WithContext("--prompt-cache-dir");
     b->prompt_cache_ = std::move(*pc);
   }

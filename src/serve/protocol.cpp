@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include "model/sampler.h"
 #include "serve/protocol_reader.h"
 #include "serve/stop_matcher.h"
 
@@ -145,10 +146,10 @@ bool ParseRequest(Api api, std::string_view body, GenerationRequest* out, ApiErr
   out->sampling.max_tokens = static_cast<int>(max_tokens);
 
   if (!r.Number("temperature", 0.0, anthropic ? 1.0 : 2.0, &out->sampling.temperature) ||
-      !r.Number("top_p", 0.0, 1.0, &out->sampling.top_p))
+      !r.Number("top_p", 0.0, kMaxTopP, &out->sampling.top_p))
     return done(false);
-  int64_t top_k = 0;
-  if (!r.Int("top_k", 0, 1 << 20, &top_k)) return done(false);
+  int64_t top_k = 0;  // the ranges run's flags share (model/sampler.h)
+  if (!r.Int("top_k", 0, kMaxTopK, &top_k)) return done(false);
   out->sampling.top_k = static_cast<int>(top_k);
   int64_t seed = 0;
   if (!r.Int("seed", INT64_MIN, INT64_MAX, &seed, &out->sampling.has_seed)) return done(false);

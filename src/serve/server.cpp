@@ -1,16 +1,17 @@
 #include "serve/server.h"
 
+#include <httplib.h>
 #include <signal.h>
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <sstream>
 
-#include <httplib.h>
-
 #include "core/log.h"
+#include "serve/connection.h"
 #include "serve/protocol.h"
 
 namespace substrate::serve {
@@ -57,13 +58,51 @@ bool SameKey(const std::string& a, const std::string& b) {
   return diff == 0 && !b.empty();
 }
 
-// httplib listens with a backlog of 5 (fixed in Debian's compiled library): a burst of new
-// connections overflows it, and the kernel drops them (clients see a stall of a second or a
-// reset). Listening again on the bound socket raises the backlog.
-class HttplibServer : public httplib::Server {
- public:
-  bool RaiseBacklog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
-};
+// The credentials of "Authorization: Bearer KEY". The scheme is case-insensitive (RFC 9110
+// 11.1: "bearer KEY" is the same header), and any run of spaces may follow it.
+std::string BearerToken(const std::string& auth) {
+  static constexpr std::string_view kScheme = "bearer";
+  if (auth.size() <= kScheme.size() ||
+      (auth[kScheme.size()] != ' ' && auth[kScheme.size()] != '\t'))
+    return "";
+  for (size_t i = 0; i < kScheme.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(auth[i])) != kScheme[i]) return "";
+  size_t p = kScheme.size();
+  while (p < auth.size() && (auth[p] == ' ' || auth[p] == '\t')) ++p;
+  return auth.substr(p);
+}
+
+// A POST's body framing, checked before httplib reads the body: without a Content-Length (and
+// not chunked) httplib reads until the client closes, and a negative or overflowing one parses
+// as a huge length it then tries to skip: both held the connection until the read timeout.
+// Returns the status to answer at once (411, 400, 413), or 0.
+int BodyFramingError(const httplib::Request& req, uint64_t max_body, std::string* why) {
+  if (req.method != "POST" && req.method != "PUT" && req.method != "PATCH") return 0;
+  const std::string te = req.get_header_value("Transfer-Encoding");
+  if (!te.empty()) return 0;  // chunked: httplib reads chunk by chunk, bounded by the limit
+  if (!req.has_header("Content-Length")) {
+    *why = "a request body needs a Content-Length header";
+    return 411;
+  }
+  if (req.get_header_value_count("Content-Length") > 1) {
+    *why = "more than one Content-Length header";
+    return 400;
+  }
+  const std::string v = req.get_header_value("Content-Length");
+  uint64_t n = 0;
+  bool ok = !v.empty() && v.size() <= 19;
+  for (char c : v) ok = ok && c >= '0' && c <= '9';
+  if (ok) n = std::stoull(v);
+  if (!ok) {
+    *why = "Content-Length '" + v.substr(0, 40) + "' is not a byte count";
+    return 400;
+  }
+  if (n > max_body) {
+    *why = "request body is larger than the limit of " + std::to_string(max_body) + " bytes";
+    return 413;
+  }
+  return 0;
+}
 
 }  // namespace
 
@@ -80,16 +119,15 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::Create(InferenceBackend* backe
                                               " tokens is too small");
   ASSIGN_OR_RETURN(s->scheduler_, Scheduler::Create(backend, options.parallel, options.max_queue));
 
-  s->http_ = std::make_unique<HttplibServer>();
-  // Every streaming client holds an HTTP thread, and so does every request waiting in the
-  // queue; a few more serve /health and /metrics while all of them are busy.
-  const size_t threads = static_cast<size_t>(options.parallel + options.max_queue + 4);
-  s->http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // Every streaming client holds a worker, and so does every request waiting in the queue; a
+  // few more serve /health and /metrics while all of them are busy. Connections between
+  // requests or still sending headers hold none (serve/connection.h).
+  ConnectionLimits limits;
+  limits.workers = options.parallel + options.max_queue + 4;
+  limits.header_timeout_ms = options.header_timeout_ms;
+  limits.request_timeout_ms = options.request_timeout_ms;
+  s->http_ = std::make_unique<ConnectionServer>(limits);
   s->http_->set_payload_max_length(options.max_body_bytes);
-  s->http_->set_read_timeout(30, 0);
-  s->http_->set_write_timeout(10, 0);
-  s->http_->set_keep_alive_timeout(5);
-  s->http_->set_keep_alive_max_count(1000);
   s->http_->set_tcp_nodelay(true);
   s->InstallRoutes();
 
@@ -105,7 +143,7 @@ Expected<std::unique_ptr<HttpServer>> HttpServer::Create(InferenceBackend* backe
                      " (in use, or the address is not local)");
     s->port_ = options.port;
   }
-  if (!static_cast<HttplibServer*>(s->http_.get())->RaiseBacklog(1024))
+  if (!s->http_->RaiseBacklog(1024))
     LOG_WARN("serve: could not raise the listen backlog; bursts of connections may stall");
   return s;
 }
@@ -131,6 +169,7 @@ void HttpServer::Stop() {
   if (scheduler_) scheduler_->Shutdown();
   if (http_) http_->stop();
   if (thread_.joinable()) thread_.join();
+  if (http_) http_->Shutdown();
   // Destroying the scheduler cancels generations, which lets streaming handlers finish.
   scheduler_.reset();
   http_.reset();
@@ -140,11 +179,20 @@ void HttpServer::InstallRoutes() {
   httplib::Server& http = *http_;
 
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    std::string why;
+    if (const int status = BodyFramingError(req, options_.max_body_bytes, &why)) {
+      const Api api = ApiForPath(req.path);
+      const bool anthropic = api == Api::kAnthropicMessages;
+      const char* type = status == 413 && anthropic ? "request_too_large" : "invalid_request_error";
+      SendError(res, api, MakeError(status, type, why, status == 413 ? "request_too_large" : ""));
+      ConnectionServer::CloseAfterResponse();  // its body, if any, is unread
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (options_.api_key.empty() || req.path.rfind("/v1/", 0) != 0)
       return httplib::Server::HandlerResponse::Unhandled;
     std::string key;
     const std::string auth = req.get_header_value("Authorization");
-    if (auth.rfind("Bearer ", 0) == 0) key = auth.substr(7);
+    key = BearerToken(auth);
     if (key.empty()) key = req.get_header_value("x-api-key");
     if (SameKey(key, options_.api_key)) return httplib::Server::HandlerResponse::Unhandled;
     Api api = ApiForPath(req.path);

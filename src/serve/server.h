@@ -19,11 +19,9 @@
 #include "serve/backend.h"
 #include "serve/scheduler.h"
 
-namespace httplib {
-class Server;
-}
-
 namespace substrate::serve {
+
+class ConnectionServer;  // serve/connection.h
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -33,6 +31,10 @@ struct ServerOptions {
   int max_queue = 64;            // requests waiting for a slot before 503/529
   int context = 0;               // tokens per request; 0 or more than the model's: the model's
   uint64_t max_body_bytes = 4ull << 20;
+  // A request's headers must arrive within header_timeout_ms of its first byte, and its body
+  // within request_timeout_ms (slow clients are cut, not waited for; serve/connection.h).
+  int header_timeout_ms = 10000;
+  int request_timeout_ms = 60000;
   MemoryLedger* ledger = nullptr;  // reported by /metrics; null: MemoryLedger::Global()
   // "auto": <think>...</think> is returned apart (reasoning_content, thinking blocks);
   // "none": it stays in the text.
@@ -77,7 +79,7 @@ class HttpServer {
   int context_ = 0;
   int port_ = 0;
   std::unique_ptr<Scheduler> scheduler_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<ConnectionServer> http_;
   std::atomic<bool> stopping_{false};  // ends the event streams
   std::thread thread_;
   mutable std::mutex counts_mu_;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "serve/connection.h"
 #include "serve/protocol.h"
 #include "serve/server.h"
 #include "serve/web_page.h"

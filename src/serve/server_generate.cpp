@@ -9,6 +9,7 @@
 #include <random>
 
 #include "core/log.h"
+#include "serve/connection.h"
 #include "serve/json_schema.h"
 #include "serve/output_parser.h"
 #include "serve/protocol.h"
@@ -266,7 +267,17 @@ void HttpServer::InstallGenerateRoutes() {
         std::vector<ChoiceResult> choices;
         for (auto& job : jobs) {
           ChoiceResult c;
-          std::string text = job->WaitAll(&c.logprobs);
+          // Waits for the whole answer, watching the connection: a client gone frees the slots
+          // (a non-streaming request has no write to fail until the end).
+          std::string text;
+          bool gone = false;
+          while (!job->Take(std::chrono::milliseconds(100), &text, &c.logprobs)) {
+            if (!gone && ConnectionServer::ClientGone()) {
+              gone = true;
+              for (auto& j : jobs) scheduler_->Cancel(j);
+            }
+          }
+          if (gone) return;  // nobody to answer
           if (job->end() == JobEnd::kFailed || job->end() == JobEnd::kCancelled) {
             for (auto& j : jobs) scheduler_->Cancel(j);
             return Send(res, api, job_error(*job));

@@ -101,9 +101,9 @@ Expected<UnitTypes> DecideTypes(const TensorInfo& t, const std::string& op,
 // One file of one op at one tier; ranges are appended in pieces, each 4096-aligned.
 class OpWriter {
  public:
-  Status Open(const std::string& dir, const std::string& op, int tier) {
+  Status Open(const std::string& dir, const std::string& op, int tier, Env* env) {
     name_ = FileName(op, tier);
-    ASSIGN_OR_RETURN(w_, AtomicFileWriter::Create(dir + "/" + name_));
+    ASSIGN_OR_RETURN(w_, AtomicFileWriter::Create(dir + "/" + name_, env));
     return Status::Ok();
   }
   Status Begin() {
@@ -299,6 +299,11 @@ Expected<PackStats> PackStore(const ModelFile& model, const std::string& out_dir
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) return IOError("pack: cannot create '" + out_dir + "': " + ec.message());
+  // Packing over a store replaces its files one by one: without its manifest, a store that
+  // fails half-way (a full disk) reads as incomplete rather than as checksum errors.
+  Env* env = options.env ? options.env : Env::Default();
+  const std::string manifest_path = out_dir + "/manifest.json";
+  if (env->FileExists(manifest_path)) RETURN_IF_ERROR(env->RemoveFile(manifest_path));
 
   PackStats stats;
   json entries = json::array();
@@ -319,7 +324,7 @@ Expected<PackStats> PackStore(const ModelFile& model, const std::string& out_dir
     for (const UnitTypes& ut : types[i])
       op_tiers = std::max(op_tiers, 1 + static_cast<int>(ut.residuals.size()));
     std::vector<OpWriter> writers(op_tiers);
-    for (int k = 0; k < op_tiers; ++k) RETURN_IF_ERROR(writers[k].Open(out_dir, op, k));
+    for (int k = 0; k < op_tiers; ++k) RETURN_IF_ERROR(writers[k].Open(out_dir, op, k, env));
     stats.n_files += op_tiers;
 
     for (size_t j = 0; j < layout[i].second.size(); ++j) {
@@ -369,9 +374,13 @@ Expected<PackStats> PackStore(const ModelFile& model, const std::string& out_dir
   if (bar) bar->Finish();
 
   // The metadata travels as a tensorless GGUF, so the runtime opens it with ModelFile.
-  GgufWriter meta(out_dir + "/model.gguf");
+  GgufWriter meta(out_dir + "/model.gguf", env);
   meta.SetMetadata(model.metadata());
   RETURN_IF_ERROR(meta.Finish());
+  // Its checksum as written, so that an edit of it (block_count, rope.freq_base: a different
+  // model over the same data) is found at open.
+  ASSIGN_OR_RETURN(std::string meta_bytes,
+                   ReadFileToString(out_dir + "/model.gguf", 1ull << 32, env));
 
   json tiers = json::array();
   if (options.plan) {
@@ -380,10 +389,16 @@ Expected<PackStats> PackStore(const ModelFile& model, const std::string& out_dir
     tiers.push_back(options.keep_skeleton ? "keep" : DTypeName(options.skeleton));
     for (int k = 1; k < max_tiers; ++k) tiers.push_back(DTypeName(options.residuals[k - 1]));
   }
-  json manifest = {{"format", "substrate-store"}, {"schema_version", kStoreSchemaVersion},
-                   {"alignment", kStoreAlignment}, {"model", "model.gguf"},
-                   {"tiers", tiers}, {"tensors", tensors}, {"entries", entries}};
-  RETURN_IF_ERROR(WriteFileAtomic(out_dir + "/manifest.json", manifest.dump(1)));
+  json manifest = {{"format", "substrate-store"},
+                   {"schema_version", kStoreSchemaVersion},
+                   {"alignment", kStoreAlignment},
+                   {"model", "model.gguf"},
+                   {"model_bytes", meta_bytes.size()},
+                   {"model_crc32c", Crc32c(meta_bytes.data(), meta_bytes.size())},
+                   {"tiers", tiers},
+                   {"tensors", tensors},
+                   {"entries", entries}};
+  RETURN_IF_ERROR(WriteFileAtomic(manifest_path, manifest.dump(1), env));
   return stats;
 }
 

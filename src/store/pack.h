@@ -3,8 +3,9 @@
 // and refine it only where it can afford to.
 //
 // Layout of STORE/:
-//   manifest.json       schema version, tier names, per tensor unit (tensor, expert slice):
-//                       op id, tier, file, offset, bytes, type, CRC32C
+//   manifest.json       schema version, tier names, model.gguf's size and CRC32C, per tensor
+//                       unit (tensor, expert slice): op id, tier, file, offset, bytes, type,
+//                       CRC32C
 //   model.gguf          the model's metadata (tokenizer, hparams) and no tensors
 //   <op_id>.t<k>.bin    data of op <op_id> at tier k, every range aligned to 4096 (O_DIRECT)
 // A tensor unit is a whole tensor, or one expert slice of a 3-D expert tensor (stored in its
@@ -25,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "core/env.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "format/dtype.h"
@@ -33,7 +35,8 @@ namespace substrate {
 
 class ModelFile;
 
-constexpr int kStoreSchemaVersion = 1;
+// 2: the manifest carries model.gguf's size and CRC32C (1, without them, still opens).
+constexpr int kStoreSchemaVersion = 2;
 constexpr uint64_t kStoreAlignment = 4096;
 
 // What pack takes from a plan (compiler/plan_bundle.h's JSON): "tensor_types" (tier-0 type per
@@ -60,6 +63,8 @@ struct PackOptions {
   ThreadPool* pool = nullptr;
   // A progress bar on stderr (shown only when stderr is a terminal).
   bool progress = false;
+  // Writes the store's files; nullptr: Env::Default().
+  Env* env = nullptr;
 };
 
 struct PackStats {

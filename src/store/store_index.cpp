@@ -3,7 +3,11 @@
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
+#include "format/model_fingerprint.h"
+#include "model/hparams.h"
+#include "model/op_id.h"
 #include "store/crc32c.h"
 #include "store/pack.h"
 
@@ -34,7 +38,7 @@ Expected<std::unique_ptr<StoreIndex>> StoreIndex::Open(const std::string& dir,
                                                        const StoreIndexOptions& options) {
   const std::string mpath = dir + "/manifest.json";
   if (!FileExists(mpath)) return NotFound("store '" + dir + "': no manifest.json");
-  ASSIGN_OR_RETURN(std::string text, ReadFileToString(mpath, 1ull << 31));
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(mpath, 1ull << 31, options.env));
   std::unique_ptr<StoreIndex> ix(new StoreIndex());
   ix->options_ = options;
   ix->options_.max_tier = std::clamp(options.max_tier, 0, 2);
@@ -55,14 +59,21 @@ Status StoreIndex::Parse(const std::string& text) {
   if (!m.is_object() || m.value("format", "") != "substrate-store")
     return Corruption(mpath + ": not a substrate store manifest");
   const int version = m.at("schema_version").get<int>();
-  if (version != kStoreSchemaVersion)
-    return Corruption(mpath + ": schema_version " + std::to_string(version) + ", this build reads " +
-                      std::to_string(kStoreSchemaVersion));
+  if (version < 1 || version > kStoreSchemaVersion)
+    return Corruption(mpath + ": schema_version " + std::to_string(version) +
+                      ", this build reads 1 to " + std::to_string(kStoreSchemaVersion));
   n_tiers_ = static_cast<int>(m.at("tiers").size());
   if (n_tiers_ < 1 || n_tiers_ > 3) return Corruption(mpath + ": 1 to 3 tiers expected");
   for (const json& t : m.at("tiers")) tier_names_.push_back(t.is_string() ? t.get<std::string>() : "?");
 
-  ASSIGN_OR_RETURN(meta_, ModelFile::Open(dir_ + "/" + m.at("model").get<std::string>()));
+  const std::string model_name = m.at("model").get<std::string>();
+  if (model_name.empty() || model_name.find('/') != std::string::npos)
+    return Corruption(mpath + ": bad model file name '" + model_name + "'");
+  if (version >= 2) {
+    RETURN_IF_ERROR(VerifyModelFile(model_name, m.at("model_bytes").get<uint64_t>(),
+                                    m.at("model_crc32c").get<uint32_t>()));
+  }
+  ASSIGN_OR_RETURN(meta_, ModelFile::Open(dir_ + "/" + model_name));
 
   for (const json& t : m.at("tensors")) {
     StoreTensor tensor;
@@ -137,7 +148,8 @@ Status StoreIndex::Parse(const std::string& text) {
 
     auto& fi = files[file];
     if (fi == 0) {
-      ASSIGN_OR_RETURN(auto f, RandomAccessFile::Open(dir_ + "/" + file, options_.direct_io));
+      Env* env = options_.env ? options_.env : Env::Default();
+      ASSIGN_OR_RETURN(auto f, env->NewRandomAccessFile(dir_ + "/" + file, options_.direct_io));
       files_.push_back(std::move(f));
       fi = static_cast<int>(files_.size());
     }
@@ -165,6 +177,7 @@ Status StoreIndex::Parse(const std::string& text) {
       if (t.units[s].n_tiers == 0)
         return Corruption(mpath + ": tensor '" + t.info.name + "' slice " + std::to_string(s) +
                           " has no data");
+  RETURN_IF_ERROR(CheckMatchesModel());
   // A unit's loadable tiers must be all of its op's loadable tiers, or the slab layout breaks.
   for (const StoreOp& o : ops_)
     for (const auto& [id, slice] : o.units) {
@@ -174,6 +187,82 @@ Status StoreIndex::Parse(const std::string& text) {
           return Corruption(mpath + ": " + u.tier[k].what + ": op '" + o.id + "' is inconsistent");
     }
   return Status::Ok();
+}
+
+// model.gguf holds only metadata (a few MB of vocabulary at most): read whole and checksummed.
+Status StoreIndex::VerifyModelFile(const std::string& name, uint64_t bytes, uint32_t crc) const {
+  const std::string path = dir_ + "/" + name;
+  Env* env = options_.env ? options_.env : Env::Default();
+  ASSIGN_OR_RETURN(auto f, env->NewRandomAccessFile(path, false));
+  if (f->size() != bytes)
+    return Corruption("store '" + dir_ + "': " + name + " is " + std::to_string(f->size()) +
+                      " bytes, the manifest says " + std::to_string(bytes) +
+                      ": it was changed after pack (repack the store)");
+  if (bytes > (1ull << 32)) return Corruption("store '" + dir_ + "': " + name + " is too large");
+  std::string data(bytes, '\0');
+  RETURN_IF_ERROR(f->Read(0, bytes, data.data()));
+  const uint32_t got = Crc32c(data.data(), data.size());
+  if (got != crc)
+    return Corruption("store '" + dir_ + "': " + name + ": checksum mismatch (crc32c " +
+                      std::to_string(got) + ", manifest says " + std::to_string(crc) +
+                      "): it was changed after pack (repack the store)");
+  return Status::Ok();
+}
+
+// model.gguf says which ops the model runs (architecture, layers, experts); the manifest says
+// which ops the store holds. A model.gguf copied from another model (or edited) would otherwise
+// surface later as a missing tensor or, worse, as a budget the wrong hparams cannot meet.
+Status StoreIndex::CheckMatchesModel() const {
+  const std::string what = "store '" + dir_ + "': manifest.json and model.gguf do not match: ";
+  auto hp = ModelHParams::FromMetadata(meta_->metadata());
+  if (!hp.ok()) return hp.status().WithContext("store '" + dir_ + "': model.gguf");
+  const std::string model =
+      hp->arch + " with " + std::to_string(hp->n_layer) + " layers" +
+      (hp->n_expert > 0 ? " and " + std::to_string(hp->n_expert) + " experts" : "");
+  std::set<std::string> model_ops;
+  for (const OpSpec& op :
+       ListOps(*hp, [&](const std::string& n) { return Resolve(n) != kNoTensor; })) {
+    model_ops.insert(op.id);
+    for (const OpTensorRef& t : op.tensors) {
+      const TensorId id = Resolve(t.name);
+      if (id == kNoTensor)
+        return Corruption(what + "model.gguf describes " + model + ", whose op '" + op.id +
+                          "' needs tensor '" + t.name + "', which the manifest does not have");
+      if (t.slice >= 0 && (tensors_[id].info.ne.size() < 2 ||
+                           static_cast<uint64_t>(t.slice) >= tensors_[id].info.outer()))
+        return Corruption(what + "model.gguf describes " + model + ", whose op '" + op.id +
+                          "' needs slice " + std::to_string(t.slice) + " of '" + t.name +
+                          "', which the manifest's shape does not have");
+    }
+  }
+  for (const StoreOp& o : ops_)
+    if (o.id != "misc" && !model_ops.count(o.id))
+      return Corruption(what + "the manifest holds op '" + o.id + "', which " + model +
+                        " (model.gguf) does not have");
+  return Status::Ok();
+}
+
+Expected<uint64_t> StoreFingerprint(const std::string& dir, int tier, Env* env) {
+  const std::string mpath = dir + "/manifest.json";
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(mpath, 1ull << 31, env));
+  try {
+    const json m = json::parse(text);
+    uint64_t h = Fnv1a(kFnvOffset, &tier, sizeof tier);
+    const uint64_t model_crc = m.value("model_crc32c", uint64_t{0});
+    h = Fnv1a(h, &model_crc, sizeof model_crc);
+    for (const json& e : m.at("entries")) {
+      if (e.at("tier").get<int>() > tier) continue;
+      const std::string key =
+          e.at("tensor").get<std::string>() + "/" + std::to_string(e.at("slice").get<int>()) + "/" +
+          std::to_string(e.at("tier").get<int>()) + "/" + e.at("type").get<std::string>() + "/" +
+          std::to_string(e.at("bytes").get<uint64_t>()) + "/" +
+          std::to_string(e.at("crc32c").get<uint32_t>());
+      h = Fnv1a(h, key.data(), key.size());
+    }
+    return h;
+  } catch (const json::exception& e) {
+    return Corruption(mpath + ": malformed manifest: " + e.what());
+  }
 }
 
 std::string StoreIndex::LadderText() const {

@@ -59,7 +59,13 @@ struct StoreOp {
 struct StoreIndexOptions {
   int max_tier = 2;        // tiers above it are not opened nor checked
   bool direct_io = false;  // open data files with O_DIRECT (falls back where refused)
+  Env* env = nullptr;      // opens and reads the store's files; nullptr: Env::Default()
 };
+
+// The fingerprint of a store's weights at tiers 0..tier, from its manifest alone (nothing else
+// is read): every entry's tensor, slice, tier, type, size and CRC32C, and model.gguf's checksum.
+// Unlike format/model_fingerprint.h's sampled one, it covers every byte.
+Expected<uint64_t> StoreFingerprint(const std::string& dir, int tier, Env* env = nullptr);
 
 class StoreIndex {
  public:
@@ -98,6 +104,8 @@ class StoreIndex {
  private:
   StoreIndex() = default;
   Status Parse(const std::string& text);
+  Status CheckMatchesModel() const;
+  Status VerifyModelFile(const std::string& name, uint64_t bytes, uint32_t crc) const;
 
   StoreIndexOptions options_;
   std::string dir_;

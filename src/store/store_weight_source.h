@@ -45,6 +45,10 @@ class StoreWeightSource : public WeightSource {
                                  int tier = kDefaultTier) override;
 
   int DefaultTier() const override { return options_.serve_tier; }
+  uint64_t OpBytes(const std::string& op_id, int tier) const override {
+    const int o = index_->FindOp(op_id);
+    return o < 0 ? 0 : index_->ops()[o].SlabBytes(tier);
+  }
   void EndOp(const std::string& op_id) override;
 
   // Bytes read from the store so far (at open, or by streaming).

@@ -30,12 +30,14 @@ struct PlanCounts {
 
 // A plan for PackedTinyMoeStore(), saved as StoreTestPath(name): the ops of kinds `streamed`
 // accepts are streamed (evicted after themselves, stalling when late), the others resident;
-// `start_during(op)` gives a streamed op's prefetch start op, nullopt for no prefetch entry.
-// Routed experts are left to the expert cache.
+// `start_during(op)` gives a streamed op's prefetch start op, nullopt for no prefetch entry;
+// `fallback` is what a streamed op does when its read is late. Routed experts are left to the
+// expert cache.
 inline Expected<std::string> WriteTinyMoePlan(
     const std::function<bool(OpKind)>& streamed,
     const std::function<std::optional<std::string>(const std::string&)>& start_during,
-    const std::string& name, PlanCounts* counts = nullptr) {
+    const std::string& name, PlanCounts* counts = nullptr,
+    compiler::FallbackStrategy fallback = compiler::FallbackStrategy::kStall) {
   ASSIGN_OR_RETURN(auto index, StoreIndex::Open(PackedTinyMoeStore()));
   ASSIGN_OR_RETURN(ModelHParams hp, ModelHParams::FromMetadata(index->meta().metadata()));
   compiler::PlanBundle plan;
@@ -62,7 +64,7 @@ inline Expected<std::string> WriteTinyMoePlan(
     tier.requires_ = {t.id};
     if (stream) {
       tier.evict_after = {t.id};
-      tier.fallback = compiler::FallbackStrategy::kStall;
+      tier.fallback = fallback;
       if (auto start = start_during(op.id)) tier.prefetch = {{t.id, *start, op.id}};
     }
     b.tiers = {tier};

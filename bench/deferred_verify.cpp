@@ -1,0 +1,186 @@
+// Deferred verification against its alternatives on one store, side by side in one process:
+//   (a) the top tier every token          (d) the skeleton (draft tier) alone
+//   (b) --verify all at W = 4, 8, 16       (c) --verify margin at three taus (W = 8)
+// For each: tokens/s, time to first token, the verify counters, the share of tokens equal to
+// (a)'s greedy output, and the judge measure of the seed: the top tier's mean log-probability
+// of the generated text. Greedy; prompts are lines of a text file (heldout code for the trained
+// models; random weights make the quality columns meaningless, not the speed ones).
+//
+//   bench_deferred_verify --store S --max-ram SIZE --prompts FILE [-n 48] [--count 6] [-c 512]
+//                         [--modes a,b4,b8,b16,c0.5,c1,c2,d]
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/memory_ledger.h"
+#include "runtime/engine.h"
+
+using namespace substrate;
+
+namespace {
+
+struct Args {
+  std::string store, prompts, modes = "a,b4,b8,b16,c0.5,c1,c2,d";
+  uint64_t max_ram = 0;
+  int n = 48, count = 6, ctx = 512;
+};
+
+// Top-tier mean log-probability of `gen` after `prompt` (one pass over both, all logits).
+double JudgeLogProb(Engine& e, const std::vector<int32_t>& prompt, const std::vector<int32_t>& gen) {
+  if (gen.empty()) return 0;
+  Model& m = e.model();
+  std::fill(m.op_tiers().begin(), m.op_tiers().end(),
+            static_cast<uint8_t>(e.weights().DefaultTier()));
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), gen.begin(), gen.end());
+  auto cache = KvCache::Create(m.hparams(), static_cast<int64_t>(all.size()) + 1, m.backend());
+  if (!cache.ok()) return NAN;
+  std::vector<float> logits;
+  if (!m.Forward(all.data(), static_cast<int64_t>(all.size()), *cache, true, &logits).ok()) return NAN;
+  const int64_t V = m.hparams().n_vocab;
+  double sum = 0;
+  for (size_t i = 0; i < gen.size(); ++i) {
+    const float* row = logits.data() + (prompt.size() - 1 + i) * V;
+    double mx = row[0], z = 0;
+    for (int64_t k = 1; k < V; ++k) mx = std::max<double>(mx, row[k]);
+    for (int64_t k = 0; k < V; ++k) z += std::exp(row[k] - mx);
+    sum += row[gen[i]] - mx - std::log(z);
+  }
+  return sum / static_cast<double>(gen.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--store") a.store = v;
+    else if (k == "--prompts") a.prompts = v;
+    else if (k == "--modes") a.modes = v;
+    else if (k == "-n") a.n = std::stoi(v);
+    else if (k == "--count") a.count = std::stoi(v);
+    else if (k == "-c") a.ctx = std::stoi(v);
+    else if (k == "--max-ram") a.max_ram = *ParseBytes(v);
+    else { std::fprintf(stderr, "unknown flag %s\n", k.c_str()); return 2; }
+  }
+  if (a.store.empty() || a.prompts.empty() || a.max_ram == 0) {
+    std::fprintf(stderr, "usage: bench_deferred_verify --store S --max-ram SIZE --prompts FILE\n");
+    return 2;
+  }
+  EngineOptions eo;
+  eo.store = a.store;
+  eo.max_ram = a.max_ram;
+  eo.n_ctx = a.ctx;
+  eo.require_tokenizer = false;
+  eo.residency.resident_max_tier = 0;  // the skeletons resident, the residuals streamed
+  auto engine = Engine::Load("", eo);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());
+    return 1;
+  }
+  Engine& e = **engine;
+  // Prompts: non-empty lines of at least 20 characters, the first --count of them.
+  std::vector<std::vector<int32_t>> prompts;
+  std::ifstream in(a.prompts);
+  std::string line;
+  const int64_t V = e.model().hparams().n_vocab;
+  while (std::getline(in, line) && static_cast<int>(prompts.size()) < a.count) {
+    if (line.size() < 20) continue;
+    std::vector<int32_t> ids;
+    if (e.tokenizer()) {
+      auto t = e.tokenizer()->Encode(line, {.add_special = true, .parse_special = false});
+      if (!t.ok()) continue;
+      ids.assign(t->begin(), t->end());
+    } else {
+      for (size_t i = 0; i < std::min<size_t>(line.size(), 16); ++i)
+        ids.push_back(static_cast<int32_t>((line[i] * 131 + i * 7) % V));
+    }
+    prompts.push_back(ids);
+  }
+  std::vector<std::vector<int32_t>> reference;  // (a)'s tokens per prompt
+  nlohmann::json out = nlohmann::json::array();
+  std::stringstream modes(a.modes);
+  std::string mode;
+  while (std::getline(modes, mode, ',')) {
+    GenerateOptions go;
+    go.max_tokens = a.n;
+    go.stop_at_eog = false;
+    const int top = e.weights().DefaultTier();
+    int plain_tier = top;
+    if (mode == "d") plain_tier = 0;
+    if (mode[0] == 'b') {
+      go.verify.mode = VerifyOptions::Mode::kAll;
+      go.verify.window = std::stoi(mode.substr(1));
+    } else if (mode[0] == 'c') {
+      go.verify.mode = VerifyOptions::Mode::kMargin;
+      go.verify.window = 8;
+      go.verify.tau = std::stof(mode.substr(1));
+    }
+    GenerateStats sum;
+    double seconds = 0, ttft = 0, judge = 0;
+    int64_t equal = 0, total = 0;
+    const uint64_t read0 = e.runtime()->stats().stream_bytes_read;
+    for (size_t pi = 0; pi < prompts.size(); ++pi) {
+      std::fill(e.model().op_tiers().begin(), e.model().op_tiers().end(),
+                static_cast<uint8_t>(plain_tier));
+      auto s = e.NewSession(a.ctx);
+      std::vector<int32_t> gen;
+      auto st = e.Generate(**s, prompts[pi], go, [&](int32_t t, const std::string&) {
+        if (t >= 0) gen.push_back(t);
+        return true;
+      });
+      if (!st.ok()) {
+        std::fprintf(stderr, "%s: %s\n", mode.c_str(), st.status().ToString().c_str());
+        return 1;
+      }
+      seconds += st->decode_seconds + st->prompt_seconds;
+      ttft += st->first_token_seconds;
+      sum.n_generated += st->n_generated;
+      sum.n_drafted += st->n_drafted;
+      sum.n_verified += st->n_verified;
+      sum.n_verify_passes += st->n_verify_passes;
+      sum.n_rollbacks += st->n_rollbacks;
+      sum.n_rollback_lost += st->n_rollback_lost;
+      sum.verify_bytes += st->verify_bytes;
+      if (mode == "a") reference.push_back(gen);
+      if (pi < reference.size()) {
+        for (size_t i = 0; i < gen.size() && i < reference[pi].size(); ++i)
+          equal += gen[i] == reference[pi][i];
+        total += static_cast<int64_t>(reference[pi].size());
+      }
+      judge += JudgeLogProb(e, prompts[pi], gen);
+    }
+    const double n = static_cast<double>(std::max<int64_t>(sum.n_generated, 1));
+    out.push_back({{"mode", mode},
+                   {"tokens", sum.n_generated},
+                   {"tokens_per_s", sum.n_generated / seconds},
+                   {"first_token_seconds", ttft / prompts.size()},
+                   {"drafted", sum.n_drafted},
+                   {"verified", sum.n_verified},
+                   {"verify_passes", sum.n_verify_passes},
+                   {"rollbacks", sum.n_rollbacks},
+                   {"rollback_lost", sum.n_rollback_lost},
+                   {"verify_bytes_per_token", sum.verify_bytes / n},
+                   {"read_bytes_per_token", (e.runtime()->stats().stream_bytes_read - read0) / n},
+                   {"equal_to_top_tier", total ? static_cast<double>(equal) / total : 1.0},
+                   {"judge_mean_logprob", judge / prompts.size()}});
+    std::fprintf(stderr, "%s done\n", mode.c_str());
+  }
+  nlohmann::json j = {{"store", a.store},
+                      {"max_ram", a.max_ram},
+                      {"ledger_peak", e.ledger().peak()},
+                      {"n", a.n},
+                      {"prompts", prompts.size()},
+                      {"runtime", nlohmann::json::parse(e.runtime()->StatsJson())},
+                      {"modes", out}};
+  std::printf("%s\n", j.dump(2).c_str());
+  return 0;
+}
