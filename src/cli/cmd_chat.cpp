@@ -26,7 +26,8 @@ constexpr const char* kUsage =
     "  type a message and press enter; /reset starts over, /exit (or end of input) quits\n";
 
 int RunChat(const std::vector<std::string>& args) {
-  Flags f(args, {StoreFlagsWithValue(GenerationFlagsWithValue({"--system", "--session"}))});
+  Flags f(args, {StoreFlagsWithValue(GenerationFlagsWithValue({"--system", "--session"})),
+                 StoreSwitches()});
   if (!f.status().ok()) return UsageError("chat", f.status(), kUsage);
   if (f.help()) {
     std::fputs(kUsage, stdout);

@@ -58,7 +58,8 @@ int RunServe(const std::vector<std::string>& args) {
                                       "--verify-window", "--verify-tau", "--verify-tier",
                                       "--draft-tier", "--chat-template-file",
                                       "--reasoning-format", "--slot-save-path",
-                                      "--prompt-cache-dir", "--prompt-cache-size"})});
+                                      "--prompt-cache-dir", "--prompt-cache-size"}),
+                 StoreSwitches()});
   if (!f.status().ok()) return UsageError("serve", f.status(), kUsage);
   if (f.help()) {
     std::fputs(kUsage, stdout);
@@ -82,8 +83,7 @@ int RunServe(const std::vector<std::string>& args) {
     return PrintError("serve", InvalidArgument("--parallel must be 1..256"));
   if (*max_queue < 0 || *max_queue > 4096)
     return PrintError("serve", InvalidArgument("--max-queue must be 0..4096"));
-  if (*ctx < 0 || *ctx > (1 << 22))
-    return PrintError("serve", InvalidArgument("-c out of range"));
+  if (*ctx < 0 || *ctx > (1 << 22)) return PrintError("serve", InvalidArgument("-c out of range"));
   auto kv_type = ParseKvType(f);
   if (!kv_type.ok()) return PrintError("serve", kv_type.status());
   const std::string reasoning = f.Get({"--reasoning-format"}, "auto");

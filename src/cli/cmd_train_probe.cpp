@@ -1,10 +1,9 @@
 // substrate train-probe: fits the linear verifier probes of the adaptive runtime (--adaptive
 // --verifier linear --probes P) on a text, through a store with residual tiers.
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cli/command.h"
 #include "cli/generation_flags.h"
@@ -27,15 +26,15 @@ constexpr const char* kUsage =
 int RunTrainProbe(const std::vector<std::string>& args) {
   Flags f(args, StoreFlagsWithValue({"-f", "--file", "-o", "--output", "-c", "--ctx-size",
                                      "--chunks", "--holdout", "--features", "-t", "--threads"}));
-  if (!f.status().ok()) return PrintError("train-probe", f.status());
+  if (!f.status().ok()) return UsageError("train-probe", f.status(), kUsage);
   if (f.Has("-h") || f.Has("--help")) {
     std::fputs(kUsage, stdout);
     return 0;
   }
   const std::string text_path = f.Get({"-f", "--file"}), out = f.Get({"-o", "--output"});
   if (!f.Has("--store") || text_path.empty() || out.empty()) {
-    std::fputs(kUsage, stderr);
-    return PrintError("train-probe", InvalidArgument("need --store STORE/, -f TEXT and -o FILE"));
+    return UsageError("train-probe", InvalidArgument("need --store STORE/, -f TEXT and -o FILE"),
+                      kUsage);
   }
   auto ctx = f.GetInt({"-c", "--ctx-size"}, 128), chunks = f.GetInt({"--chunks"}, 16),
        features = f.GetInt({"--features"}, 256), threads = f.GetInt({"-t", "--threads"}, 0);
@@ -66,8 +65,7 @@ int RunTrainProbe(const std::vector<std::string>& args) {
   if (!probes.ok()) return PrintError("train-probe", probes.status());
   if (Status st = probes->Save(out); !st.ok()) return PrintError("train-probe", st);
   nlohmann::json j;
-  for (const auto& [id, p] : probes->ops)
-    j["heldout_corr"][id] = p.heldout_corr;
+  for (const auto& [id, p] : probes->ops) j["heldout_corr"][id] = p.heldout_corr;
   j["probes"] = out;
   std::printf("%s\n", j.dump(2).c_str());
   return 0;

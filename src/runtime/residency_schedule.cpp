@@ -17,7 +17,13 @@ int ResidencyManager::Admit(int op, int64_t abs) {
   if (bw <= 0) return tier;
   const int64_t n = static_cast<int64_t>(seq_.size());
   double deadline_us = 0;
-  for (int64_t q = pos_ + 1; q < abs; ++q) deadline_us += st_[seq_[q % n]].compute_us;
+  for (int64_t q = pos_ + 1; q < abs; ++q) {
+    const double us = st_[seq_[q % n]].compute_us;
+    // An op not yet timed (the first pass) gives no deadline to hold the read against:
+    // predicting it late would serve the whole first pass below the plan on any disk.
+    if (us == 0) return tier;
+    deadline_us += us;
+  }
   const double queued = static_cast<double>(sched_->queued_bytes());
   const StoreOp& o = index_->ops()[op];
   const uint64_t first = o.SlabOffset(st_[op].resident_top + 1);

@@ -150,21 +150,22 @@ TEST_F(RuntimeFaultTest, LateReadsStallUnderTheStallFallbackAndTheOutputStaysGol
 
 TEST_F(RuntimeFaultTest, LateReadsGoToALowerTierUnderThatFallback) {
   const std::string plan = Plan(compiler::FallbackStrategy::kUseLowerTier);
-  const Windows clean = RunTraced(plan, /*golden=*/false);
-  env_.Add({Kind::kSlowRead, ".attn.t", 0, -1, 50, 0});  // every attention read: +50 ms
+  // Every attention read is slow (+50 ms). Whether a healthy disk keeps up with this tiny model
+  // depends on the host, so the contrast is with the stall fallback under the same fault (the
+  // test above: every window waits at the top tier), not with a clean run.
+  env_.Add({Kind::kSlowRead, ".attn.t", 0, -1, 50, 0});
   ResidencyStats st;
   const Windows slow = RunTraced(plan, /*golden=*/false, &st);
   fs::remove(plan);
-  ASSERT_FALSE(slow.tier.empty());
+  ASSERT_EQ(slow.tier.size(), 36u);  // 6 layers x 6 tokens after the prompt
   EXPECT_GT(st.demoted, 0u);
-  auto at_tier0 = [](const Windows& w) {
-    return static_cast<double>(std::count(w.tier.begin(), w.tier.end(), 0)) /
-           static_cast<double>(std::max<size_t>(1, w.tier.size()));
-  };
-  // The admission sees the slow disk and serves the attention ops at the skeleton (the trace's
-  // tier) instead of waiting; a healthy disk leaves most of them above it.
-  EXPECT_GE(at_tier0(slow), 0.8) << "slow: " << at_tier0(slow) << " of windows at tier 0";
-  EXPECT_LT(at_tier0(clean), 0.5) << "clean: " << at_tier0(clean) << " of windows at tier 0";
+  // Reads issued during the prompt's pass, before any op was timed, have no prediction and wait
+  // at the plan's tier. From the second token on the admission sees the slow reads coming and
+  // serves the attention ops at the skeleton instead of waiting for them.
+  const std::vector<int> later(slow.tier.begin() + 6, slow.tier.end());
+  const double at_tier0 = static_cast<double>(std::count(later.begin(), later.end(), 0)) /
+                          static_cast<double>(later.size());
+  EXPECT_GE(at_tier0, 0.8) << "of windows at tier 0 after the first token";
 }
 
 TEST_F(RuntimeFaultTest, ShortReadsAreResumed) {
