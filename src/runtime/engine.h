@@ -44,6 +44,9 @@ struct AdaptiveOptions {
   std::string probes;                                // kLinear: a `substrate train-probe` file
   std::map<std::string, std::vector<float>> script;  // kScripted: op id -> disagreement per token
   int sample_rows = 16;                              // kResidual: rows sampled per op
+  // An escalation's residual is used from the first token it has arrived for; until then the
+  // op runs on its skeleton (no stall), unless this is set (or a plan says wait).
+  bool wait_for_escalations = false;
   TierControllerOptions controller;  // pool_bytes 0: K times the largest escalation
 };
 
@@ -135,22 +138,22 @@ struct GenerateOptions {
 };
 
 struct GenerateStats {
-  int64_t n_prompt = 0;      // prompt tokens
-  int64_t n_reused = 0;      // of which found in the session's cache (not recomputed)
+  int64_t n_prompt = 0;  // prompt tokens
+  int64_t n_reused = 0;  // of which found in the session's cache (not recomputed)
   int64_t n_generated = 0;
   double prompt_seconds = 0;
   double decode_seconds = 0;
-  int64_t n_forwards = 0;    // decode forward passes
-  int64_t n_drafted = 0;     // drafted tokens evaluated
-  int64_t n_accepted = 0;    // of which shown
-  std::string stop_reason;   // "eog", "stop", "length", "callback", "context"
+  int64_t n_forwards = 0;          // decode forward passes
+  int64_t n_drafted = 0;           // drafted tokens evaluated
+  int64_t n_accepted = 0;          // of which shown
+  std::string stop_reason;         // "eog", "stop", "length", "callback", "context"
   double first_token_seconds = 0;  // from the call to the first shown token
   // Deferred verification.
   int64_t n_verify_passes = 0;
-  int64_t n_verified = 0;        // drafted tokens a verify pass checked
+  int64_t n_verified = 0;  // drafted tokens a verify pass checked
   int64_t n_rollbacks = 0;
-  int64_t n_rollback_lost = 0;   // drafted tokens discarded by rollbacks
-  uint64_t verify_bytes = 0;     // bytes the runtime read during verify passes
+  int64_t n_rollback_lost = 0;  // drafted tokens discarded by rollbacks
+  uint64_t verify_bytes = 0;    // bytes the runtime read during verify passes
 };
 
 // Called per generated token with the text that became complete (may be empty); return false to
