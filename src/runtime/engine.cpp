@@ -241,9 +241,13 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
       }
       const int64_t n_draft = static_cast<int64_t>(batch.size()) - 1;
       std::vector<float>* out = n_draft > 0 ? &rows : &s.logits;
-      RETURN_IF_ERROR(run_pass(
-          [&] { return model_->Forward(batch.data(), n_draft + 1, s.cache, n_draft > 0, out); }));
-      AfterToken();
+      // The controller's tier changes happen inside the pass's turn: with several sessions
+      // (serve's slots) another session's pass must never see the tiers change under it.
+      RETURN_IF_ERROR(run_pass([&]() -> Status {
+        RETURN_IF_ERROR(model_->Forward(batch.data(), n_draft + 1, s.cache, n_draft > 0, out));
+        AfterToken();
+        return Status::Ok();
+      }));
       ++st.n_forwards;
       st.n_drafted += n_draft;
       bool more = true;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "core/log.h"
@@ -460,6 +461,24 @@ nlohmann::json ModelBackend::RuntimeStats() const {
     j["expert_cache"] = {{"hits", 0}, {"misses", 0}, {"slots", 0}};
     j["disk"] = {{"bytes_read", 0}, {"stall_us", 0}, {"op_hits", 0}, {"op_misses", 0},
                  {"demand_loads", 0}};
+  }
+  {
+    // Each op's tier now, counted by tier, and what the adaptive runtime has escalated.
+    std::lock_guard<FifoMutex> lock(forward_mu_);
+    std::map<int, int> by_tier;
+    for (uint8_t t : engine_->model().op_tiers()) ++by_tier[t];
+    nlohmann::json tiers = nlohmann::json::object();
+    for (const auto& [t, n] : by_tier) tiers[std::to_string(t)] = n;
+    j["op_tiers"] = tiers;
+    if (const TierController* c = engine_->tier_controller()) {
+      const TierControllerStats& s = c->stats();
+      nlohmann::json now = nlohmann::json::array();
+      for (int op : c->escalated())
+        now.push_back({{"op", engine_->model().ops()[op].id}, {"tier", c->tier(op)}});
+      j["adaptive"] = {{"escalations", s.escalations}, {"decays", s.decays},
+                       {"refused", s.refused},         {"evictions", s.evictions},
+                       {"escalated", now}};
+    }
   }
   j["constraint"] = {{"masks", masks_.load()}, {"mask_seconds", mask_ns_.load() * 1e-9}};
   if (prompt_cache_) {

@@ -96,7 +96,9 @@ class ModelBackend : public InferenceBackend {
   mutable std::shared_ptr<const ConstraintVocab> vocab_;
   mutable LedgerCharge vocab_charge_;
   int context_ = 0;
-  FifoMutex forward_mu_;  // one forward pass at a time (the Engine's scratch is shared)
+  // One forward pass at a time (the Engine's scratch is shared); RuntimeStats reads the op
+  // tiers in a pass's turn, since the adaptive runtime changes them at the end of a pass.
+  mutable FifoMutex forward_mu_;
   int draft_max_ = 0;
   std::unique_ptr<DiskPromptCache> prompt_cache_;
   // Constrained decoding, summed over finished generations.

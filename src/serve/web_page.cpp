@@ -67,6 +67,7 @@ const char kWebPage[] = R"HTML(<!doctype html>
   <div class="plot" id="plot-tps" data-samples="0"><div class="title">tokens / s<span class="value"></span></div><canvas></canvas><div class="legend"></div></div>
   <div class="plot" id="plot-memory" data-samples="0"><div class="title">memory ledger vs cap<span class="value"></span></div><canvas></canvas><div class="legend"></div></div>
   <div class="plot" id="plot-ops" data-samples="0"><div class="title">ops: resident vs streamed<span class="value"></span></div><canvas></canvas><div class="legend"></div></div>
+  <div class="plot" id="plot-tiers" data-samples="0"><div class="title">ops by tier<span class="value"></span></div><canvas></canvas><div class="legend"></div></div>
   <div class="plot" id="plot-experts" data-samples="0"><div class="title">expert cache per interval<span class="value"></span></div><canvas></canvas><div class="legend"></div></div>
   <div class="plot" id="plot-disk" data-samples="0"><div class="title">disk per token<span class="value"></span></div><canvas></canvas><div class="legend"></div></div>
 </section>
@@ -170,6 +171,13 @@ function onStats(st) {
   push("plot-ops", "resident", ops.resident || 0);
   push("plot-ops", "streamed", ops.streamed || 0);
   draw("plot-ops", {value: `${ops.resident || 0} resident · ${ops.streamed || 0} streamed`});
+
+  // Each op's tier now (counted by tier), and the adaptive runtime's escalated ops.
+  for (const [tier, n] of Object.entries(rt.op_tiers || {})) push("plot-tiers", "tier " + tier, n);
+  const ad = rt.adaptive;
+  const esc = ad ? ad.escalated.map((e) => `${e.op}→${e.tier}`).join(", ") : "";
+  draw("plot-tiers", {value: ad ? `${ad.escalations} escalations` + (esc ? ` · now ${esc}` : "")
+                                : "not adaptive"});
 
   const gen = st.tokens.generated;
   if (last) {

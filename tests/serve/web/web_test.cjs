@@ -46,12 +46,14 @@ test("the page chats with streaming and plots the engine live", async () => {
 
     // The plots keep updating (one sample per 500 ms event).
     await page.waitForFunction((b) => Number(document.getElementById("plot-tps").dataset.samples) >= b + 4, before);
-    for (const id of ["plot-memory", "plot-ops", "plot-experts", "plot-disk"])
+    for (const id of ["plot-memory", "plot-ops", "plot-tiers", "plot-experts", "plot-disk"])
       assert.ok((await samples(id)) >= 2, `${id} did not update`);
     const accounts = await page.$eval("#plot-memory", (e) => e.dataset.series);
     assert.match(accounts, /total/);
     assert.ok(accounts.split(",").length >= 2, `ledger accounts: ${accounts}`);
     assert.match(await page.$eval("#plot-ops .value", (e) => e.textContent), /resident/);
+    // A resident model: every op at one tier, nothing escalated.
+    assert.match(await page.$eval("#plot-tiers", (e) => e.dataset.series), /^tier \d+$/);
     // tokens/s rose while the answer was generated (the plot's last samples cover it).
     const tps = await page.$eval("#plot-tps .value", (e) => Number(e.textContent));
     assert.ok(Number.isFinite(tps));
