@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "backend/cpu/cpu_backend.h"
 #include "model/prompt_lookup.h"
@@ -147,13 +148,58 @@ Status Engine::SetUpAdaptive(const AdaptiveOptions& a) {
     }
   }
   m.set_observer(verifier_.get());
+  if (runtime_ && a.monitor) monitor_ = std::make_unique<RuntimeMonitor>(a.monitor_options);
+  if (runtime_ && runtime_->tracing()) {
+    controller_->set_listener(
+        [](void* ctx, int op, int from, int to, TierSwitch why) {
+          auto* e = static_cast<Engine*>(ctx);
+          e->runtime_->TraceRuntime("tier", "\"op\":" + JsonQuote(e->model_->ops()[op].id) +
+                                                ",\"from\":" + std::to_string(from) +
+                                                ",\"to\":" + std::to_string(to) + ",\"why\":\"" +
+                                                TierSwitchName(why) + "\"");
+        },
+        this);
+  }
   return Status::Ok();
 }
 
-void Engine::AfterToken() {
+void Engine::AfterToken(bool decode_step) {
   if (!controller_) return;
   verifier_->NextToken();
   controller_->EndToken();
+  if (monitor_) {
+    const auto now = std::chrono::steady_clock::now();
+    const ResidencyStats& rs = runtime_->stats();
+    const uint64_t bytes = rs.stream_bytes_read - last_read_bytes_;
+    const double read_s = rs.read_seconds - last_read_seconds_;
+    // Only a decode step that follows another is timed: a prompt's pass, or the first step
+    // after one, says nothing about per-token latency.
+    if (decode_step && last_token_.time_since_epoch().count() != 0 &&
+        monitor_->OnToken(std::chrono::duration<double>(now - last_token_).count(), bytes,
+                          read_s)) {
+      const bool critical = monitor_->state() != RuntimeState::kNormal;
+      if (critical) controller_->ForceDemoteAll();
+      controller_->set_hold(critical);
+      char fields[160];
+      std::snprintf(
+          fields, sizeof fields, "\"state\":\"%s\",\"latency_ratio\":%.3f,\"bw_ratio\":%.3f",
+          RuntimeStateName(monitor_->state()), monitor_->latency_ratio(), monitor_->bw_ratio());
+      runtime_->TraceRuntime("monitor", fields);
+    }
+    last_token_ = decode_step ? now : std::chrono::steady_clock::time_point{};
+    last_read_bytes_ = rs.stream_bytes_read;
+    last_read_seconds_ = rs.read_seconds;
+  }
+  if (runtime_ && runtime_->tracing()) {
+    const TierControllerStats& s = controller_->stats();
+    char fields[160];
+    std::snprintf(fields, sizeof fields,
+                  "\"pool_used\":%llu,\"pool_bytes\":%llu,\"escalated\":%d,\"held\":%s",
+                  static_cast<unsigned long long>(s.pool_used),
+                  static_cast<unsigned long long>(controller_->options().pool_bytes), s.escalated,
+                  controller_->held() ? "true" : "false");
+    runtime_->TraceRuntime("token", fields);
+  }
 }
 
 Expected<std::unique_ptr<Session>> Engine::NewSession(int64_t n_ctx) {
@@ -179,7 +225,7 @@ Expected<int64_t> Engine::Prefill(Session& s, const std::vector<int32_t>& prompt
   RETURN_IF_ERROR(model_->Forward(prompt.data() + common,
                                   static_cast<int64_t>(prompt.size() - common), s.cache, false,
                                   &s.logits));
-  AfterToken();
+  AfterToken(/*decode_step=*/false);
   return static_cast<int64_t>(common);
 }
 

@@ -29,6 +29,7 @@
 #include "model/resident_weight_source.h"
 #include "model/sampler.h"
 #include "runtime/residency_manager.h"
+#include "runtime/runtime_monitor.h"
 #include "runtime/tier_controller.h"
 #include "runtime/verifier.h"
 #include "tokenizer/tokenizer.h"
@@ -48,6 +49,8 @@ struct AdaptiveOptions {
   // op runs on its skeleton (no stall), unless this is set (or a plan says wait).
   bool wait_for_escalations = false;
   TierControllerOptions controller;  // pool_bytes 0: K times the largest escalation
+  bool monitor = true;               // the runtime monitor (out of core only)
+  RuntimeMonitorOptions monitor_options;
 };
 
 struct EngineOptions {
@@ -180,9 +183,14 @@ class Engine {
   Backend& backend() { return *backend_; }
   // The adaptive runtime's controller (null without EngineOptions::adaptive).
   TierController* tier_controller() { return controller_.get(); }
-  // After each evaluated token (the token loops call it; so may other loops over the model):
-  // the verifier's token ends and the controller decays its escalations.
-  void AfterToken();
+  // After each evaluated pass (the token loops call it; so may other loops over the model): the
+  // verifier's token ends, the controller decays its escalations, and the runtime monitor
+  // judges the latency and disk bandwidth of decode tokens that follow one another (demoting
+  // every escalation and holding new ones while either is critical). A prompt's pass is not
+  // such a token (decode_step false), and restarts the monitor's clock.
+  void AfterToken(bool decode_step = true);
+  // The adaptive runtime's monitor (null without it, or resident).
+  const RuntimeMonitor* runtime_monitor() const { return monitor_.get(); }
 
   // n_ctx <= 0: the model's training context.
   Expected<std::unique_ptr<Session>> NewSession(int64_t n_ctx);
@@ -214,6 +222,11 @@ class Engine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<TierController> controller_;  // after model_: it writes its tier table
   std::unique_ptr<VerifierProbe> verifier_;
+  std::unique_ptr<RuntimeMonitor> monitor_;
+  // The monitor's measures at the end of the previous pass.
+  std::chrono::steady_clock::time_point last_token_;
+  uint64_t last_read_bytes_ = 0;
+  double last_read_seconds_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
 };
 

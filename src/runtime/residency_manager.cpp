@@ -29,6 +29,10 @@ ResidencyManager::~ResidencyManager() {
   sched_.reset();  // joins the workers before the buffers they write into go
 }
 
+void ResidencyManager::TraceRuntime(const char* ev, const std::string& fields) {
+  if (trace_) trace_->Runtime(ev, fields, NowUs());
+}
+
 int64_t ResidencyManager::NowUs() const {
   return std::chrono::duration_cast<std::chrono::microseconds>(RuntimeClock::now() - origin_)
       .count();
@@ -482,6 +486,7 @@ void ResidencyManager::EndOp(const std::string& op_id) {
     e.end_us = end;
     e.stall_us = s.win_stall;
     e.hit = s.win_hit;
+    e.skip = s.skip_at == pos_ && s.win_tier == s.resident_top && s.where != Where::kExpert;
     e.where = where;
     trace_->Op(e);
   }

@@ -118,6 +118,9 @@ class ResidencyManager : public WeightSource {
   std::string StatsJson() const;
   // The trace's buffered events reach the file (also done at destruction).
   Status FlushTrace();
+  // Writes an adaptive-runtime event to the trace, if there is one (TraceWriter::Runtime).
+  void TraceRuntime(const char* ev, const std::string& fields);
+  bool tracing() const { return trace_ != nullptr; }
 
  private:
   enum class Where { kResident, kStreamed, kExpert };
