@@ -1,5 +1,6 @@
 // substrate serve: the HTTP server (OpenAI and Anthropic APIs) over a loaded model.
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -7,6 +8,7 @@
 #include "cli/command.h"
 #include "cli/generation_flags.h"
 #include "cli/store_flags.h"
+#include "core/file_io.h"
 #include "core/log.h"
 #include "serve/model_backend.h"
 #include "serve/server.h"
@@ -19,12 +21,16 @@ const char* kUsage =
     "                       [-c CTX] [--parallel N] [-t THREADS] [--max-queue N]\n"
     "                       [--max-body BYTES] [--alias NAME] [--kv-type f32|f16]\n"
     "                       [--draft-max K] [--device cpu|cuda] [--gpu N]\n"
+    "                       [--chat-template-file F] [--reasoning-format auto|none]\n"
+    "                       [--slot-save-path DIR] [--prompt-cache-dir DIR] [--prompt-cache-size SIZE]\n"
     "                       [--store STORE/ --max-ram SIZE [--plan P] [--tier N] [--trace T]\n"
     "                        [--prefetch-depth N] [--io auto|uring|pread] [--io-threads N]]\n"
     "                       [--verify off|all|margin [--verify-window W] [--verify-tau T]\n"
     "                        [--verify-tier N] [--draft-tier N]]  (as for substrate run)\n"
-    "  endpoints: GET /health, GET /metrics, GET /v1/models, POST /v1/chat/completions,\n"
-    "             POST /v1/completions (OpenAI), POST /v1/messages (Anthropic)\n"
+    "  endpoints: GET / (web page), GET /health, GET /metrics, GET /v1/models,\n"
+    "             POST /v1/chat/completions, POST /v1/completions (OpenAI), POST /v1/messages,\n"
+    "             POST /v1/messages/count_tokens (Anthropic), GET /v1/runtime/events (SSE),\n"
+    "             POST /slots/{id}?action=save|restore\n"
     "  --api-key     required as 'Authorization: Bearer KEY' or 'x-api-key: KEY' on /v1/*\n"
     "                (default: $SUBSTRATE_API_KEY, else none)\n"
     "  -c CTX        tokens per request, prompt and answer (default: min(model's, 4096))\n"
@@ -33,33 +39,27 @@ const char* kUsage =
     "  --kv-type T   KV cache rows: f32 (default, exact) or f16 (half the memory per slot)\n"
     "  --draft-max K speculative decoding: up to K tokens drafted from the context (prompt\n"
     "                lookup) and verified per model pass; same output (default 0: off)\n"
+    "  --chat-template-file F  a Jinja chat template used instead of the model's\n"
+    "  --reasoning-format R    auto (default): <think>...</think> returned apart as\n"
+    "                reasoning_content / thinking blocks; none: left in the text\n"
+    "  --slot-save-path DIR    folder for slot files (POST /slots/{id}?action=save|restore,\n"
+    "                body {\"filename\": \"name\"}); off without it\n"
+    "  --prompt-cache-dir DIR  keep evaluated prompts' KV caches on disk and reuse them for\n"
+    "                prompts that start the same way, across restarts\n"
+    "  --prompt-cache-size S   the most the prompt cache keeps (default 8G; oldest go first)\n"
     "  --max-ram SIZE  the RAM budget (weights, every slot's KV cache, scratch)\n"
     "  --store STORE/  run out of core: weights streamed from a packed store (substrate pack)\n"
     "                inside --max-ram; /metrics adds the runtime's counters\n";
 
 int RunServe(const std::vector<std::string>& args) {
-  Flags f(args, {StoreFlagsWithValue({"-m",
-                                      "--model",
-                                      "--host",
-                                      "--port",
-                                      "--api-key",
-                                      "-c",
-                                      "--ctx-size",
-                                      "--parallel",
-                                      "-np",
-                                      "-t",
-                                      "--threads",
-                                      "--max-queue",
-                                      "--max-body",
-                                      "--alias",
-                                      "--kv-type",
-                                      "--cache-type",
-                                      "--draft-max",
-                                      "--verify",
-                                      "--verify-window",
-                                      "--verify-tau",
-                                      "--verify-tier",
-                                      "--draft-tier"}),
+  Flags f(args, {StoreFlagsWithValue({"-m", "--model", "--host", "--port", "--api-key", "-c",
+                                      "--ctx-size", "--parallel", "-np", "-t", "--threads",
+                                      "--max-queue", "--max-body", "--alias", "--kv-type",
+                                      "--cache-type", "--draft-max", "--verify",
+                                      "--verify-window", "--verify-tau", "--verify-tier",
+                                      "--draft-tier", "--chat-template-file",
+                                      "--reasoning-format", "--slot-save-path",
+                                      "--prompt-cache-dir", "--prompt-cache-size"}),
                  StoreSwitches()});
   if (!f.status().ok()) return UsageError("serve", f.status(), kUsage);
   if (f.help()) {
@@ -87,6 +87,29 @@ int RunServe(const std::vector<std::string>& args) {
   if (*ctx < 0 || *ctx > (1 << 22)) return PrintError("serve", InvalidArgument("-c out of range"));
   auto kv_type = ParseKvType(f);
   if (!kv_type.ok()) return PrintError("serve", kv_type.status());
+  const std::string reasoning = f.Get({"--reasoning-format"}, "auto");
+  if (reasoning != "auto" && reasoning != "none" && reasoning != "deepseek")
+    return PrintError("serve", InvalidArgument("--reasoning-format must be auto or none, got '" +
+                                               reasoning + "'"));
+  std::string chat_template;
+  if (f.Has("--chat-template-file")) {
+    auto t = ReadFileToString(f.Get({"--chat-template-file"}), 16ull << 20);
+    if (!t.ok()) return PrintError("serve", t.status().WithContext("--chat-template-file"));
+    chat_template = std::move(*t);
+  }
+  uint64_t prompt_cache_bytes = 8ull << 30;
+  if (f.Has("--prompt-cache-size")) {
+    auto b = ParseBytes(f.Get({"--prompt-cache-size"}));
+    if (!b.ok()) return PrintError("serve", b.status().WithContext("--prompt-cache-size"));
+    prompt_cache_bytes = *b;
+  }
+  const std::string slot_dir = f.Get({"--slot-save-path"});
+  if (!slot_dir.empty()) {
+    struct stat st {};
+    if (::stat(slot_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return PrintError("serve", InvalidArgument("--slot-save-path '" + slot_dir +
+                                                 "' is not a folder (create it first)"));
+  }
   uint64_t max_body = 4ull << 20;
   if (f.Has("--max-body")) {
     auto b = ParseBytes(f.Get({"--max-body"}));
@@ -109,6 +132,9 @@ int RunServe(const std::vector<std::string>& args) {
   mo.model_id = f.Get({"--alias"});
   mo.kv_type = *kv_type;
   mo.draft_max = static_cast<int>(*draft_max);
+  mo.chat_template = std::move(chat_template);
+  mo.prompt_cache_dir = f.Get({"--prompt-cache-dir"});
+  mo.prompt_cache_bytes = prompt_cache_bytes;
   auto verify = ParseVerifyFlags(f);
   if (!verify.ok()) return PrintError("serve", verify.status());
   mo.verify = *verify;
@@ -129,6 +155,8 @@ int RunServe(const std::vector<std::string>& args) {
   so.max_queue = static_cast<int>(*max_queue);
   so.context = (*backend)->ContextLength();
   so.max_body_bytes = max_body;
+  so.reasoning_format = reasoning == "none" ? "none" : "auto";
+  so.slot_save_path = slot_dir;
   auto server = serve::HttpServer::Create(backend->get(), so);
   if (!server.ok()) return PrintError("serve", server.status());
   const bool loopback = so.host == "127.0.0.1" || so.host == "localhost" || so.host == "::1";

@@ -93,11 +93,14 @@ int32_t Sampler::Draw(size_t n, double total, int64_t skip) {
   double r = uni(rng_);
   int64_t last = -1;
   for (size_t i = 0; i < n; ++i) {
-    if (static_cast<int64_t>(i) == skip) continue;
+    // Rounding can leave r > 0 after the last weight: fall back to the last candidate with a
+    // weight (a zero weight is a token a logits processor forbade).
+    if (static_cast<int64_t>(i) == skip || weight_[i] <= 0) continue;
     last = static_cast<int64_t>(i);
     r -= weight_[i];
     if (r <= 0) return cand_[i].second;
   }
+  if (last < 0) last = skip >= 0 ? skip : 0;  // nothing else has a weight
   return cand_[static_cast<size_t>(last)].second;
 }
 

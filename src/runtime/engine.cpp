@@ -265,8 +265,15 @@ Expected<int64_t> Engine::Prefill(Session& s, const std::vector<int32_t>& prompt
 Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>& prompt,
                                          const GenerateOptions& opt,
                                          const TokenCallback& on_token) {
-  if (opt.verify.mode != VerifyOptions::Mode::kOff)
+  if (opt.verify.mode != VerifyOptions::Mode::kOff) {
+    // The processor's state follows shown tokens; deferred verification drafts ahead and rolls
+    // back, which it cannot follow yet.
+    if (opt.processor)
+      return InvalidArgument(
+          "constrained decoding (grammar, response_format, tool calls, logit_bias) does not run "
+          "with deferred verification yet");
     return GenerateDeferred(s, prompt, opt, on_token);
+  }
   GenerateStats st;
   st.n_prompt = static_cast<int64_t>(prompt.size());
   const auto start = std::chrono::steady_clock::now();
@@ -295,6 +302,7 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
   // rejected draft is replaced by the verifier's own choice and the rows after it are dropped,
   // so the tokens shown are exactly those plain decoding would show (Sampler::Verify).
   std::vector<float> rows;
+  if (opt.processor && opt.max_tokens > 0) opt.processor->Apply(s.logits.data(), V, history);
   if (opt.max_tokens > 0 && emit(sampler.Sample(s.logits.data(), V, history), s.logits.data())) {
     for (;;) {
       const int64_t n_past = s.cache.n_past();
@@ -312,15 +320,20 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
       }
       const int64_t n_draft = static_cast<int64_t>(batch.size()) - 1;
       std::vector<float>* out = n_draft > 0 ? &rows : &s.logits;
-      RETURN_IF_ERROR(run_pass(
-          [&] { return model_->Forward(batch.data(), n_draft + 1, s.cache, n_draft > 0, out); }));
-      AfterToken();
+      // The controller's tier changes happen inside the pass's turn: with several sessions
+      // (serve's slots) another session's pass must never see the tiers change under it.
+      RETURN_IF_ERROR(run_pass([&]() -> Status {
+        RETURN_IF_ERROR(model_->Forward(batch.data(), n_draft + 1, s.cache, n_draft > 0, out));
+        AfterToken();
+        return Status::Ok();
+      }));
       ++st.n_forwards;
       st.n_drafted += n_draft;
       bool more = true;
       int64_t j = 0;
       for (; j <= n_draft; ++j) {
-        const float* logits = out->data() + j * V;
+        float* logits = out->data() + j * V;
+        if (opt.processor) opt.processor->Apply(logits, V, history);
         const int32_t tok = j < n_draft ? sampler.Verify(logits, V, history, batch[j + 1])
                                         : sampler.Sample(logits, V, history);
         const bool accepted = j < n_draft && tok == batch[j + 1];

@@ -115,6 +115,18 @@ struct VerifyOptions {
   std::function<int32_t(int64_t i, int32_t token)> edit_draft;
 };
 
+// Constrained decoding (GenerateOptions::processor). Apply sees the logits of every position a
+// token is chosen from (sampled, or verifying a draft), before the choice and before on_choice,
+// and may lower any of them (-inf forbids a token); Accept hears each token shown, in order.
+// With drafting, row j is offered only after the tokens before it were accepted, so a grammar's
+// state always matches the row it masks.
+class LogitsProcessor {
+ public:
+  virtual ~LogitsProcessor() = default;
+  virtual void Apply(float* logits, int64_t n_vocab, const std::vector<int32_t>& history) = 0;
+  virtual void Accept(int32_t token) = 0;
+};
+
 struct GenerateOptions {
   SamplingParams sampling;
   int max_tokens = 128;
@@ -131,6 +143,8 @@ struct GenerateOptions {
   // Optional: called with the logits a token was chosen from, before the token is shown (and
   // not for end-of-generation tokens).
   std::function<void(const float* logits, int32_t token)> on_choice;
+  // Optional: constrains the choices (see LogitsProcessor); not owned.
+  LogitsProcessor* processor = nullptr;
   VerifyOptions verify;
 };
 

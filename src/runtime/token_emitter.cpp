@@ -17,6 +17,7 @@ bool TokenEmitter::Emit(int32_t tok, const float* logits) {
     st_->stop_reason = "eog";
     return false;
   }
+  if (opt_.processor) opt_.processor->Accept(tok);
   if (opt_.on_choice) opt_.on_choice(logits, tok);
   history_->push_back(tok);
   ++st_->n_generated;

@@ -112,6 +112,8 @@ json LoadReport::ToJson() const {
           {"generated_tokens", tokens},
           {"ttft_ms_p50", ttft_p50_ms},
           {"ttft_ms_p99", ttft_p99_ms},
+          {"itl_ms_p50", itl_p50_ms},
+          {"itl_ms_p99", itl_p99_ms},
           {"tokens_per_second", tokens_per_second},
           {"first_errors", first_errors}};
 }
@@ -137,7 +139,7 @@ LoadReport RunLoad(const LoadOptions& o, const std::vector<LoadPrompt>& prompts)
   LoadReport report;
   report.clients = o.clients;
   std::mutex mu;
-  std::vector<double> ttfts;
+  std::vector<double> ttfts, itls;
   std::atomic<uint64_t> request_no{0};
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
@@ -162,7 +164,9 @@ LoadReport RunLoad(const LoadOptions& o, const std::vector<LoadPrompt>& prompts)
       SseState sse;
       int chunks = 0;
       double ttft = -1;
+      std::vector<double> gaps;
       const auto t0 = Clock::now();
+      auto last_text = t0;
       httplib::Request req;
       req.method = "POST";
       req.path = PathFor(p.api);
@@ -172,8 +176,14 @@ LoadReport RunLoad(const LoadOptions& o, const std::vector<LoadPrompt>& prompts)
       req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
         size_t before = sse.text.size();
         sse.Feed(p.api, data, len);
-        if (ttft < 0 && sse.text.size() > before)
-          ttft = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        if (sse.text.size() > before) {
+          const auto now = Clock::now();
+          if (ttft < 0)
+            ttft = std::chrono::duration<double, std::milli>(now - t0).count();
+          else
+            gaps.push_back(std::chrono::duration<double, std::milli>(now - last_text).count());
+          last_text = now;
+        }
         return !(hang_up && ++chunks >= hang_after);
       };
       auto res = cli.send(req);
@@ -198,6 +208,7 @@ LoadReport RunLoad(const LoadOptions& o, const std::vector<LoadPrompt>& prompts)
       ++report.completed;
       report.tokens += sse.tokens;
       if (ttft >= 0) ttfts.push_back(ttft);
+      itls.insert(itls.end(), gaps.begin(), gaps.end());
       if (sse.text != p.expected) {
         ++report.mismatches;
         if (report.first_errors.size() < 5)
@@ -212,6 +223,8 @@ LoadReport RunLoad(const LoadOptions& o, const std::vector<LoadPrompt>& prompts)
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   report.ttft_p50_ms = Percentile(ttfts, 0.50);
   report.ttft_p99_ms = Percentile(ttfts, 0.99);
+  report.itl_p50_ms = Percentile(itls, 0.50);
+  report.itl_p99_ms = Percentile(itls, 0.99);
   report.tokens_per_second = report.seconds > 0 ? report.tokens / report.seconds : 0;
   return report;
 }

@@ -39,6 +39,9 @@ struct LoadReport {
   uint64_t mismatches = 0;    // completed answers that differ from the expected text
   uint64_t tokens = 0;        // generated tokens of completed requests (from usage)
   double ttft_p50_ms = 0, ttft_p99_ms = 0;
+  // Between two stream events that add text, over completed requests (the server sends each
+  // token as it is made, so this is the inter-token latency a client sees).
+  double itl_p50_ms = 0, itl_p99_ms = 0;
   double tokens_per_second = 0;  // all clients together over the run
   std::vector<std::string> first_errors;  // a few, for the report
   nlohmann::json ToJson() const;

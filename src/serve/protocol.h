@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "serve/backend.h"
+#include "serve/tool_format.h"
 
 namespace substrate::serve {
 
@@ -27,23 +28,45 @@ struct ApiError {
 
 ApiError BadRequest(std::string message, std::string param = "");
 
+enum class ToolChoice { kAuto, kNone, kRequired, kNamed };
+// What the answer must be: free text, any JSON object, JSON valid against a schema, or a
+// sentence of a grammar (the `grammar` field).
+enum class OutputFormat { kText, kJsonObject, kJsonSchema, kGrammar };
+
 struct GenerationRequest {
   Api api = Api::kOpenAIChat;
   std::string model;
   bool stream = false;
   bool include_usage = false;      // OpenAI stream_options.include_usage
   bool max_tokens_given = false;   // otherwise: as many as the context leaves
+  int n = 1;                       // OpenAI: answers to generate
   SamplingParams sampling;
   std::vector<std::string> stop;
   // Exactly one of these holds the prompt:
-  nlohmann::json messages;         // chat: [{"role","content":"text"}], system folded in
+  // chat: messages in the shape chat templates take (transformers'): {"role", "content": text
+  // or null, "tool_calls": [{"id", "type": "function", "function": {"name", "arguments": {..}}}],
+  // "tool_call_id", "name"}, Anthropic's system and content blocks folded in.
+  nlohmann::json messages;
   std::string prompt_text;         // completions
   std::vector<int32_t> prompt_ids; // completions given as token ids
   bool has_prompt_ids = false;
+
+  // Tools (chat APIs), in OpenAI's shape [{"type": "function", "function": {...}}].
+  std::vector<ToolSpec> tools;
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string tool_choice_name;    // kNamed
+  bool parallel_tool_calls = true;
+  OutputFormat format = OutputFormat::kText;
+  nlohmann::ordered_json schema;   // kJsonSchema (key order kept: properties come in order)
+  std::string grammar;             // kGrammar
 };
 
 // Parses and validates a request body; on failure fills *error (400, naming the field).
 bool ParseRequest(Api api, std::string_view body, GenerationRequest* out, ApiError* error);
+
+// The tools as chat templates take them: [{"type": "function", "function": {"name",
+// "description", "parameters"}}] (null when there are none).
+nlohmann::ordered_json ToolsJson(const std::vector<ToolSpec>& tools);
 
 // The body of an error response in the API's own shape.
 std::string ErrorBody(Api api, const ApiError& error);
@@ -55,28 +78,15 @@ struct CompletionInfo {
   std::string id;         // "chatcmpl-..", "cmpl-..", "msg_.."
   int64_t created = 0;    // unix seconds
   std::string model;
-  Finish finish = Finish::kLength;
-  std::string stop_sequence;
   int prompt_tokens = 0;
-  int cached_tokens = 0;
-  int completion_tokens = 0;
+  int cached_tokens = 0;      // prompt tokens whose KV entries were reused (not evaluated)
+  int completion_tokens = 0;  // over all choices
+  double prompt_seconds = 0;  // prefill time (the slowest choice's)
+  double decode_seconds = 0;
 };
 
 std::string NewId(Api api);
 
-// Non-streaming response body. `logprobs` (OpenAI APIs; nullptr when not asked for): one entry
-// per generated token.
-std::string ResponseBody(Api api, const CompletionInfo& info, const std::string& text,
-                         const std::vector<StepLogprobs>* logprobs = nullptr);
-
-// Server-sent events. Each returns complete events ("data: ...\n\n"), ready to write.
-std::string StreamStart(Api api, const CompletionInfo& info);
-// `logprobs`: the entries of the tokens since the last delta (nullptr when not asked for);
-// text_offset: bytes of completion text sent before this delta (completions' text_offset).
-std::string StreamDelta(Api api, const CompletionInfo& info, std::string_view text,
-                        const std::vector<StepLogprobs>* logprobs = nullptr,
-                        size_t text_offset = 0);
-std::string StreamEnd(Api api, const CompletionInfo& info, bool include_usage);
 std::string StreamError(Api api, const ApiError& error);
 // Keeps the connection busy while queued; a failed write is how a gone client is noticed.
 std::string StreamPing(Api api);

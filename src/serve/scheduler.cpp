@@ -118,6 +118,7 @@ void Scheduler::Shutdown() {
       if (slot->job) slot->job->Cancel();
   }
   work_cv_.notify_all();
+  idle_cv_.notify_all();
   for (auto& job : dropped) {
     job->Cancel();
     job->Finish(Cancelled("serve: server shutting down"));
@@ -166,7 +167,7 @@ void Scheduler::DispatchLocked() {
     size_t best_prefix = 0;
     for (int i = 0; i < static_cast<int>(slots_.size()); ++i) {
       const Slot& s = *slots_[i];
-      if (s.job) continue;
+      if (s.job || s.reserved) continue;
       size_t p = CommonPrefix(s.cached, job->prompt());
       if (best < 0 || p > best_prefix ||
           (p == best_prefix && s.last_used < slots_[best]->last_used)) {
@@ -248,12 +249,37 @@ void Scheduler::WorkerLoop(int index) {
       stats_.ttft_seconds_sum += job->time_to_first_token();
       ++stats_.ttft_count;
     }
+    lock.unlock();
+    slot.session->AfterAnswer();  // the client has its answer; the slot is still ours
+    lock.lock();
     slot.cached = std::move(cached);
     slot.job.reset();
     --stats_.busy;
+    idle_cv_.notify_all();
     if (stopping_) return;
     DispatchLocked();
   }
+}
+
+Status Scheduler::WithSlot(int index, const std::function<Status(Session&)>& fn) {
+  if (index < 0 || index >= static_cast<int>(slots_.size()))
+    return InvalidArgument("no slot " + std::to_string(index) + " (slots 0.." +
+                           std::to_string(slots_.size() - 1) + ")");
+  Slot& slot = *slots_[index];
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_cv_.wait(lock, [&] { return stopping_ || (!slot.job && !slot.reserved); });
+    if (stopping_) return Cancelled("serve: server shutting down");
+    slot.reserved = true;
+  }
+  Status st = fn(*slot.session);
+  std::vector<int32_t> cached = slot.session->CachedTokens();
+  std::lock_guard<std::mutex> lock(mu_);
+  slot.cached = std::move(cached);
+  slot.reserved = false;
+  idle_cv_.notify_all();
+  DispatchLocked();
+  return st;
 }
 
 SchedulerStats Scheduler::Stats() const {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -110,6 +111,11 @@ class Scheduler {
   // promptly); the workers exit. Idempotent; the destructor calls it and joins.
   void Shutdown();
 
+  // Runs `fn` on slot `index`'s session once the slot is idle, keeping jobs off it meanwhile
+  // (slot save/restore). Fails when the index is out of range or the server is stopping.
+  Status WithSlot(int index, const std::function<Status(Session&)>& fn);
+  int n_slots() const { return static_cast<int>(slots_.size()); }
+
   SchedulerStats Stats() const;
   // Generated tokens per second over the last few seconds (all slots together).
   double RecentTokensPerSecond() const;
@@ -119,6 +125,7 @@ class Scheduler {
     std::unique_ptr<Session> session;
     std::vector<int32_t> cached;   // mirror of session->CachedTokens(), read under mu_
     std::shared_ptr<Job> job;
+    bool reserved = false;         // WithSlot holds it
     uint64_t last_used = 0;
     std::thread thread;
   };
@@ -131,6 +138,7 @@ class Scheduler {
   int max_queue_ = 0;
   mutable std::mutex mu_;
   std::condition_variable work_cv_;
+  std::condition_variable idle_cv_;  // a slot finished its job
   std::vector<std::unique_ptr<Slot>> slots_;
   std::deque<std::shared_ptr<Job>> queue_;
   bool stopping_ = false;

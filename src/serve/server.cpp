@@ -72,20 +72,6 @@ std::string BearerToken(const std::string& auth) {
   return auth.substr(p);
 }
 
-int64_t UnixNow() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-Finish ToFinish(JobEnd end) {
-  switch (end) {
-    case JobEnd::kEndOfText: return Finish::kEndOfText;
-    case JobEnd::kStopSequence: return Finish::kStopSequence;
-    default: return Finish::kLength;
-  }
-}
-
 // A POST's body framing, checked before httplib reads the body: without a Content-Length (and
 // not chunked) httplib reads until the client closes, and a negative or overflowing one parses
 // as a huge length it then tries to skip: both held the connection until the read timeout.
@@ -178,7 +164,8 @@ void HttpServer::Start() {
 
 void HttpServer::Stop() {
   // Cancel generations first: httplib's stop waits for every handler, and a streaming handler
-  // ends when its job does.
+  // ends when its job does (an event stream when it sees stopping_).
+  stopping_ = true;
   if (scheduler_) scheduler_->Shutdown();
   if (http_) http_->stop();
   if (thread_.joinable()) thread_.join();
@@ -266,7 +253,8 @@ void HttpServer::InstallRoutes() {
     std::lock_guard<std::mutex> lock(counts_mu_);
     // Only known paths get their own series, so that scanners cannot grow the map.
     static const char* kKnown[] = {"/health", "/metrics", "/v1/models", "/v1/chat/completions",
-                                   "/v1/completions", "/v1/messages"};
+                                   "/v1/completions", "/v1/messages",
+                                   "/v1/messages/count_tokens"};
     std::string path = "other";
     for (const char* k : kKnown)
       if (req.path == k) path = k;
@@ -293,144 +281,8 @@ void HttpServer::InstallRoutes() {
   };
   http.Get("/v1/models", models);
 
-  auto generate = [this](Api api) {
-    return [this, api](const httplib::Request& req, httplib::Response& res) {
-      GenerationRequest gr;
-      ApiError err;
-      if (!ParseRequest(api, req.body, &gr, &err)) return SendError(res, api, err);
-
-      // The prompt, as the model sees it.
-      std::vector<int32_t> prompt;
-      if (api == Api::kOpenAICompletion && gr.has_prompt_ids) {
-        prompt = gr.prompt_ids;
-        for (int32_t id : prompt)
-          if (id >= backend_->VocabSize())
-            return SendError(res, api,
-                             BadRequest("prompt token id " + std::to_string(id) +
-                                            " is outside the vocabulary (size " +
-                                            std::to_string(backend_->VocabSize()) + ")",
-                                        "prompt"));
-      } else {
-        auto ids = api == Api::kOpenAICompletion ? backend_->EncodeText(gr.prompt_text)
-                                                 : backend_->EncodeChat(gr.messages);
-        if (!ids.ok())
-          return SendError(res, api,
-                           BadRequest(ids.status().message(),
-                                      api == Api::kOpenAICompletion ? "prompt" : "messages"));
-        prompt = std::move(*ids);
-      }
-      if (prompt.empty()) return SendError(res, api, BadRequest("the prompt is empty", "prompt"));
-      const int n_prompt = static_cast<int>(prompt.size());
-      if (n_prompt >= context_) {
-        ApiError e = BadRequest("the prompt is " + std::to_string(n_prompt) +
-                                " tokens; this server's context holds " +
-                                std::to_string(context_) +
-                                " tokens (prompt and answer together)",
-                                api == Api::kOpenAICompletion ? "prompt" : "messages");
-        e.code = "context_length_exceeded";
-        return SendError(res, api, e);
-      }
-      // Clients often ask for more than a small context leaves: answer up to its end.
-      const int room = context_ - n_prompt;
-      gr.sampling.max_tokens = gr.max_tokens_given ? std::min(gr.sampling.max_tokens, room) : room;
-
-      auto job = std::make_shared<Job>(std::move(prompt), gr.sampling, gr.stop);
-      Status submitted = scheduler_->Submit(job);
-      if (!submitted.ok()) {
-        const bool anthropic = api == Api::kAnthropicMessages;
-        return SendError(res, api,
-                         MakeError(anthropic ? 529 : 503,
-                                   anthropic ? "overloaded_error" : "server_error",
-                                   submitted.message(), "server_overloaded"));
-      }
-
-      CompletionInfo info;
-      info.id = NewId(api);
-      info.created = UnixNow();
-      info.model = backend_->ModelId();
-      info.prompt_tokens = n_prompt;
-
-      auto fill = [job](CompletionInfo* i) {
-        const GenerateResult& r = job->result();
-        i->finish = ToFinish(job->end());
-        i->stop_sequence = job->stop_sequence();
-        i->cached_tokens = r.cached_tokens;
-        i->completion_tokens = r.generated_tokens;
-      };
-
-      const bool logprobs = gr.sampling.logprobs >= 0;
-      if (!gr.stream) {
-        // Waits for the whole answer, watching the connection: a client gone frees its slot
-        // (a non-streaming request has no write to fail until the end).
-        std::vector<StepLogprobs> lps;
-        std::string text;
-        bool gone = false;
-        while (!job->Take(std::chrono::milliseconds(100), &text, &lps)) {
-          if (!gone && ConnectionServer::ClientGone()) {
-            gone = true;
-            scheduler_->Cancel(job);
-          }
-        }
-        if (gone) return;  // nobody to answer
-        if (job->end() == JobEnd::kFailed || job->end() == JobEnd::kCancelled) {
-          const Status& st = job->status();
-          if (st.code() == StatusCode::kInvalidArgument)
-            return SendError(res, api, BadRequest(st.message()));
-          return SendError(res, api, MakeError(500, "api_error", st.ToString()));
-        }
-        fill(&info);
-        res.set_content(ResponseBody(api, info, text, logprobs ? &lps : nullptr),
-                        "application/json");
-        return;
-      }
-
-      res.set_header("Cache-Control", "no-cache");
-      res.set_header("X-Accel-Buffering", "no");
-      const bool include_usage = gr.include_usage;
-      Scheduler* sched = scheduler_.get();
-      res.set_chunked_content_provider(
-          "text/event-stream",
-          [job, api, info, include_usage, logprobs, sched, fill](size_t,
-                                                                 httplib::DataSink& sink) mutable {
-            auto write = [&](const std::string& s) {
-              if (s.empty() || sink.write(s.data(), s.size())) return true;
-              sched->Cancel(job);  // the client is gone: free its slot now
-              return false;
-            };
-            if (!write(StreamStart(api, info))) return false;
-            auto last_write = Clock::now();
-            size_t token_bytes = 0;  // completion bytes of the tokens sent (text_offset)
-            for (;;) {
-              std::string text;
-              std::vector<StepLogprobs> lps;
-              bool ended = job->Take(std::chrono::milliseconds(100), &text, &lps);
-              if (!text.empty() || !lps.empty()) {
-                if (!write(StreamDelta(api, info, text, logprobs ? &lps : nullptr, token_bytes)))
-                  return false;
-                for (const StepLogprobs& lp : lps) token_bytes += lp.chosen.bytes.size();
-                last_write = Clock::now();
-              } else if (!ended && Clock::now() - last_write > std::chrono::milliseconds(300)) {
-                // While queued or in a long prefill: a ping, so a gone client is noticed.
-                if (!write(StreamPing(api))) return false;
-                last_write = Clock::now();
-              }
-              if (ended) break;
-            }
-            if (job->end() == JobEnd::kFailed || job->end() == JobEnd::kCancelled) {
-              write(StreamError(api, MakeError(500, "api_error", job->status().ToString())));
-            } else {
-              fill(&info);
-              if (!write(StreamEnd(api, info, include_usage))) return false;
-            }
-            sink.done();
-            return true;
-          },
-          [job, sched](bool) { sched->Cancel(job); });
-    };
-  };
-  http.Post("/v1/chat/completions", generate(Api::kOpenAIChat));
-  http.Post("/v1/completions", generate(Api::kOpenAICompletion));
-  http.Post("/v1/messages", generate(Api::kAnthropicMessages));
+  InstallGenerateRoutes();
+  InstallAgentRoutes();
 }
 
 std::string HttpServer::MetricsText() const {
@@ -484,6 +336,27 @@ std::string HttpServer::MetricsText() const {
   o << "substrate_memory_ledger_peak_bytes " << ledger.peak() << '\n';
   metric("substrate_memory_ledger_cap_bytes", "gauge", "The ledger's cap (0: none).");
   o << "substrate_memory_ledger_cap_bytes " << ledger.cap() << '\n';
+  const nlohmann::json rt = backend_->RuntimeStats();
+  if (rt.contains("constraint")) {
+    metric("substrate_constraint_masks_total", "counter", "Token masks of constrained decoding.");
+    o << "substrate_constraint_masks_total " << rt["constraint"].value("masks", uint64_t{0}) << '\n';
+    metric("substrate_constraint_mask_seconds_total", "counter", "Time computing token masks.");
+    o << "substrate_constraint_mask_seconds_total " << rt["constraint"].value("mask_seconds", 0.0)
+      << '\n';
+  }
+  if (rt.contains("prompt_cache")) {
+    const nlohmann::json& pc = rt["prompt_cache"];
+    metric("substrate_prompt_cache_disk_hits_total", "counter",
+           "Prompts that restored a prefix from the prompt cache on disk.");
+    o << "substrate_prompt_cache_disk_hits_total " << pc.value("hits", uint64_t{0}) << '\n';
+    metric("substrate_prompt_cache_disk_restored_tokens_total", "counter",
+           "Prompt tokens restored from the prompt cache on disk (not evaluated).");
+    o << "substrate_prompt_cache_disk_restored_tokens_total " << pc.value("restored_tokens", uint64_t{0}) << '\n';
+    metric("substrate_prompt_cache_disk_stores_total", "counter", "Entries written to the prompt cache.");
+    o << "substrate_prompt_cache_disk_stores_total " << pc.value("stores", uint64_t{0}) << '\n';
+    metric("substrate_prompt_cache_disk_bytes", "gauge", "Bytes the prompt cache on disk holds.");
+    o << "substrate_prompt_cache_disk_bytes " << pc.value("bytes", uint64_t{0}) << '\n';
+  }
   // The out-of-core runtime's counters (none for a resident model); totals are counters.
   for (const auto& [name, value] : backend_->RuntimeCounters()) {
     const std::string full = "substrate_runtime_" + name;

@@ -7,6 +7,7 @@
 //   (*server)->Stop();
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -35,6 +36,10 @@ struct ServerOptions {
   int header_timeout_ms = 10000;
   int request_timeout_ms = 60000;
   MemoryLedger* ledger = nullptr;  // reported by /metrics; null: MemoryLedger::Global()
+  // "auto": <think>...</think> is returned apart (reasoning_content, thinking blocks);
+  // "none": it stays in the text.
+  std::string reasoning_format = "auto";
+  std::string slot_save_path;  // folder for POST /slots/{id}?action=save|restore; empty: off
 };
 
 class HttpServer {
@@ -63,6 +68,11 @@ class HttpServer {
  private:
   HttpServer() = default;
   void InstallRoutes();
+  void InstallGenerateRoutes();  // server_generate.cpp
+  void InstallAgentRoutes();     // server_agent_routes.cpp: /slots, /v1/runtime/events, /
+  // What /v1/runtime/events sends: tokens/s, slots, the ledger by account, the runtime's ops,
+  // expert cache, disk reads and stalls.
+  nlohmann::json RuntimeSnapshot() const;
 
   InferenceBackend* backend_ = nullptr;
   ServerOptions options_;
@@ -70,6 +80,7 @@ class HttpServer {
   int port_ = 0;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ConnectionServer> http_;
+  std::atomic<bool> stopping_{false};  // ends the event streams
   std::thread thread_;
   mutable std::mutex counts_mu_;
   std::map<std::pair<std::string, int>, uint64_t> request_counts_;  // (path, status)

@@ -4,7 +4,8 @@
 // Greedy output is a fixed script chosen by the prompt length, so a test can predict every
 // answer; it contains a two-byte character split across two tokens, to exercise UTF-8
 // reassembly. A prompt containing "[eos]" ends after one copy of the script with end-of-text.
-// temperature > 0 gives letters from a PRNG seeded with `seed`.
+// temperature > 0 gives letters from a PRNG seeded with `seed`. A prompt containing
+// "[[say:TEXT:yas]]" answers TEXT (then end-of-text): scripted tool calls and reasoning.
 #pragma once
 
 #include <atomic>
@@ -50,17 +51,25 @@ class FakeBackend : public InferenceBackend {
     for (unsigned char c : text) ids.push_back(c);
     return ids;
   }
-  Expected<std::vector<int32_t>> EncodeChat(const nlohmann::json& messages) const override {
+  ToolFormat tool_format = ToolFormat::kHermes;
+  Expected<ChatPrompt> EncodeChat(const nlohmann::json& messages,
+                                  const nlohmann::ordered_json& tools) const override {
     std::string out;
     for (const auto& m : messages) {
       out.push_back('<');
       out.append(m["role"].get<std::string>());
       out.push_back('>');
-      out.append(m["content"].get<std::string>());
+      if (m["content"].is_string()) out.append(m["content"].get<std::string>());
+      if (m.contains("tool_calls")) out.append(m["tool_calls"].dump());
       out.push_back('\n');
     }
+    if (!tools.is_null()) out.append("<tools>" + tools.dump() + "\n");
     out.append("<assistant>");
-    return EncodeText(out);
+    ChatPrompt cp;
+    cp.tokens = *EncodeText(out);
+    cp.tool_format = tool_format;
+    cp.thinking_open = out.find("[think-open]") != std::string::npos;
+    return cp;
   }
 
   class FakeSession : public Session {
@@ -83,8 +92,14 @@ class FakeBackend : public InferenceBackend {
       while (now > prev && !b_->max_running.compare_exchange_weak(prev, now)) {
       }
       std::string text(prompt.begin(), prompt.end());
-      const bool eos = text.find("[eos]") != std::string::npos;
-      const std::string script = FakeScript(prompt.size());
+      bool eos = text.find("[eos]") != std::string::npos;
+      std::string script = FakeScript(prompt.size());
+      const bool scripted = text.find("[[say:") != std::string::npos;
+      if (size_t say = text.find("[[say:"); say != std::string::npos) {
+        const size_t end = text.find(":yas]]", say);
+        script = text.substr(say + 6, end - say - 6);
+        eos = true;
+      }
       std::mt19937_64 rng(params.seed);
       Utf8Assembler utf8;
       r.finish = BackendFinish::kLength;
@@ -94,7 +109,7 @@ class FakeBackend : public InferenceBackend {
           r.finish = BackendFinish::kEndOfText;
           break;
         }
-        int32_t tok = params.temperature > 0 ? static_cast<int32_t>('a' + rng() % 26)
+        int32_t tok = params.temperature > 0 && !scripted ? static_cast<int32_t>('a' + rng() % 26)
                                              : static_cast<unsigned char>(script[i % script.size()]);
         if (i > 0) cached_.push_back(last_);
         last_ = tok;

@@ -64,6 +64,10 @@ TEST(LoadTest, SixteenStreamingClientsWithDisconnects) {
   EXPECT_GT(r.completed, 16u);
   EXPECT_GT(r.disconnected, 0u);
   EXPECT_EQ(r.tokens, r.completed * 30);
+  // 30 tokens streamed one by one: time to the first, and gaps between the rest.
+  EXPECT_GT(r.ttft_p50_ms, 0.0);
+  EXPECT_GT(r.itl_p50_ms, 0.0);
+  EXPECT_GE(r.itl_p99_ms, r.itl_p50_ms);
   // Every slot is free again once the clients are gone.
   for (int i = 0; i < 200 && (*server)->scheduler().Stats().busy > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
