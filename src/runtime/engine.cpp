@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "backend/cpu/cpu_backend.h"
+#include "kernels/matmul.h"
 #include "model/prompt_lookup.h"
 #include "runtime/token_emitter.h"
 
@@ -227,8 +228,10 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
       }
       const int64_t n_draft = static_cast<int64_t>(batch.size()) - 1;
       std::vector<float>* out = n_draft > 0 ? &rows : &s.logits;
-      RETURN_IF_ERROR(run_pass(
-          [&] { return model_->Forward(batch.data(), n_draft + 1, s.cache, n_draft > 0, out); }));
+      RETURN_IF_ERROR(run_pass([&] {
+        ExactTokenRows exact;  // each row as a one-token pass computes it (kernels/matmul.h)
+        return model_->Forward(batch.data(), n_draft + 1, s.cache, n_draft > 0, out);
+      }));
       AfterToken();
       ++st.n_forwards;
       st.n_drafted += n_draft;
