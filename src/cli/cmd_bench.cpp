@@ -8,11 +8,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cli/command.h"
 #include "cli/generation_flags.h"
@@ -119,8 +118,10 @@ nlohmann::json ProfileJson(const std::vector<KernelProfileEntry>& entries, doubl
   nlohmann::json parts = nlohmann::json::array();
   for (const auto& k : entries) {
     kernel_s += k.seconds;
-    parts.push_back({{"name", k.name}, {"seconds_per_token", k.seconds / n_tokens},
-                     {"share", k.seconds / total}, {"calls", k.calls},
+    parts.push_back({{"name", k.name},
+                     {"seconds_per_token", k.seconds / n_tokens},
+                     {"share", k.seconds / total},
+                     {"calls", k.calls},
                      {"bytes_per_s", k.seconds > 0 ? k.bytes / k.seconds : 0}});
   }
   parts.push_back({{"name", "other (norms, rope, routing, sync)"},
@@ -142,14 +143,16 @@ constexpr const char* kUsage =
     "read rate over decode, against an O_DIRECT read of the store's largest file in the same\n"
     "run (--probe-bytes, default 256M; 0 skips it).\n"
     "With --verify: generation runs through deferred verification (greedy, from an 8-token\n"
-    "random prompt after the -p test); the JSON adds its counters.\n";
+    "random prompt after the -p test); the JSON adds its counters.\n"
+    "With --adaptive [--verifier ...] (see substrate run --help): generation runs the adaptive\n"
+    "runtime; the JSON adds the tier controller's counters.\n";
 
 int RunBench(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-t", "--threads", "-r",
                                       "--repetitions", "--bw-bytes", "--probe-bytes", "--kv-type",
                                       "--cache-type", "--verify", "--verify-window", "--verify-tau",
                                       "--verify-tier", "--draft-tier"}),
-                 {"--json", "--profile"}});
+                 StoreSwitches({"--json", "--profile"})});
   if (!f.status().ok()) return UsageError("bench", f.status(), kUsage);
   if (f.help()) {
     std::fputs(kUsage, stdout);
@@ -193,8 +196,8 @@ int RunBench(const std::vector<std::string>& args) {
   Model& model = e.model();
   const int64_t n_vocab = model.hparams().n_vocab;
   ResidencyManager* rm = e.runtime();
-  Weights w = CountWeights(e.metadata(), rm ? StoreTensors(rm->index(), rm->serve_tier())
-                                            : FileTensors(e.file()));
+  Weights w = CountWeights(
+      e.metadata(), rm ? StoreTensors(rm->index(), rm->serve_tier()) : FileTensors(e.file()));
 
   // The limit, measured with the same threads right before the runs.
   auto bw = MeasureReadBandwidth(e.pool(), *bw_bytes, 3);
@@ -205,7 +208,7 @@ int RunBench(const std::vector<std::string>& args) {
   std::vector<float> logits;
   Series pp, tg;
   uint64_t tg_disk_bytes = 0;  // --store: bytes read from the store during timed decode
-  GenerateStats verified;       // --verify: summed over the repetitions
+  GenerateStats verified;      // --verify: summed over the repetitions
   nlohmann::json prefill_profile;
   // One untimed token warms caches, page tables and the pool.
   {
@@ -227,7 +230,8 @@ int RunBench(const std::vector<std::string>& args) {
       if (!st.ok()) return PrintError("bench", st);
       pp.tps.push_back(static_cast<double>(*p) / Seconds(start));
       SetKernelProfiling(false);
-      if (profile && rep == *r - 1) prefill_profile = ProfileJson(KernelProfile(), 1.0 / pp.tps.back(), *p);
+      if (profile && rep == *r - 1)
+        prefill_profile = ProfileJson(KernelProfile(), 1.0 / pp.tps.back(), *p);
     }
     if (*n > 0) {
       auto tokens = RandomTokens(*n, n_vocab, static_cast<uint32_t>(1000 + rep));
@@ -261,6 +265,7 @@ int RunBench(const std::vector<std::string>& args) {
         for (int64_t i = 0; i < *n; ++i) {
           Status st = model.Forward(&tokens[i], 1, *cache, false, &logits);
           if (!st.ok()) return PrintError("bench", st);
+          e.AfterToken();  // the adaptive runtime's verifier and controller, when on
         }
       }
       tg.tps.push_back(static_cast<double>(*n) / Seconds(start));
@@ -281,11 +286,11 @@ int RunBench(const std::vector<std::string>& args) {
   j["repetitions"] = *r;
   j["load_seconds"] = load_s;
   if (*p > 0)
-    j["pp"] = {{"n_tokens", *p}, {"tokens_per_s", pp.Mean()}, {"stdev", pp.Stdev()},
-               {"runs", pp.tps}};
+    j["pp"] = {
+        {"n_tokens", *p}, {"tokens_per_s", pp.Mean()}, {"stdev", pp.Stdev()}, {"runs", pp.tps}};
   if (*n > 0)
-    j["tg"] = {{"n_tokens", *n}, {"tokens_per_s", tg.Mean()}, {"stdev", tg.Stdev()},
-               {"runs", tg.tps}};
+    j["tg"] = {
+        {"n_tokens", *n}, {"tokens_per_s", tg.Mean()}, {"stdev", tg.Stdev()}, {"runs", tg.tps}};
   j["weight_bytes_per_token"] = w.per_token_bytes;
   if (verifying) {
     j["verify"] = {{"mode", verify->mode == VerifyOptions::Mode::kAll ? "all" : "margin"},
@@ -300,6 +305,7 @@ int RunBench(const std::vector<std::string>& args) {
                    {"verify_bytes_read", verified.verify_bytes}};
   }
   j["ledger"] = {{"cap_bytes", e.ledger().cap()}, {"peak_bytes", e.ledger().peak()}};
+  if (e.tier_controller()) j["adaptive"] = AdaptiveStatsJson(e);
   if (rm) {
     j["store"] = nlohmann::json::parse(StoreStatsJson(e));
     double tg_s = 0;
@@ -313,18 +319,26 @@ int RunBench(const std::vector<std::string>& args) {
     // After the timed runs, so the probe does not compete with them; its chunk fits in the
     // reserve the bandwidth buffer held.
     if (*probe_bytes > 0) {
-      auto probe = ProbeStoreRead(rm->index(), *probe_bytes, std::min<uint64_t>(16ull << 20, *bw_bytes),
-                                  rm->options().io_mode, &e.ledger());
+      auto probe =
+          ProbeStoreRead(rm->index(), *probe_bytes, std::min<uint64_t>(16ull << 20, *bw_bytes),
+                         rm->options().io_mode, &e.ledger());
       if (!probe.ok()) return PrintError("bench", probe.status().WithContext("disk read probe"));
-      j["disk_probe"] = {{"file", probe->file}, {"bytes", probe->bytes}, {"seconds", probe->seconds},
-                         {"bytes_per_s", probe->bytes_per_s}, {"direct", probe->direct},
-                         {"uring", probe->uring},
-                         {"method", "one store file from its start, O_DIRECT, the runtime's reader"}};
+      j["disk_probe"] = {
+          {"file", probe->file},
+          {"bytes", probe->bytes},
+          {"seconds", probe->seconds},
+          {"bytes_per_s", probe->bytes_per_s},
+          {"direct", probe->direct},
+          {"uring", probe->uring},
+          {"method", "one store file from its start, O_DIRECT, the runtime's reader"}};
       if (disk_rate > 0 && probe->bytes_per_s > 0) j["disk_ratio"] = disk_rate / probe->bytes_per_s;
     }
   }
-  j["mem_bw"] = {{"bytes_per_s", limit}, {"buffer_bytes", bw->buffer_bytes},
-                 {"threads", bw->threads}, {"method", "streaming read, widest vector loads, with and without prefetch, best of 3x2"}};
+  j["mem_bw"] = {
+      {"bytes_per_s", limit},
+      {"buffer_bytes", bw->buffer_bytes},
+      {"threads", bw->threads},
+      {"method", "streaming read, widest vector loads, with and without prefetch, best of 3x2"}};
   if (*n > 0) {
     j["tg_bytes_per_s"] = achieved;
     j["tg_limit_tokens_per_s"] = limit / static_cast<double>(w.per_token_bytes);
@@ -345,8 +359,8 @@ int RunBench(const std::vector<std::string>& args) {
   };
   if (*p > 0) row(("pp" + std::to_string(*p)).c_str(), pp);
   if (*n > 0) row(("tg" + std::to_string(*n)).c_str(), tg);
-  std::printf("memory read bandwidth: %.2f GB/s (%d threads); weights per token: %s\n",
-              limit / 1e9, bw->threads, FormatBytes(w.per_token_bytes).c_str());
+  std::printf("memory read bandwidth: %.2f GB/s (%d threads); weights per token: %s\n", limit / 1e9,
+              bw->threads, FormatBytes(w.per_token_bytes).c_str());
   if (*n > 0)
     std::printf("generation reads %.2f GB/s = %.1f%% of the limit (limit %.2f tokens/s)\n",
                 achieved / 1e9, 100 * achieved / limit,
@@ -356,7 +370,8 @@ int RunBench(const std::vector<std::string>& args) {
                 j["disk_bytes_per_token"].get<double>() / 1e6,
                 j["disk_read_bytes_per_s"].get<double>() / 1e9);
   if (j.contains("disk_probe"))
-    std::printf("; O_DIRECT read of %s: %.3f GB/s", j["disk_probe"]["file"].get<std::string>().c_str(),
+    std::printf("; O_DIRECT read of %s: %.3f GB/s",
+                j["disk_probe"]["file"].get<std::string>().c_str(),
                 j["disk_probe"]["bytes_per_s"].get<double>() / 1e9);
   if (j.contains("disk_ratio")) std::printf(" (ratio %.2f)", j["disk_ratio"].get<double>());
   if (j.contains("disk_read_bytes_per_s") || j.contains("disk_probe")) std::printf("\n");

@@ -21,7 +21,7 @@ constexpr const char* kUsage =
     "  type a message and press enter; /reset starts over, /exit (or end of input) quits\n";
 
 int RunChat(const std::vector<std::string>& args) {
-  Flags f(args, {StoreFlagsWithValue(GenerationFlagsWithValue({"--system"}))});
+  Flags f(args, {StoreFlagsWithValue(GenerationFlagsWithValue({"--system"})), StoreSwitches()});
   if (!f.status().ok()) return UsageError("chat", f.status(), kUsage);
   if (f.help()) {
     std::fputs(kUsage, stdout);

@@ -17,15 +17,21 @@ constexpr const char* kUsage =
     "usage: substrate perplexity -m MODEL -f FILE [-c 512] [--chunks N] [-t THREADS]\n"
     "                            [--kl-divergence-base OUT | --kl-divergence BASE] [--kv-type T]\n"
     "                            [--store STORE/ --max-ram SIZE [--plan P] [--tier N] ...]\n"
+    "                            [--adaptive [--verifier residual|linear] ...]\n"
     "  each chunk of c tokens is evaluated from scratch and scores its second half\n"
     "  --kl-divergence-base OUT   save this run's log-probabilities to OUT\n"
     "  --kl-divergence BASE       compare with a saved run: mean KLD, same top token %\n"
-    "  --kv-type f32|f16          KV cache rows (default f32)\n";
+    "  --kv-type f32|f16          KV cache rows (default f32)\n"
+    "  --adaptive                 the adaptive runtime (see substrate run --help): each chunk is\n"
+    "                             evaluated one token at a time, so the verifier escalates and\n"
+    "                             decays ops between tokens as in generation; prints the\n"
+    "                             controller's counters\n";
 
 int RunPerplexity(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue({"-m", "--model", "-f", "--file", "-c", "--ctx-size",
                                       "--chunks", "-t", "--threads", "--kl-divergence-base",
-                                      "--kl-divergence", "--kv-type", "--cache-type"})});
+                                      "--kl-divergence", "--kv-type", "--cache-type"}),
+                 StoreSwitches()});
   if (!f.status().ok()) return UsageError("perplexity", f.status(), kUsage);
   if (f.help()) {
     std::fputs(kUsage, stdout);
@@ -39,9 +45,12 @@ int RunPerplexity(const std::vector<std::string>& args) {
   auto chunks = f.GetInt({"--chunks"}, -1);
   auto threads = ThreadsFlag(f);
   if (!n_ctx.ok() || !chunks.ok() || !threads.ok())
-    return PrintError("perplexity", !n_ctx.ok() ? n_ctx.status() : !chunks.ok() ? chunks.status() : threads.status());
+    return PrintError("perplexity", !n_ctx.ok()    ? n_ctx.status()
+                                    : !chunks.ok() ? chunks.status()
+                                                   : threads.status());
   if (*n_ctx < 4 || *n_ctx > (1 << 20))
-    return PrintError("perplexity", InvalidArgument("-c " + std::to_string(*n_ctx) + " out of range"));
+    return PrintError("perplexity",
+                      InvalidArgument("-c " + std::to_string(*n_ctx) + " out of range"));
 
   auto text = ReadFileToString(text_path);
   if (!text.ok()) return PrintError("perplexity", text.status());
@@ -70,6 +79,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
   opt.kld_base = f.Get({"--kl-divergence"});
   std::fprintf(stderr, "perplexity: %zu tokens, %lld per chunk\n", ids->size(),
                static_cast<long long>(opt.n_ctx));
+  if (e.tier_controller()) opt.after_token = [&e] { e.AfterToken(); };
   opt.progress = [](int64_t c, double ppl) {
     std::fprintf(stderr, "[%lld]%.4f,", static_cast<long long>(c + 1), ppl);
     std::fflush(stderr);
@@ -84,6 +94,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
     std::printf("mean KLD = %.6f +/- %.6f\n", r->mean_kld, r->kld_err);
     std::printf("same top token = %.2f %%\n", 100.0 * r->same_top);
   }
+  if (e.tier_controller()) std::printf("adaptive = %s\n", AdaptiveStatsJson(e).dump().c_str());
   return 0;
 }
 

@@ -1,9 +1,8 @@
 // substrate run: generate a continuation of a prompt (optionally through the chat template).
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cli/command.h"
 #include "cli/generation_flags.h"
@@ -17,31 +16,46 @@ constexpr const char* kUsage =
     "usage: substrate run -m MODEL -p PROMPT [-n N] [--temp T] [--seed S] [-c CTX] [-t THREADS]\n"
     "                     [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
     "                     [--stop TEXT]... [--chat] [--system TEXT] [--json]\n"
-    "                     [--store STORE/ --max-ram SIZE [--plan P] [--trace T] [--prefetch-depth N]\n"
+    "                     [--store STORE/ --max-ram SIZE [--plan P] [--trace T] [--prefetch-depth "
+    "N]\n"
     "                      [--tier N]] [--kv-type f32|f16] [--draft-max K] [--prompt-cache F]\n"
     "                     [--verify off|all|margin [--verify-window W] [--verify-tau T]\n"
     "                      [--verify-tier N] [--draft-tier N]]\n"
+    "                     [--adaptive [--verifier residual|linear|scripted] [--probes P]\n"
+    "                      [--verifier-script F] [--escalation-threshold X]\n"
+    "                      [--escalation-persistence N] [--escalation-max K] [--escalation-pool "
+    "SIZE]]\n"
     "  -n N      tokens to generate (default 128)\n"
     "  --temp T  sampling temperature; 0 (the default) is greedy decoding\n"
     "  -c CTX    context size in tokens (default: min(model's, 4096))\n"
     "  --chat    wrap the prompt as a user message in the model's chat template\n"
     "  --json    print one JSON object: text, token counts, tokens/s, memory ledger peak\n"
-    "  --tier N  with --store: serve tier N of the store's ladder (0 = skeleton only; default top)\n"
+    "  --tier N  with --store: serve tier N of the store's ladder (0 = skeleton only; default "
+    "top)\n"
     "  --kv-type T      KV cache rows: f32 (default, exact) or f16 (half the memory)\n"
     "  --draft-max K    speculative decoding: up to K tokens drafted from the context (prompt\n"
     "                   lookup), verified per model pass; same output (default 0: off)\n"
     "  --prompt-cache F restore the session saved in F (same model), save it there after\n"
     "  --verify M       deferred verification with a store: tier --draft-tier (default 0, kept\n"
     "                   resident) writes tokens, the top tier (or --verify-tier) checks them W at\n"
-    "                   a time (--verify-window, default 8), reading only the residuals, and rolls\n"
-    "                   back where it disagrees. all: every token is checked (greedy output is the\n"
-    "                   top tier's); margin: only tokens whose top-1 minus top-2 log-probability is\n"
-    "                   below --verify-tau (default 2) are. Only checked tokens are shown\n";
+    "                   a time (--verify-window, default 8), reading only the residuals, and "
+    "rolls\n"
+    "                   back where it disagrees. all: every token is checked (greedy output is "
+    "the\n"
+    "                   top tier's); margin: only tokens whose top-1 minus top-2 log-probability "
+    "is\n"
+    "                   below --verify-tau (default 2) are. Only checked tokens are shown\n"
+    "  --adaptive       with a store: ops run at the skeleton (kept resident); a verifier\n"
+    "                   (residual: a sample of each op's residual rows, the default; linear:\n"
+    "                   probes from substrate train-probe) escalates the ops it finds drifting\n"
+    "                   for --escalation-persistence tokens (default 4) above\n"
+    "                   --escalation-threshold, at most --escalation-max at once (default 4)\n"
+    "                   within --escalation-pool bytes (default: 4 times the largest residual)\n";
 
 int RunRun(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue(
                      GenerationFlagsWithValue({"-p", "--prompt", "-f", "--file", "--system"})),
-                 {"--chat", "--json"}});
+                 StoreSwitches({"--chat", "--json"})});
   if (!f.status().ok()) return UsageError("run", f.status(), kUsage);
   if (f.help()) {
     std::fputs(kUsage, stdout);

@@ -38,12 +38,29 @@ const char* kUsage =
     "                inside --max-ram; /metrics adds the runtime's counters\n";
 
 int RunServe(const std::vector<std::string>& args) {
-  Flags f(args, {StoreFlagsWithValue({"-m", "--model", "--host", "--port", "--api-key", "-c",
-                                      "--ctx-size", "--parallel", "-np", "-t", "--threads",
-                                      "--max-queue", "--max-body", "--alias", "--kv-type",
-                                      "--cache-type", "--draft-max", "--verify",
-                                      "--verify-window", "--verify-tau", "--verify-tier",
-                                      "--draft-tier"})});
+  Flags f(args, {StoreFlagsWithValue({"-m",
+                                      "--model",
+                                      "--host",
+                                      "--port",
+                                      "--api-key",
+                                      "-c",
+                                      "--ctx-size",
+                                      "--parallel",
+                                      "-np",
+                                      "-t",
+                                      "--threads",
+                                      "--max-queue",
+                                      "--max-body",
+                                      "--alias",
+                                      "--kv-type",
+                                      "--cache-type",
+                                      "--draft-max",
+                                      "--verify",
+                                      "--verify-window",
+                                      "--verify-tau",
+                                      "--verify-tier",
+                                      "--draft-tier"}),
+                 StoreSwitches()});
   if (!f.status().ok()) return UsageError("serve", f.status(), kUsage);
   if (f.help()) {
     std::fputs(kUsage, stdout);
@@ -67,8 +84,7 @@ int RunServe(const std::vector<std::string>& args) {
     return PrintError("serve", InvalidArgument("--parallel must be 1..256"));
   if (*max_queue < 0 || *max_queue > 4096)
     return PrintError("serve", InvalidArgument("--max-queue must be 0..4096"));
-  if (*ctx < 0 || *ctx > (1 << 22))
-    return PrintError("serve", InvalidArgument("-c out of range"));
+  if (*ctx < 0 || *ctx > (1 << 22)) return PrintError("serve", InvalidArgument("-c out of range"));
   auto kv_type = ParseKvType(f);
   if (!kv_type.ok()) return PrintError("serve", kv_type.status());
   uint64_t max_body = 4ull << 20;

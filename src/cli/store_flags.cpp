@@ -7,11 +7,16 @@
 namespace substrate::cli {
 
 std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra) {
-  for (const char* f : {"--store", "--max-ram", "--plan", "--trace", "--prefetch-depth", "--io",
-                        "--io-threads", "--tier", "--verifier", "--probes", "--verifier-script",
-                        "--escalation-threshold", "--escalation-persistence", "--escalation-max",
-                        "--escalation-pool"})
+  for (const char* f :
+       {"--store", "--max-ram", "--plan", "--trace", "--prefetch-depth", "--io", "--io-threads",
+        "--tier", "--verifier", "--probes", "--verifier-script", "--escalation-threshold",
+        "--escalation-persistence", "--escalation-max", "--escalation-pool"})
     extra.push_back(f);
+  return extra;
+}
+
+std::vector<std::string> StoreSwitches(std::vector<std::string> extra) {
+  extra.push_back("--adaptive");
   return extra;
 }
 
@@ -23,8 +28,8 @@ Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {
   }
   RETURN_IF_ERROR(ApplyAdaptiveFlags(f, &opt->adaptive));
   if (opt->store.empty()) {
-    for (const char* flag : {"--plan", "--trace", "--prefetch-depth", "--io", "--io-threads", "--tier",
-                             "--adaptive"})
+    for (const char* flag :
+         {"--plan", "--trace", "--prefetch-depth", "--io", "--io-threads", "--tier", "--adaptive"})
       if (f.Has(flag)) return InvalidArgument(std::string(flag) + " needs --store STORE/");
     return Status::Ok();
   }
@@ -62,7 +67,8 @@ Status ApplyAdaptiveFlags(const Flags& f, AdaptiveOptions* a) {
   } else if (v == "linear") {
     a->verifier = AdaptiveOptions::Verifier::kLinear;
     a->probes = f.Get({"--probes"});
-    if (a->probes.empty()) return InvalidArgument("--verifier linear needs --probes FILE (substrate train-probe)");
+    if (a->probes.empty())
+      return InvalidArgument("--verifier linear needs --probes FILE (substrate train-probe)");
   } else if (v == "scripted") {
     a->verifier = AdaptiveOptions::Verifier::kScripted;
     const std::string path = f.Get({"--verifier-script"});
@@ -73,8 +79,8 @@ Status ApplyAdaptiveFlags(const Flags& f, AdaptiveOptions* a) {
       for (auto it = j.begin(); it != j.end(); ++it)
         a->script[it.key()] = it.value().get<std::vector<float>>();
     } catch (const nlohmann::json::exception& e) {
-      return InvalidArgument(path + ": a verifier script is {\"op id\": [disagreement per token]}: " +
-                             e.what());
+      return InvalidArgument(
+          path + ": a verifier script is {\"op id\": [disagreement per token]}: " + e.what());
     }
   } else {
     return InvalidArgument("--verifier " + v + ": residual, linear or scripted");
@@ -84,8 +90,9 @@ Status ApplyAdaptiveFlags(const Flags& f, AdaptiveOptions* a) {
   ASSIGN_OR_RETURN(long long pers, f.GetInt({"--escalation-persistence"}, c.persistence));
   ASSIGN_OR_RETURN(long long k, f.GetInt({"--escalation-max"}, c.max_concurrent));
   if (!(th >= 0) || pers < 1 || pers > 100000 || k < 1 || k > 100000)
-    return InvalidArgument("--escalation-threshold >= 0, --escalation-persistence and "
-                           "--escalation-max >= 1");
+    return InvalidArgument(
+        "--escalation-threshold >= 0, --escalation-persistence and "
+        "--escalation-max >= 1");
   c.threshold = static_cast<float>(th);
   c.persistence = static_cast<int>(pers);
   c.max_concurrent = static_cast<int>(k);
@@ -99,10 +106,11 @@ nlohmann::json AdaptiveStatsJson(Engine& e) {
   TierController* c = e.tier_controller();
   if (!c) return nullptr;
   const TierControllerStats& s = c->stats();
-  return {{"escalations", s.escalations}, {"decays", s.decays}, {"evictions", s.evictions},
-          {"refused", s.refused}, {"force_demotes", s.force_demotes},
-          {"pool_bytes", c->options().pool_bytes}, {"pool_peak", s.pool_peak},
-          {"escalated_peak", s.escalated_peak}, {"escalated_now", s.escalated}};
+  return {{"escalations", s.escalations},     {"decays", s.decays},
+          {"evictions", s.evictions},         {"refused", s.refused},
+          {"force_demotes", s.force_demotes}, {"pool_bytes", c->options().pool_bytes},
+          {"pool_peak", s.pool_peak},         {"escalated_peak", s.escalated_peak},
+          {"escalated_now", s.escalated}};
 }
 
 std::string StoreStatsJson(const Engine& e) {

@@ -5,10 +5,9 @@
 // model.gguf and its weights stream through the runtime inside the budget (Engine).
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cli/command.h"
 #include "runtime/engine.h"
@@ -17,6 +16,8 @@ namespace substrate::cli {
 
 // `extra` plus the flags above that take a value.
 std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra);
+// `extra` plus the switches of these flags (--adaptive).
+std::vector<std::string> StoreSwitches(std::vector<std::string> extra = {});
 
 // Reads the flags into opt (max_ram, store, residency, adaptive).
 Status ApplyStoreFlags(const Flags& f, EngineOptions* opt);

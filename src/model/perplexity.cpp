@@ -33,7 +33,8 @@ void LogSoftmax(const float* logits, int64_t n, std::vector<double>* out) {
 Expected<PerplexityResult> ComputePerplexity(Model& model, const std::vector<int32_t>& tokens,
                                              MemoryLedger* ledger, const PerplexityOptions& opt) {
   const int64_t n_ctx = opt.n_ctx;
-  if (n_ctx < 4) return InvalidArgument("perplexity context " + std::to_string(n_ctx) + " too small");
+  if (n_ctx < 4)
+    return InvalidArgument("perplexity context " + std::to_string(n_ctx) + " too small");
   int64_t n_chunks = static_cast<int64_t>(tokens.size()) / n_ctx;
   if (opt.max_chunks >= 0) n_chunks = std::min(n_chunks, opt.max_chunks);
   if (n_chunks == 0) {
@@ -61,9 +62,11 @@ Expected<PerplexityResult> ComputePerplexity(Model& model, const std::vector<int
   if (!opt.kld_base.empty()) {
     ASSIGN_OR_RETURN(base, RandomAccessFile::Open(opt.kld_base));
     BaseHeader h{};
-    if (base->size() < sizeof h) return Corruption(opt.kld_base + ": too short for a KLD base file");
+    if (base->size() < sizeof h)
+      return Corruption(opt.kld_base + ": too short for a KLD base file");
     RETURN_IF_ERROR(base->Read(0, sizeof h, &h));
-    if (std::memcmp(h.magic, kMagic, 8) != 0) return Corruption(opt.kld_base + ": not a KLD base file");
+    if (std::memcmp(h.magic, kMagic, 8) != 0)
+      return Corruption(opt.kld_base + ": not a KLD base file");
     if (h.n_ctx != n_ctx || h.n_vocab != V || h.first != first) {
       return InvalidArgument(opt.kld_base + ": made with -c " + std::to_string(h.n_ctx) +
                              " and vocabulary " + std::to_string(h.n_vocab) + ", this run has -c " +
@@ -76,23 +79,34 @@ Expected<PerplexityResult> ComputePerplexity(Model& model, const std::vector<int
     std::vector<int32_t> base_tokens(static_cast<size_t>(n_chunks * n_ctx));
     RETURN_IF_ERROR(base->Read(sizeof h, base_tokens.size() * 4, base_tokens.data()));
     if (!std::equal(base_tokens.begin(), base_tokens.end(), tokens.begin()))
-      return InvalidArgument(opt.kld_base + ": made from different tokens (another text or tokenizer)");
+      return InvalidArgument(opt.kld_base +
+                             ": made from different tokens (another text or tokenizer)");
     base_off = sizeof h + static_cast<uint64_t>(h.n_chunks) * n_ctx * 4;
   }
 
-  ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(model.hparams(), n_ctx, model.backend(), opt.kv_type));
+  ASSIGN_OR_RETURN(KvCache cache,
+                   KvCache::Create(model.hparams(), n_ctx, model.backend(), opt.kv_type));
   PerplexityResult r;
   double nll = 0, nll2 = 0, kld = 0, kld2 = 0;
   int64_t same = 0;
   std::vector<int32_t> chunk(static_cast<size_t>(n_ctx));
-  std::vector<float> logits;
+  std::vector<float> logits, token_logits;
   std::vector<double> lp, blp(static_cast<size_t>(V));
   std::vector<uint16_t> half(static_cast<size_t>(V));
   for (int64_t c = 0; c < n_chunks; ++c) {
     std::copy(tokens.begin() + c * n_ctx, tokens.begin() + (c + 1) * n_ctx, chunk.begin());
     if (opt.bos >= 0) chunk[0] = opt.bos;
     cache.Clear();
-    RETURN_IF_ERROR(model.Forward(chunk.data(), n_ctx, cache, true, &logits));
+    if (opt.after_token) {
+      logits.resize(static_cast<size_t>(n_ctx * V));
+      for (int64_t i = 0; i < n_ctx; ++i) {
+        RETURN_IF_ERROR(model.Forward(&chunk[i], 1, cache, false, &token_logits));
+        std::copy(token_logits.begin(), token_logits.end(), logits.begin() + i * V);
+        opt.after_token();
+      }
+    } else {
+      RETURN_IF_ERROR(model.Forward(chunk.data(), n_ctx, cache, true, &logits));
+    }
     for (int64_t i = first; i < n_ctx - 1; ++i) {
       const float* row = logits.data() + i * V;
       LogSoftmax(row, V, &lp);

@@ -20,11 +20,14 @@ namespace substrate {
 struct PerplexityOptions {
   int64_t n_ctx = 512;
   DType kv_type = DType::kF32;  // KV cache rows (KvCache)
-  int64_t max_chunks = -1;   // < 0: every full chunk
-  int32_t bos = -1;          // >= 0: the first token of each chunk becomes this
-  std::string save_base;     // write log-probs here (--kl-divergence-base)
-  std::string kld_base;      // compare with this file (--kl-divergence)
+  int64_t max_chunks = -1;      // < 0: every full chunk
+  int32_t bos = -1;             // >= 0: the first token of each chunk becomes this
+  std::string save_base;        // write log-probs here (--kl-divergence-base)
+  std::string kld_base;         // compare with this file (--kl-divergence)
   std::function<void(int64_t chunk, double ppl_so_far)> progress;
+  // Set: each chunk is evaluated one token at a time, calling this after each (the adaptive
+  // runtime switches ops' tiers between tokens, as it does in generation).
+  std::function<void()> after_token;
 };
 
 struct PerplexityResult {

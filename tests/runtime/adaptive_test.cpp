@@ -1,0 +1,164 @@
+// The adaptive runtime end to end on tiny-coder packed with a Q4_K skeleton and Q8_0 + F16
+// residuals, the skeletons resident and the residuals streamed under a cap below the top tier:
+// scripted escalations (through a slow disk whose reads are waited for) compute exactly what
+// the resident model computes with the same per-op tiers, token by token; the residual-sample
+// verifier's run of 1,000 tokens allocates nothing once warm and never passes the cap.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "alloc_counter.h"
+#include "core/fault_env.h"
+#include "runtime/engine.h"
+#include "runtime/plan_fixture.h"
+#include "store/store_fixture.h"
+
+namespace substrate {
+namespace {
+
+using namespace substrate::testing;
+
+int32_t Argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+std::vector<int32_t> Prompt(Engine& e) {
+  auto ids =
+      e.tokenizer()->Encode("def fibonacci(n):", {.add_special = true, .parse_special = false});
+  EXPECT_TRUE(ids.ok());
+  return ids.ok() ? std::vector<int32_t>(ids->begin(), ids->end()) : std::vector<int32_t>{};
+}
+
+struct Capped {
+  uint64_t cap = 0;
+  MemoryLedger ledger;
+};
+
+// The skeletons resident, residuals streamed, under a cap below the top tier's bytes.
+EngineOptions StreamedOptions(Capped* c, int64_t n_ctx) {
+  const uint64_t data = StoreDataBytes(PackedTinyCoderStore());
+  EngineOptions eo;
+  eo.store = PackedTinyCoderStore();
+  eo.n_ctx = n_ctx;
+  eo.residency.resident_max_tier = 0;
+  // The KV cache and scratch of n_ctx positions beside three quarters of the store.
+  c->cap = data * 3 / 4 + (24ull << 20) + static_cast<uint64_t>(n_ctx) * (64 << 10);
+  c->ledger.set_cap(c->cap);
+  eo.max_ram = c->cap;
+  eo.ledger = &c->ledger;
+  return eo;
+}
+
+TEST(Adaptive, ScriptedEscalationsComputeWhatTheirTiersComputeThroughASlowDisk) {
+  if (PackedTinyCoderStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-bf16.gguf";
+  FaultEnv env;
+  env.Add({FaultEnv::Kind::kSlowRead, ".t2.bin", 0, -1, 3, 0});  // the F16 residuals: +3 ms
+  Capped c;
+  EngineOptions eo = StreamedOptions(&c, 128);
+  eo.residency.env = &env;
+  eo.adaptive.on = true;
+  eo.adaptive.verifier = AdaptiveOptions::Verifier::kScripted;
+  eo.adaptive.controller.threshold = 0.5f;
+  eo.adaptive.controller.persistence = 1;
+  eo.adaptive.controller.max_concurrent = 2;
+  // Token 0 is the prompt's pass. Block 1's FFN drifts on tokens 2-5 (escalated to tier 1, then
+  // 2, held while it drifts, decayed after a calm token); block 0's attention on tokens 4-5; a
+  // third op on token 4 finds K = 2 taken by ops that drift harder.
+  eo.adaptive.script["block_1.ffn"] = {0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0};
+  eo.adaptive.script["block_0.attn"] = {0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0};
+  eo.adaptive.script["block_2.ffn"] = {0, 0, 0, 0, 0.6f, 0, 0, 0, 0, 0, 0, 0};
+  auto adaptive = Engine::Load("", eo);
+  ASSERT_TRUE(adaptive.ok()) << adaptive.status().ToString();
+  Engine& a = **adaptive;
+  TierController* ctl = a.tier_controller();
+  ASSERT_NE(ctl, nullptr);
+
+  MemoryLedger roomy;
+  EngineOptions ro;
+  ro.store = PackedTinyCoderStore();
+  ro.n_ctx = 128;
+  ro.max_ram = 8 * StoreDataBytes(PackedTinyCoderStore()) + (64ull << 20);
+  ro.ledger = &roomy;
+  auto resident = Engine::Load("", ro);
+  ASSERT_TRUE(resident.ok()) << resident.status().ToString();
+  Engine& r = **resident;
+
+  const std::vector<int32_t> prompt = Prompt(a);
+  auto sa = a.NewSession(128);
+  auto sr = r.NewSession(128);
+  ASSERT_TRUE(sa.ok() && sr.ok());
+  std::fill(r.model().op_tiers().begin(), r.model().op_tiers().end(), 0);
+  ASSERT_TRUE(a.Prefill(**sa, prompt).ok());
+  ASSERT_TRUE(r.Prefill(**sr, prompt).ok());
+  ASSERT_EQ((*sa)->logits, (*sr)->logits) << "the prompt's pass, every op at the skeleton";
+
+  const int ffn1 = a.model().OpIndex("block_1.ffn"), attn0 = a.model().OpIndex("block_0.attn");
+  ASSERT_GE(ffn1, 0);
+  ASSERT_GE(attn0, 0);
+  std::vector<int> ffn1_tier;
+  int32_t tok = Argmax((*sa)->logits);
+  for (int t = 1; t <= 10; ++t) {
+    ffn1_tier.push_back(ctl->tier(ffn1));
+    r.model().op_tiers() = a.model().op_tiers();  // the tiers this pass runs at
+    ASSERT_TRUE(a.model().Forward(&tok, 1, (*sa)->cache, false, &(*sa)->logits).ok());
+    a.AfterToken();
+    ASSERT_TRUE(r.model().Forward(&tok, 1, (*sr)->cache, false, &(*sr)->logits).ok());
+    ASSERT_EQ((*sa)->logits, (*sr)->logits) << "token " << t;
+    EXPECT_LE(c.ledger.current(), c.cap);
+    tok = Argmax((*sa)->logits);
+  }
+  // Escalated by token 2's signal (from token 3), again by token 3's, decayed after token 6.
+  EXPECT_EQ(ffn1_tier, (std::vector<int>{0, 0, 1, 2, 2, 2, 0, 0, 0, 0}));
+  const TierControllerStats& s = ctl->stats();
+  EXPECT_EQ(s.escalations, 4u);  // each op twice: tier 1, then 2
+  EXPECT_EQ(s.escalated_peak, 2);
+  EXPECT_EQ(s.refused, 1u) << "block_2.ffn: K = 2 ops drifting harder";
+  EXPECT_EQ(s.decays, 2u);
+  EXPECT_GT(env.injected(FaultEnv::Kind::kSlowRead), 0) << "the F16 residual was read";
+  EXPECT_GT(a.runtime()->stats().stream_bytes_read, 0u);
+  EXPECT_LE(c.ledger.peak(), c.cap);
+}
+
+TEST(Adaptive, AThousandTokensAllocateNothingOnceWarmAndKeepTheCap) {
+  if (PackedTinyCoderStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-bf16.gguf";
+  Capped c;
+  EngineOptions eo = StreamedOptions(&c, 1100);
+  eo.adaptive.on = true;
+  eo.adaptive.verifier = AdaptiveOptions::Verifier::kResidual;
+  eo.adaptive.controller.threshold = 0.04f;
+  eo.adaptive.controller.persistence = 1;
+  auto e = Engine::Load("", eo);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  Engine& a = **e;
+  auto s = a.NewSession(1100);
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(a.Prefill(**s, Prompt(a)).ok());
+  Session& ss = **s;
+  int32_t tok = Argmax(ss.logits);
+  auto step = [&] {
+    Status st = a.model().Forward(&tok, 1, ss.cache, false, &ss.logits);
+    a.AfterToken();
+    tok = Argmax(ss.logits);
+    return st;
+  };
+  for (int t = 0; t < 32; ++t) ASSERT_TRUE(step().ok());  // warm-up
+  const uint64_t allocs = AllocationCount();
+  bool over_cap = false;
+  for (int t = 0; t < 1000; ++t) {
+    if (!step().ok()) break;
+    over_cap |= c.ledger.current() > c.cap;
+  }
+  EXPECT_EQ(AllocationCount(), allocs) << "the adaptive token loop allocated";
+  EXPECT_FALSE(over_cap);
+  EXPECT_EQ(ss.cache.n_past(), static_cast<int64_t>(Prompt(a).size()) + 1032);
+  const TierControllerStats& st = a.tier_controller()->stats();
+  EXPECT_GT(st.escalations, 10u) << "the run must actually escalate";
+  EXPECT_GT(st.decays, 10u);
+  EXPECT_LE(st.pool_peak, a.tier_controller()->options().pool_bytes);
+  EXPECT_LE(c.ledger.peak(), c.cap);
+}
+
+}  // namespace
+}  // namespace substrate
