@@ -19,8 +19,8 @@ size_t GroupBytes(int64_t cols) {
 // Byte offsets, within a group, of block b's quant byte j (0..15) of row r and of its scale.
 size_t QuantOffset(int64_t b, int r, int j) {
   return static_cast<size_t>(b / 2) * kQ4Interleaved_PairBytes +
-         static_cast<size_t>(b % 2) * kQ4Interleaved_QuantBytes +
-         static_cast<size_t>(j / 4) * 64 + static_cast<size_t>(r) * 4 + static_cast<size_t>(j % 4);
+         static_cast<size_t>(b % 2) * kQ4Interleaved_QuantBytes + static_cast<size_t>(j / 4) * 64 +
+         static_cast<size_t>(r) * 4 + static_cast<size_t>(j % 4);
 }
 size_t ScaleOffset(int64_t b, int r) {
   return static_cast<size_t>(b / 2) * kQ4Interleaved_PairBytes + kQ4Interleaved_Scales +

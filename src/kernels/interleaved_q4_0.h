@@ -27,8 +27,8 @@
 
 namespace substrate {
 
-constexpr int kQ4Interleaved_QuantBytes = kInterleavedRows * 16;                  // 256
-constexpr int kQ4Interleaved_Scales = 2 * kQ4Interleaved_QuantBytes;              // 512
+constexpr int kQ4Interleaved_QuantBytes = kInterleavedRows * 16;                              // 256
+constexpr int kQ4Interleaved_Scales = 2 * kQ4Interleaved_QuantBytes;                          // 512
 constexpr int kQ4Interleaved_PairBytes = kQ4Interleaved_Scales + 2 * kInterleavedScaleBytes;  // 576
 
 // Whether a rows x cols matrix of `type` can take the layout: Q4_0, rows a multiple of 16 and

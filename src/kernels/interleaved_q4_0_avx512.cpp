@@ -50,8 +50,8 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_0* const* y,
         lo[k] = _mm512_and_si512(w, m4);
         hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
       }
-      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(p + kQ4Interleaved_Scales + h * kInterleavedScaleBytes)));
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+          p + kQ4Interleaved_Scales + h * kInterleavedScaleBytes)));
       for (int t = 0; t < NT; ++t) {
         const int8_t* a = y[t][b + h].qs;
         // ActBlockSums holds -128 * sum(a), a multiple of 16: the shift is exact.

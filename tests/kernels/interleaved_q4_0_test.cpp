@@ -4,6 +4,8 @@
 // float order differs) at every ISA tier the CPU has, for decode, short token runs and prefill
 // (1-70 tokens, the 8-token register tiles and their remainders), with and without residual
 // tiers; the reference and row lookups equal the plain ones exactly.
+#include "kernels/interleaved_q4_0.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,7 +14,6 @@
 
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
-#include "kernels/interleaved_q4_0.h"
 #include "kernels/matmul.h"
 #include "kernels/random_matrix.h"
 #include "quant/quant.h"

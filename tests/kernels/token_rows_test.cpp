@@ -31,7 +31,8 @@ std::vector<uint8_t> Quantized(DType type, int64_t rows, int64_t cols, std::mt19
   const size_t rb = *RowBytes(type, static_cast<uint64_t>(cols));
   std::vector<uint8_t> m(rb * static_cast<size_t>(rows));
   std::vector<float> v = RandomFloats(rows * cols, rng);
-  for (int64_t r = 0; r < rows; ++r) QuantizeRow(type, v.data() + r * cols, m.data() + r * rb, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    QuantizeRow(type, v.data() + r * cols, m.data() + r * rb, cols);
   return m;
 }
 
@@ -50,7 +51,7 @@ int CheckCase(const Case& c, std::mt19937& rng, ThreadPool& pool) {
   if (c.interleave && c.type == DType::kQ8_0) InterleaveQ8_0(skel.data(), c.rows, c.cols);
   WeightView w;
   w.type = c.type;
-  w.layout = !c.interleave              ? WeightLayout::kRows
+  w.layout = !c.interleave            ? WeightLayout::kRows
              : c.type == DType::kQ4_0 ? WeightLayout::kQ4_0Interleaved
                                       : WeightLayout::kQ8_0Interleaved;
   w.data = skel.data();
@@ -82,8 +83,8 @@ int CheckCase(const Case& c, std::mt19937& rng, ThreadPool& pool) {
       if (std::memcmp(a, b, static_cast<size_t>(c.rows) * sizeof(float)) != 0) {
         int64_t r = 0;
         while (a[r] == b[r] || (a[r] != a[r] && b[r] != b[r])) ++r;
-        ADD_FAILURE() << c.what << " " << DTypeName(c.type) << " at " << IsaName(ActiveIsa()) << ": "
-                      << nt << "-token pass, token " << t << " row " << r << " = " << a[r]
+        ADD_FAILURE() << c.what << " " << DTypeName(c.type) << " at " << IsaName(ActiveIsa())
+                      << ": " << nt << "-token pass, token " << t << " row " << r << " = " << a[r]
                       << ", one-token pass " << b[r] << " (diff " << a[r] - b[r] << ")";
         return rows;
       }

@@ -42,8 +42,9 @@ int CheckFile(const std::string& path, DType kv_type) {
       float worst = 0;
       for (int64_t v = 0; v < V; ++v) worst = std::max(worst, std::fabs(row[v] - one[v]));
       ADD_FAILURE() << path << " at " << IsaName(ActiveIsa()) << " kv " << DTypeName(kv_type)
-                    << ": token " << t << " of the 12-token pass differs from its one-token pass by up to "
-                    << worst << " in the logits";
+                    << ": token " << t
+                    << " of the 12-token pass differs from its one-token pass by up to " << worst
+                    << " in the logits";
       return t;
     }
   }
@@ -51,9 +52,9 @@ int CheckFile(const std::string& path, DType kv_type) {
 }
 
 TEST(TokenRows, MultiTokenPassEqualsOneTokenPassesForEveryFormat) {
-  const char* kFiles[] = {"tiny-coder-Q2_K",     "tiny-coder-Q3_K_M",     "tiny-coder-Q4_0",
-                          "tiny-coder-Q4_K_M",   "tiny-coder-Q6_K",       "tiny-coder-Q8_0",
-                          "tiny-coder-bf16",     "tiny-coder-moe-Q4_K_M", "tiny-coder-moe-Q8_0",
+  const char* kFiles[] = {"tiny-coder-Q2_K",    "tiny-coder-Q3_K_M",     "tiny-coder-Q4_0",
+                          "tiny-coder-Q4_K_M",  "tiny-coder-Q6_K",       "tiny-coder-Q8_0",
+                          "tiny-coder-bf16",    "tiny-coder-moe-Q4_K_M", "tiny-coder-moe-Q8_0",
                           "tiny-coder-moe-bf16"};
   const std::string first = SharedDir() + "/gguf/" + kFiles[0] + ".gguf";
   if (!Exists(first)) GTEST_SKIP() << "no fixture " << first;
@@ -63,7 +64,8 @@ TEST(TokenRows, MultiTokenPassEqualsOneTokenPassesForEveryFormat) {
     int rows = 0;
     for (const char* f : kFiles) {
       rows += CheckFile(SharedDir() + "/gguf/" + f + ".gguf", DType::kF32);
-      if (std::strstr(f, "Q4_K_M")) rows += CheckFile(SharedDir() + "/gguf/" + f + ".gguf", DType::kF16);
+      if (std::strstr(f, "Q4_K_M"))
+        rows += CheckFile(SharedDir() + "/gguf/" + f + ".gguf", DType::kF16);
     }
     std::printf("  %-7s %d logit rows of 12-token passes equal their one-token passes\n",
                 IsaName(static_cast<Isa>(tier)), rows);
