@@ -106,11 +106,20 @@ nlohmann::json AdaptiveStatsJson(Engine& e) {
   TierController* c = e.tier_controller();
   if (!c) return nullptr;
   const TierControllerStats& s = c->stats();
-  return {{"escalations", s.escalations},     {"decays", s.decays},
-          {"evictions", s.evictions},         {"refused", s.refused},
-          {"force_demotes", s.force_demotes}, {"pool_bytes", c->options().pool_bytes},
-          {"pool_peak", s.pool_peak},         {"escalated_peak", s.escalated_peak},
-          {"escalated_now", s.escalated}};
+  nlohmann::json j = {{"escalations", s.escalations},     {"decays", s.decays},
+                      {"evictions", s.evictions},         {"refused", s.refused},
+                      {"force_demotes", s.force_demotes}, {"pool_bytes", c->options().pool_bytes},
+                      {"pool_peak", s.pool_peak},         {"escalated_peak", s.escalated_peak},
+                      {"escalated_now", s.escalated}};
+  if (e.runtime()) j["residuals_skipped"] = e.runtime()->stats().skipped;
+  if (const RuntimeMonitor* m = e.runtime_monitor()) {
+    j["monitor"] = {{"state", RuntimeStateName(m->state())},
+                    {"transitions", m->stats().transitions},
+                    {"critical_tokens", m->stats().critical_tokens},
+                    {"latency_ratio", m->latency_ratio()},
+                    {"bw_ratio", m->bw_ratio()}};
+  }
+  return j;
 }
 
 std::string StoreStatsJson(const Engine& e) {

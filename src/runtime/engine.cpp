@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include "backend/cpu/cpu_backend.h"
 #include "kernels/matmul.h"
@@ -38,7 +39,8 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
   if (opt.max_ram > 0) e->ledger_->set_cap(opt.max_ram);
   std::string path = path_in;
   if (!opt.store.empty()) {
-    if (opt.max_ram == 0) return InvalidArgument("a store runs under a budget: give --max-ram SIZE");
+    if (opt.max_ram == 0)
+      return InvalidArgument("a store runs under a budget: give --max-ram SIZE");
     const std::string in_store = opt.store + "/model.gguf";
     if (!path.empty() && path != in_store)
       return InvalidArgument("give either -m MODEL or --store STORE/, not both");
@@ -61,6 +63,7 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
     ResidencyOptions ro = opt.residency;
     // Adaptive: the skeletons resident; escalations read their residuals.
     if (opt.adaptive.on && ro.resident_max_tier < 0) ro.resident_max_tier = 0;
+    if (opt.adaptive.on) ro.lower_tier_by_default = !opt.adaptive.wait_for_escalations;
     ro.budget_bytes = opt.max_ram;
     const int64_t ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min<int64_t>(hp->n_ctx_train, 4096);
     // Each session's KV cache, plus the scratch of one pass at a time.
@@ -79,7 +82,8 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
     if (!weights.ok()) return weights.status().WithContext(path);
     e->weights_ = std::move(weights).value();
   }
-  auto model = Model::Create(e->file_->metadata(), e->weights_.get(), e->backend_.get(), e->ledger_);
+  auto model =
+      Model::Create(e->file_->metadata(), e->weights_.get(), e->backend_.get(), e->ledger_);
   if (!model.ok()) return model.status().WithContext(path);
   e->model_ = std::move(model).value();
   if (opt.adaptive.on) RETURN_IF_ERROR(e->SetUpAdaptive(opt.adaptive).WithContext(path));
@@ -96,13 +100,15 @@ Status Engine::SetUpAdaptive(const AdaptiveOptions& a) {
   Model& m = *model_;
   const int top = weights_->DefaultTier();
   if (top < 1 || weights_->OpBytes(m.ops().front().id, top) == 0)
-    return InvalidArgument("--adaptive escalates ops along a store's residual tiers: give a store "
-                           "with residuals (substrate pack) through --store");
+    return InvalidArgument(
+        "--adaptive escalates ops along a store's residual tiers: give a store "
+        "with residuals (substrate pack) through --store");
   // Every op starts at the skeleton; blocks the verifier watches may climb to the top tier.
   const size_t n = m.ops().size();
   std::fill(m.op_tiers().begin(), m.op_tiers().end(), 0);
   std::vector<uint8_t> ceiling(n, 0);
-  std::vector<std::vector<uint64_t>> cost(n, std::vector<uint64_t>(static_cast<size_t>(top) + 1, 0));
+  std::vector<std::vector<uint64_t>> cost(n,
+                                          std::vector<uint64_t>(static_cast<size_t>(top) + 1, 0));
   uint64_t largest = 0;
   for (const LayerWeights& w : m.layers()) {
     for (int op : {w.attn_op, w.ffn_op, w.router_op}) {
@@ -133,7 +139,9 @@ Status Engine::SetUpAdaptive(const AdaptiveOptions& a) {
       std::map<int, std::vector<float>> schedule;
       for (const auto& [id, values] : a.script) {
         const int op = m.OpIndex(id);
-        if (op < 0) return InvalidArgument("the verifier script names op '" + id + "', which this model lacks");
+        if (op < 0)
+          return InvalidArgument("the verifier script names op '" + id +
+                                 "', which this model lacks");
         schedule[op] = values;
       }
       verifier_ = std::make_unique<ScriptedVerifier>(controller_.get(), std::move(schedule));
@@ -141,13 +149,58 @@ Status Engine::SetUpAdaptive(const AdaptiveOptions& a) {
     }
   }
   m.set_observer(verifier_.get());
+  if (runtime_ && a.monitor) monitor_ = std::make_unique<RuntimeMonitor>(a.monitor_options);
+  if (runtime_ && runtime_->tracing()) {
+    controller_->set_listener(
+        [](void* ctx, int op, int from, int to, TierSwitch why) {
+          auto* e = static_cast<Engine*>(ctx);
+          e->runtime_->TraceRuntime("tier", "\"op\":" + JsonQuote(e->model_->ops()[op].id) +
+                                                ",\"from\":" + std::to_string(from) +
+                                                ",\"to\":" + std::to_string(to) + ",\"why\":\"" +
+                                                TierSwitchName(why) + "\"");
+        },
+        this);
+  }
   return Status::Ok();
 }
 
-void Engine::AfterToken() {
+void Engine::AfterToken(bool decode_step) {
   if (!controller_) return;
   verifier_->NextToken();
   controller_->EndToken();
+  if (monitor_) {
+    const auto now = std::chrono::steady_clock::now();
+    const ResidencyStats& rs = runtime_->stats();
+    const uint64_t bytes = rs.stream_bytes_read - last_read_bytes_;
+    const double read_s = rs.read_seconds - last_read_seconds_;
+    // Only a decode step that follows another is timed: a prompt's pass, or the first step
+    // after one, says nothing about per-token latency.
+    if (decode_step && last_token_.time_since_epoch().count() != 0 &&
+        monitor_->OnToken(std::chrono::duration<double>(now - last_token_).count(), bytes,
+                          read_s)) {
+      const bool critical = monitor_->state() != RuntimeState::kNormal;
+      if (critical) controller_->ForceDemoteAll();
+      controller_->set_hold(critical);
+      char fields[160];
+      std::snprintf(
+          fields, sizeof fields, "\"state\":\"%s\",\"latency_ratio\":%.3f,\"bw_ratio\":%.3f",
+          RuntimeStateName(monitor_->state()), monitor_->latency_ratio(), monitor_->bw_ratio());
+      runtime_->TraceRuntime("monitor", fields);
+    }
+    last_token_ = decode_step ? now : std::chrono::steady_clock::time_point{};
+    last_read_bytes_ = rs.stream_bytes_read;
+    last_read_seconds_ = rs.read_seconds;
+  }
+  if (runtime_ && runtime_->tracing()) {
+    const TierControllerStats& s = controller_->stats();
+    char fields[160];
+    std::snprintf(fields, sizeof fields,
+                  "\"pool_used\":%llu,\"pool_bytes\":%llu,\"escalated\":%d,\"held\":%s",
+                  static_cast<unsigned long long>(s.pool_used),
+                  static_cast<unsigned long long>(controller_->options().pool_bytes), s.escalated,
+                  controller_->held() ? "true" : "false");
+    runtime_->TraceRuntime("token", fields);
+  }
 }
 
 Expected<std::unique_ptr<Session>> Engine::NewSession(int64_t n_ctx) {
@@ -166,15 +219,14 @@ Expected<int64_t> Engine::Prefill(Session& s, const std::vector<int32_t>& prompt
   }
   const auto& have = s.cache.tokens();
   size_t common = 0;
-  while (common < have.size() && common < prompt.size() && have[common] == prompt[common])
-    ++common;
+  while (common < have.size() && common < prompt.size() && have[common] == prompt[common]) ++common;
   // The last prompt token is always evaluated: its logits pick the first new token.
   if (common == prompt.size()) --common;
   s.cache.Truncate(static_cast<int64_t>(common));
   RETURN_IF_ERROR(model_->Forward(prompt.data() + common,
                                   static_cast<int64_t>(prompt.size() - common), s.cache, false,
                                   &s.logits));
-  AfterToken();
+  AfterToken(/*decode_step=*/false);
   return static_cast<int64_t>(common);
 }
 
@@ -219,8 +271,8 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
         break;
       }
       std::vector<int32_t> batch{history.back()};
-      const int64_t room = std::min<int64_t>(opt.max_tokens - st.n_generated - 1,
-                                             s.cache.n_ctx() - n_past - 1);
+      const int64_t room =
+          std::min<int64_t>(opt.max_tokens - st.n_generated - 1, s.cache.n_ctx() - n_past - 1);
       if (opt.draft_max > 0 && room > 0) {
         std::vector<int32_t> draft =
             PromptLookupDraft(history, static_cast<int>(std::min<int64_t>(opt.draft_max, room)));

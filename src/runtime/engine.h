@@ -29,6 +29,7 @@
 #include "model/resident_weight_source.h"
 #include "model/sampler.h"
 #include "runtime/residency_manager.h"
+#include "runtime/runtime_monitor.h"
 #include "runtime/tier_controller.h"
 #include "runtime/verifier.h"
 #include "tokenizer/tokenizer.h"
@@ -44,7 +45,12 @@ struct AdaptiveOptions {
   std::string probes;                                // kLinear: a `substrate train-probe` file
   std::map<std::string, std::vector<float>> script;  // kScripted: op id -> disagreement per token
   int sample_rows = 16;                              // kResidual: rows sampled per op
+  // An escalation's residual is used from the first token it has arrived for; until then the
+  // op runs on its skeleton (no stall), unless this is set (or a plan says wait).
+  bool wait_for_escalations = false;
   TierControllerOptions controller;  // pool_bytes 0: K times the largest escalation
+  bool monitor = true;               // the runtime monitor (out of core only)
+  RuntimeMonitorOptions monitor_options;
 };
 
 struct EngineOptions {
@@ -121,22 +127,22 @@ struct GenerateOptions {
 };
 
 struct GenerateStats {
-  int64_t n_prompt = 0;      // prompt tokens
-  int64_t n_reused = 0;      // of which found in the session's cache (not recomputed)
+  int64_t n_prompt = 0;  // prompt tokens
+  int64_t n_reused = 0;  // of which found in the session's cache (not recomputed)
   int64_t n_generated = 0;
   double prompt_seconds = 0;
   double decode_seconds = 0;
-  int64_t n_forwards = 0;    // decode forward passes
-  int64_t n_drafted = 0;     // drafted tokens evaluated
-  int64_t n_accepted = 0;    // of which shown
-  std::string stop_reason;   // "eog", "stop", "length", "callback", "context"
+  int64_t n_forwards = 0;          // decode forward passes
+  int64_t n_drafted = 0;           // drafted tokens evaluated
+  int64_t n_accepted = 0;          // of which shown
+  std::string stop_reason;         // "eog", "stop", "length", "callback", "context"
   double first_token_seconds = 0;  // from the call to the first shown token
   // Deferred verification.
   int64_t n_verify_passes = 0;
-  int64_t n_verified = 0;        // drafted tokens a verify pass checked
+  int64_t n_verified = 0;  // drafted tokens a verify pass checked
   int64_t n_rollbacks = 0;
-  int64_t n_rollback_lost = 0;   // drafted tokens discarded by rollbacks
-  uint64_t verify_bytes = 0;     // bytes the runtime read during verify passes
+  int64_t n_rollback_lost = 0;  // drafted tokens discarded by rollbacks
+  uint64_t verify_bytes = 0;    // bytes the runtime read during verify passes
 };
 
 // Called per generated token with the text that became complete (may be empty); return false to
@@ -163,9 +169,14 @@ class Engine {
   Backend& backend() { return *backend_; }
   // The adaptive runtime's controller (null without EngineOptions::adaptive).
   TierController* tier_controller() { return controller_.get(); }
-  // After each evaluated token (the token loops call it; so may other loops over the model):
-  // the verifier's token ends and the controller decays its escalations.
-  void AfterToken();
+  // After each evaluated pass (the token loops call it; so may other loops over the model): the
+  // verifier's token ends, the controller decays its escalations, and the runtime monitor
+  // judges the latency and disk bandwidth of decode tokens that follow one another (demoting
+  // every escalation and holding new ones while either is critical). A prompt's pass is not
+  // such a token (decode_step false), and restarts the monitor's clock.
+  void AfterToken(bool decode_step = true);
+  // The adaptive runtime's monitor (null without it, or resident).
+  const RuntimeMonitor* runtime_monitor() const { return monitor_.get(); }
 
   // n_ctx <= 0: the model's training context.
   Expected<std::unique_ptr<Session>> NewSession(int64_t n_ctx);
@@ -197,6 +208,11 @@ class Engine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<TierController> controller_;  // after model_: it writes its tier table
   std::unique_ptr<VerifierProbe> verifier_;
+  std::unique_ptr<RuntimeMonitor> monitor_;
+  // The monitor's measures at the end of the previous pass.
+  std::chrono::steady_clock::time_point last_token_;
+  uint64_t last_read_bytes_ = 0;
+  double last_read_seconds_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
 };
 

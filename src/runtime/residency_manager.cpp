@@ -11,9 +11,8 @@
 
 namespace substrate {
 
-Expected<std::unique_ptr<ResidencyManager>> ResidencyManager::Open(const std::string& store_dir,
-                                                                   MemoryLedger* ledger,
-                                                                   const ResidencyOptions& options) {
+Expected<std::unique_ptr<ResidencyManager>> ResidencyManager::Open(
+    const std::string& store_dir, MemoryLedger* ledger, const ResidencyOptions& options) {
   std::unique_ptr<ResidencyManager> m(new ResidencyManager());
   m->origin_ = RuntimeClock::now();
   StoreIndexOptions io;
@@ -30,6 +29,10 @@ ResidencyManager::~ResidencyManager() {
   sched_.reset();  // joins the workers before the buffers they write into go
 }
 
+void ResidencyManager::TraceRuntime(const char* ev, const std::string& fields) {
+  if (trace_) trace_->Runtime(ev, fields, NowUs());
+}
+
 int64_t ResidencyManager::NowUs() const {
   return std::chrono::duration_cast<std::chrono::microseconds>(RuntimeClock::now() - origin_)
       .count();
@@ -40,8 +43,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   options_ = options;
   options_.prefetch_depth = std::clamp(options.prefetch_depth, 1, 64);
   const uint64_t budget = options.budget_bytes ? options.budget_bytes : ledger->cap();
-  if (budget == 0)
-    return InvalidArgument("a byte budget is needed (--max-ram, or a ledger cap)");
+  if (budget == 0) return InvalidArgument("a byte budget is needed (--max-ram, or a ledger cap)");
   ASSIGN_OR_RETURN(hp_, ModelHParams::FromMetadata(index_->meta().metadata()));
   if (options.serve_tier < -1 || options.serve_tier >= index_->n_tiers())
     return InvalidArgument("tier " + std::to_string(options.serve_tier) +
@@ -63,6 +65,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     const int o = index_->FindOp(spec.id);
     if (o < 0) continue;  // every tensor it names lives in an earlier op
     st_[o].layer = spec.layer;
+    st_[o].lower_tier_fallback = options_.lower_tier_by_default;  // a plan may say otherwise
     if (spec.kind == OpKind::kMoeExpert) {
       st_[o].where = Where::kExpert;
       st_[o].anchor_seq = std::max(0, static_cast<int>(seq_.size()) - 1);
@@ -80,12 +83,12 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   ops_per_layer_ = std::max(1, static_cast<int>(seq_.size()) / std::max(1, hp_.n_layer));
   for (size_t o = 0; o < ops.size(); ++o) st_[o].evict_at = static_cast<int>(o);
 
-  const int min_slots = n_expert_ops == 0 ? 0 : std::min(n_expert_ops, std::max(2, hp_.n_expert_used + 1));
+  const int min_slots =
+      n_expert_ops == 0 ? 0 : std::min(n_expert_ops, std::max(2, hp_.n_expert_used + 1));
   if (!options.plan_path.empty()) {
     RETURN_IF_ERROR(ApplyPlan(options.plan_path));
   } else {
-    RETURN_IF_ERROR(ChooseResidency(budget, options.reserve_bytes,
-                                    min_slots));
+    RETURN_IF_ERROR(ChooseResidency(budget, options.reserve_bytes, min_slots));
   }
   // Ops no sequence names (a store's "misc") are kept resident: nothing would schedule them.
   for (size_t o = 0; o < ops.size(); ++o)
@@ -104,7 +107,8 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     } else {
       ++stats_.n_ops_expert;
     }
-    if (s.where != Where::kExpert) slab_bytes_ = std::max(slab_bytes_, StreamedBytes(static_cast<int>(o)));
+    if (s.where != Where::kExpert)
+      slab_bytes_ = std::max(slab_bytes_, StreamedBytes(static_cast<int>(o)));
     if (s.where != Where::kExpert) evict_lists_[s.evict_at].push_back(static_cast<int>(o));
   }
   int n_slabs = slab_bytes_ > 0 ? options_.prefetch_depth + 1 : 0;
@@ -193,7 +197,8 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
       residual_slab = std::max(residual_slab, OpBytes(o) - index_->ops()[o].SlabOffset(keep_ + 1));
   uint64_t expert_min = 0;
   for (size_t o = 0; o < st_.size(); ++o)
-    if (st_[o].where == Where::kExpert) expert_min = std::max(expert_min, OpBytes(static_cast<int>(o)));
+    if (st_[o].where == Where::kExpert)
+      expert_min = std::max(expert_min, OpBytes(static_cast<int>(o)));
   expert_min *= static_cast<uint64_t>(min_slots);
   const uint64_t slabs = static_cast<uint64_t>(options_.prefetch_depth + 1);
   // cost(k): the k largest resident, the rest streamed through slabs of the (k+1)-th's size.
@@ -209,11 +214,11 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
     if (k < order.size()) prefix += ResidentBytes(order[k]);
   }
   if (best_k < 0)
-    return OutOfMemory("budget " + FormatBytes(budget) + " cannot stream this model: " +
-                       std::to_string(slabs) + " slabs of the largest op (" +
-                       FormatBytes(order.empty() ? 0 : OpBytes(order[0])) + "), the reserve (" +
-                       FormatBytes(reserve) + ") and " + std::to_string(min_slots) +
-                       " expert slots need more");
+    return OutOfMemory(
+        "budget " + FormatBytes(budget) + " cannot stream this model: " + std::to_string(slabs) +
+        " slabs of the largest op (" + FormatBytes(order.empty() ? 0 : OpBytes(order[0])) +
+        "), the reserve (" + FormatBytes(reserve) + ") and " + std::to_string(min_slots) +
+        " expert slots need more");
   for (int k = 0; k < best_k; ++k) st_[order[k]].where = Where::kResident;
   uint64_t used = best_used;
   for (int o : seq_) {
@@ -244,10 +249,14 @@ Status ResidencyManager::ApplyPlan(const std::string& path) {
   for (const compiler::OpBundle& b : plan.op_bundles) {
     const int o = index_->FindOp(b.op_id);
     if (o < 0 || b.tiers.empty()) continue;
-    const compiler::Tier& t = b.tiers[std::min<size_t>(static_cast<size_t>(serve_), b.tiers.size() - 1)];
-    const compiler::FallbackStrategy f =
-        t.fallback == compiler::FallbackStrategy::kNone ? plan.fallback_policy.deadline_miss : t.fallback;
-    st_[o].lower_tier_fallback = f == compiler::FallbackStrategy::kUseLowerTier;
+    const compiler::Tier& t =
+        b.tiers[std::min<size_t>(static_cast<size_t>(serve_), b.tiers.size() - 1)];
+    const compiler::FallbackStrategy f = t.fallback == compiler::FallbackStrategy::kNone
+                                             ? plan.fallback_policy.deadline_miss
+                                             : t.fallback;
+    st_[o].lower_tier_fallback =
+        f == compiler::FallbackStrategy::kUseLowerTier ||
+        (f == compiler::FallbackStrategy::kNone && options_.lower_tier_by_default);
     // The read covers tiers 0..served at once: it starts with the earliest prefetch among them.
     if (st_[o].where == Where::kStreamed && st_[o].seq >= 0) {
       int start = INT_MAX;
@@ -313,8 +322,21 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
     return;
   }
   if (s.seq >= 0) AdvanceTo(s.seq);
-  if (Streams(o)) {
-    if (s.slab >= 0 && s.abs == pos_ && Raised(o, s.asked)) {
+  // An op with a resident skeleton whose late residual may go to a lower tier never waits for
+  // it: it runs on its skeleton this token (the admission's skip, an escalation decided after
+  // the read-ahead point, or a read still in flight, which is kept for the next token), and a
+  // read made at a lower tier than the op now wants serves that tier.
+  const bool may_skip = s.lower_tier_fallback && s.resident_top >= 0;
+  if (Streams(o) && may_skip &&
+      (s.slab < 0 || (s.abs == pos_ && !sched_->Ready(&slabs_[s.slab]->ticket)))) {
+    if (s.slab >= 0) s.abs = pos_ + static_cast<int64_t>(seq_.size());
+    s.skip_at = pos_;
+    s.win_tier = s.resident_top;
+    s.win_hit = false;
+    ++stats_.skipped;
+    ++stats_.misses;
+  } else if (Streams(o)) {
+    if (s.slab >= 0 && s.abs == pos_ && Raised(o, s.asked) && !may_skip) {
       // Read ahead before its tier was raised: read again at the new tier.
       sched_->Cancel(&slabs_[s.slab]->ticket);
       slabs_[s.slab]->op = -1;
@@ -324,11 +346,12 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
       // Not read ahead (the first op, or slabs were busy): read now, at the head of the queue.
       if (s.slab < 0) {
         int free_slab = FreeSlab();
-        // Every slab taken (a plan's early reads when the budget held fewer slabs than its windows):
-        // the read with the latest deadline gives its slab up and is issued again later.
+        // Every slab taken (a plan's early reads when the budget held fewer slabs than its
+        // windows): the read with the latest deadline gives its slab up and is issued again later.
         int64_t latest = pos_;
         for (size_t i = 0; i < slabs_.size() && free_slab < 0; ++i)
-          if (slabs_[i]->op >= 0 && st_[slabs_[i]->op].abs > latest) latest = st_[slabs_[i]->op].abs;
+          if (slabs_[i]->op >= 0 && st_[slabs_[i]->op].abs > latest)
+            latest = st_[slabs_[i]->op].abs;
         for (size_t i = 0; i < slabs_.size() && free_slab < 0 && latest > pos_; ++i) {
           if (slabs_[i]->op < 0 || st_[slabs_[i]->op].abs != latest) continue;
           sched_->Cancel(&slabs_[i]->ticket);
@@ -452,8 +475,9 @@ void ResidencyManager::EndOp(const std::string& op_id) {
   OpState& s = st_[o];
   const int64_t end = NowUs();
   if (trace_) {
-    const char* where = s.where == Where::kResident ? "resident"
-                        : s.where == Where::kStreamed ? "stream" : "expert";
+    const char* where = s.where == Where::kResident   ? "resident"
+                        : s.where == Where::kStreamed ? "stream"
+                                                      : "expert";
     OpEvent e;
     e.op = &index_->ops()[o].id;
     e.tier = s.win_tier;
@@ -462,6 +486,7 @@ void ResidencyManager::EndOp(const std::string& op_id) {
     e.end_us = end;
     e.stall_us = s.win_stall;
     e.hit = s.win_hit;
+    e.skip = s.skip_at == pos_ && s.win_tier == s.resident_top && s.where != Where::kExpert;
     e.where = where;
     trace_->Op(e);
   }
@@ -471,7 +496,8 @@ void ResidencyManager::EndOp(const std::string& op_id) {
     if (slot >= 0 && experts_->slot(slot).pins > 0) --experts_->slot(slot).pins;
   } else {
     const double us = static_cast<double>(std::max<int64_t>(0, end - s.win_start - s.win_stall));
-    s.compute_us = s.compute_us == 0 ? us : 0.8 * s.compute_us + 0.2 * us;
+    s.compute_us = s.timed ? 0.8 * s.compute_us + 0.2 * us : us;
+    s.timed = true;
   }
   for (int e : evict_lists_[o]) {
     OpState& v = st_[e];
@@ -497,7 +523,8 @@ Expected<const uint8_t*> ResidencyManager::DemandLoad(int o, int* tier) {
   d->op = o;
   d->tier = Want(o);
   auto buf = AlignedBuffer::Allocate(OpBytes(o), ledger_, "stream");
-  if (!buf.ok()) return buf.status().WithContext("reading op '" + index_->ops()[o].id + "' on demand");
+  if (!buf.ok())
+    return buf.status().WithContext("reading op '" + index_->ops()[o].id + "' on demand");
   d->buf = std::move(buf).value();
   Submit(INT64_MIN / 2, o, d->tier, d->buf.data(), &d->ticket);
   int64_t waited = 0;
@@ -531,6 +558,8 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
     } else {
       ASSIGN_OR_RETURN(read, DemandLoad(o, &loaded));
     }
+  } else if (s.skip_at == pos_) {
+    // The residual skipped this token (BeginOp): the resident tiers only.
   } else if (s.slab >= 0) {
     // Read ahead already (perhaps still in flight: a look-ahead acquiring the next op's tensors).
     ReadTicket* t = &slabs_[s.slab]->ticket;
@@ -564,6 +593,8 @@ void ResidencyManager::BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t
   tiers_ = tiers;
 }
 
-Status ResidencyManager::FlushTrace() { return trace_ ? trace_->Flush() : Status::Ok(); }
+Status ResidencyManager::FlushTrace() {
+  return trace_ ? trace_->Flush() : Status::Ok();
+}
 
 }  // namespace substrate

@@ -47,8 +47,12 @@ struct ResidencyOptions {
   // higher tiers are read into slabs, residuals only, for the passes that run them there
   // (deferred verification's top-tier passes, escalations).
   int resident_max_tier = -1;
-  std::string plan_path;       // a PlanBundle JSON: its resident set, evict_after and fallbacks
-  std::string trace_path;      // JSONL trace (runtime/trace_writer.h), "" for none
+  // A late read of an op the plan gives no fallback (or with no plan) is waited for unless
+  // this is set: then it goes to a lower tier, down to skipping the residual of a resident
+  // skeleton for that token (the adaptive runtime's escalations: no stall for an escalation).
+  bool lower_tier_by_default = false;
+  std::string plan_path;   // a PlanBundle JSON: its resident set, evict_after and fallbacks
+  std::string trace_path;  // JSONL trace (runtime/trace_writer.h), "" for none
   IoMode io_mode = IoMode::kAuto;
   // Reading threads. One (with 16 requests in flight) matched or beat dd iflag=direct on the
   // test machine; a second overlaps checksums with reads but measured no faster there.
@@ -74,6 +78,7 @@ struct ResidencyStats {
   int64_t stall_us = 0;            // time BeginOp/Acquire waited for reads
   uint64_t predicted_late = 0;     // admission: reads predicted to miss their deadline
   uint64_t demoted = 0;            // of which served at a lower tier (fallback use_lower_tier)
+  uint64_t skipped = 0;            // of which ran at their resident skeleton, the residual skipped
   uint64_t demand_loads = 0;       // tensors acquired outside their op's window
   uint64_t expert_hits = 0, expert_misses = 0, expert_late = 0, expert_hinted = 0;
   bool uring = false;
@@ -96,8 +101,7 @@ class ResidencyManager : public WeightSource {
 
   TensorId Resolve(const std::string& name) const override { return index_->Resolve(name); }
   const TensorInfo& Info(TensorId id) const override { return index_->tensors()[id].info; }
-  Expected<WeightHandle> Acquire(TensorId id, int slice = -1,
-                                 int tier = kDefaultTier) override;
+  Expected<WeightHandle> Acquire(TensorId id, int slice = -1, int tier = kDefaultTier) override;
   int DefaultTier() const override { return serve_; }
   void BeginOp(const std::string& op_id) override;
   void EndOp(const std::string& op_id) override;
@@ -114,12 +118,15 @@ class ResidencyManager : public WeightSource {
   std::string StatsJson() const;
   // The trace's buffered events reach the file (also done at destruction).
   Status FlushTrace();
+  // Writes an adaptive-runtime event to the trace, if there is one (TraceWriter::Runtime).
+  void TraceRuntime(const char* ev, const std::string& fields);
+  bool tracing() const { return trace_ != nullptr; }
 
  private:
   enum class Where { kResident, kStreamed, kExpert };
   struct OpState {
     Where where = Where::kResident;
-    int seq = -1;    // position in seq_ (dense ops), -1 for experts and unsequenced ops
+    int seq = -1;  // position in seq_ (dense ops), -1 for experts and unsequenced ops
     int layer = -1;
     AlignedBuffer resident;
     int slab = -1;          // slab holding it (streamed)
@@ -135,7 +142,11 @@ class ResidencyManager : public WeightSource {
     // layer's router for an expert (which may not run on a given token).
     int anchor_seq = -1;
     bool lower_tier_fallback = false;
-    double compute_us = 0;  // moving average of BeginOp..EndOp minus stalls
+    // The admission skipped this op's residual read for position skip_at: it runs at its
+    // resident tiers there.
+    int64_t skip_at = INT64_MIN;  // (pos_ starts at -1)
+    double compute_us = 0;        // moving average of BeginOp..EndOp minus stalls
+    bool timed = false;           // compute_us measured at least once
     // The current window (BeginOp..EndOp), per op: a batch of experts is open at once.
     int64_t win_start = 0, win_stall = 0;
     bool win_hit = true;
@@ -163,8 +174,7 @@ class ResidencyManager : public WeightSource {
   int SlabsWanted() const;
   int Admit(int op, int64_t abs);
   // Queues a read, tagged with the op begun last (the trace's "during").
-  void Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t,
-              int first_tier = 0);
+  void Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t, int first_tier = 0);
   Status BeginExpert(int op);
   Expected<const uint8_t*> DemandLoad(int op, int* tier);
   int64_t NowUs() const;
@@ -208,8 +218,8 @@ class ResidencyManager : public WeightSource {
   std::unique_ptr<PrefetchScheduler> sched_;
 
   mutable std::mutex mu_;
-  int64_t pos_ = -1;        // absolute position of the current dense op
-  int cur_op_ = -1;          // the op begun last (stalls of demand loads are charged to it)
+  int64_t pos_ = -1;  // absolute position of the current dense op
+  int cur_op_ = -1;   // the op begun last (stalls of demand loads are charged to it)
   int cur_layer_ = -1;
   std::vector<Status> op_error_;  // per op: a read error of its current window, for Acquire
   ResidencyStats stats_;

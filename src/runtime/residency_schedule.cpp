@@ -18,11 +18,11 @@ int ResidencyManager::Admit(int op, int64_t abs) {
   const int64_t n = static_cast<int64_t>(seq_.size());
   double deadline_us = 0;
   for (int64_t q = pos_ + 1; q < abs; ++q) {
-    const double us = st_[seq_[q % n]].compute_us;
+    const OpState& s = st_[seq_[q % n]];
     // An op not yet timed (the first pass) gives no deadline to hold the read against:
     // predicting it late would serve the whole first pass below the plan on any disk.
-    if (us == 0) return tier;
-    deadline_us += us;
+    if (!s.timed) return tier;
+    deadline_us += s.compute_us;
   }
   const double queued = static_cast<double>(sched_->queued_bytes());
   const StoreOp& o = index_->ops()[op];
@@ -33,7 +33,11 @@ int ResidencyManager::Admit(int op, int64_t abs) {
   if (finish_us(tier) <= deadline_us) return tier;
   ++stats_.predicted_late;
   if (!st_[op].lower_tier_fallback) return tier;
-  while (tier > std::max(0, st_[op].resident_top + 1) && finish_us(tier) > deadline_us) --tier;
+  const int lowest_read = std::max(0, st_[op].resident_top + 1);
+  while (tier > lowest_read && finish_us(tier) > deadline_us) --tier;
+  // Even the first residual is late: an op with a resident skeleton runs on it this token.
+  if (st_[op].resident_top >= 0 && tier == lowest_read && finish_us(tier) > deadline_us)
+    tier = st_[op].resident_top;
   if (tier < want) ++stats_.demoted;
   return tier;
 }
@@ -78,12 +82,16 @@ void ResidencyManager::ScheduleAhead() {
       if (!plan_schedules_) break;  // every later op follows the depth rule too
       continue;
     }
-    if (s.slab >= 0) continue;  // issued for q already, or still held from its previous use
+    if (s.slab >= 0 || s.skip_at == q) continue;  // issued for q already, or still held
     if (s.issue_seq >= 0 && pos_ < q - q % n + s.issue_seq) continue;  // start_during not begun
     const int free_slab = FreeSlab();
     if (free_slab < 0) break;
     s.asked = Want(o);
     s.tier = Admit(o, q);
+    if (s.tier <= s.resident_top) {  // the residual skipped: nothing to read
+      s.skip_at = q;
+      continue;
+    }
     s.slab = free_slab;
     s.abs = q;
     slabs_[free_slab]->op = o;

@@ -4,6 +4,20 @@
 
 namespace substrate {
 
+const char* TierSwitchName(TierSwitch w) {
+  switch (w) {
+    case TierSwitch::kEscalate:
+      return "escalate";
+    case TierSwitch::kDecay:
+      return "decay";
+    case TierSwitch::kEvict:
+      return "evict";
+    case TierSwitch::kForce:
+      return "force";
+  }
+  return "?";
+}
+
 Expected<TierController> TierController::Create(std::vector<uint8_t>* tiers,
                                                 std::vector<uint8_t> ceiling,
                                                 std::vector<std::vector<uint64_t>> cost,
@@ -40,7 +54,7 @@ void TierController::Observe(int op, float d) {
   recent_[op] = 0.75f * recent_[op] + 0.25f * d;
   if (d > options_.threshold) {
     calm_[op] = 0;
-    if (++above_[op] >= options_.persistence && (*tiers_)[op] < ceiling_[op]) {
+    if (++above_[op] >= options_.persistence && (*tiers_)[op] < ceiling_[op] && !hold_) {
       if (TryEscalate(op)) above_[op] = 0;
     }
   } else {
@@ -70,20 +84,22 @@ bool TierController::TryEscalate(int op) {
       ++stats_.refused;
       return false;
     }
-    Demote(lazy);
+    Demote(lazy, TierSwitch::kEvict);
     ++stats_.evictions;
   }
   if (fresh) active_.push_back(op);
   stats_.pool_used += extra;
   (*tiers_)[op] = static_cast<uint8_t>(next);
+  Tell(op, next - 1, next, TierSwitch::kEscalate);
   calm_[op] = 0;
   ++stats_.escalations;
   Track();
   return true;
 }
 
-void TierController::Demote(int op) {
+void TierController::Demote(int op, TierSwitch why) {
   stats_.pool_used -= Cost(op, (*tiers_)[op]);
+  Tell(op, (*tiers_)[op], base_[op], why);
   (*tiers_)[op] = base_[op];
   above_[op] = calm_[op] = 0;
   active_.erase(std::find(active_.begin(), active_.end(), op));
@@ -94,7 +110,7 @@ void TierController::EndToken() {
   for (size_t i = 0; i < active_.size();) {
     const int op = active_[i];
     if (calm_[op] >= options_.persistence) {
-      Demote(op);  // erases active_[i]
+      Demote(op, TierSwitch::kDecay);  // erases active_[i]
       ++stats_.decays;
     } else {
       ++i;
@@ -103,7 +119,7 @@ void TierController::EndToken() {
 }
 
 void TierController::ForceDemoteAll() {
-  while (!active_.empty()) Demote(active_.back());
+  while (!active_.empty()) Demote(active_.back(), TierSwitch::kForce);
   ++stats_.force_demotes;
 }
 

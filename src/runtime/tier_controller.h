@@ -24,11 +24,17 @@
 namespace substrate {
 
 struct TierControllerOptions {
-  float threshold = 0.15f;   // disagreement above which a token counts towards escalation
-  int persistence = 4;       // consecutive tokens above (escalate) or below (decay)
-  int max_concurrent = 4;    // K: ops escalated at once
-  uint64_t pool_bytes = 0;   // residual bytes the escalated ops may hold together (0: no limit)
+  float threshold = 0.15f;  // disagreement above which a token counts towards escalation
+  int persistence = 4;      // consecutive tokens above (escalate) or below (decay)
+  int max_concurrent = 4;   // K: ops escalated at once
+  uint64_t pool_bytes = 0;  // residual bytes the escalated ops may hold together (0: no limit)
 };
+
+enum class TierSwitch { kEscalate, kDecay, kEvict, kForce };
+const char* TierSwitchName(TierSwitch w);
+// Told of every tier change (the engine writes them to the trace). A plain function and a
+// context: no allocation.
+using TierSwitchListener = void (*)(void* ctx, int op, int from, int to, TierSwitch why);
 
 struct TierControllerStats {
   uint64_t escalations = 0, decays = 0, evictions = 0, refused = 0, force_demotes = 0;
@@ -50,6 +56,13 @@ class TierController {
   void Observe(int op, float disagreement);
   void EndToken();
   void ForceDemoteAll();
+  // Held: no escalation (the runtime monitor's critical states); decay and demotion go on.
+  void set_hold(bool hold) { hold_ = hold; }
+  bool held() const { return hold_; }
+  void set_listener(TierSwitchListener fn, void* ctx) {
+    listener_ = fn;
+    listener_ctx_ = ctx;
+  }
 
   int tier(int op) const { return (*tiers_)[op]; }
   int base(int op) const { return base_[op]; }
@@ -62,18 +75,24 @@ class TierController {
   TierController() = default;
   uint64_t Cost(int op, int tier) const { return cost_[op][tier]; }
   bool TryEscalate(int op);
-  void Demote(int op);
+  void Demote(int op, TierSwitch why);
   void Track();
+  void Tell(int op, int from, int to, TierSwitch why) {
+    if (listener_) listener_(listener_ctx_, op, from, to, why);
+  }
 
   TierControllerOptions options_;
   std::vector<uint8_t>* tiers_ = nullptr;
   std::vector<uint8_t> base_, ceiling_;
   std::vector<std::vector<uint64_t>> cost_;
-  std::vector<int> above_, calm_;   // consecutive tokens above / below the threshold
-  std::vector<float> recent_;       // moving average of the disagreement
-  std::vector<int> active_;         // escalated ops (capacity reserved: no allocation)
+  std::vector<int> above_, calm_;  // consecutive tokens above / below the threshold
+  std::vector<float> recent_;      // moving average of the disagreement
+  std::vector<int> active_;        // escalated ops (capacity reserved: no allocation)
   LedgerCharge charge_;
   TierControllerStats stats_;
+  bool hold_ = false;
+  TierSwitchListener listener_ = nullptr;
+  void* listener_ctx_ = nullptr;
 };
 
 }  // namespace substrate

@@ -94,10 +94,11 @@ void TraceWriter::Op(const OpEvent& e) {
   char tail[256];
   std::snprintf(tail, sizeof tail,
                 ",\"where\":\"%s\",\"tier\":%d,\"bytes\":%llu,\"start_us\":%lld,\"end_us\":%lld,"
-                "\"hit\":%s,\"stall_us\":%lld}\n",
+                "\"hit\":%s,\"stall_us\":%lld%s}\n",
                 e.where, e.tier, static_cast<unsigned long long>(e.bytes),
                 static_cast<long long>(e.start_us), static_cast<long long>(e.end_us),
-                e.hit ? "true" : "false", static_cast<long long>(e.stall_us));
+                e.hit ? "true" : "false", static_cast<long long>(e.stall_us),
+                e.skip ? ",\"skip\":true" : "");
   Append("{\"ev\":\"op\",\"op\":" + JsonQuote(*e.op) + tail);
 }
 
@@ -112,6 +113,12 @@ void TraceWriter::Read(const ReadEvent& e) {
                 static_cast<long long>(e.issue_us));
   Append("{\"ev\":\"read\",\"op\":" + JsonQuote(*e.op) + ",\"file\":" + JsonQuote(*e.file) + tail +
          JsonQuote(e.during ? *e.during : std::string()) + "}\n");
+}
+
+void TraceWriter::Runtime(const char* ev, const std::string& fields, int64_t at_us) {
+  const std::string at = std::to_string(at_us);
+  Append(std::string("{\"ev\":\"") + ev + "\"," + fields + ",\"start_us\":" + at +
+         ",\"end_us\":" + at + "}\n");
 }
 
 }  // namespace substrate

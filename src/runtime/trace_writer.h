@@ -2,6 +2,11 @@
 //   {"ev":"op","op":"block_3.ffn","tier":2,"bytes":N,"start_us":..,"end_us":..,"hit":true,"stall_us":..}
 //   {"ev":"read","op":"block_4.attn","file":"block_4.attn.t0.bin","offset":0,"bytes":N,
 //    "start_us":..,"end_us":..,"direct":true,"uring":true,"issue_us":..,"during":"block_3.ffn"}
+//   {"ev":"tier","op":"block_3.ffn","from":0,"to":1,"why":"escalate","start_us":..,"end_us":..}
+//   {"ev":"token","pool_used":N,"pool_bytes":N,"escalated":K,"held":false,"start_us":..,"end_us":..}
+//   {"ev":"monitor","state":"latency_critical","latency_ratio":..,"bw_ratio":..,"start_us":..,..}
+// (the adaptive runtime's tier switches, its state after each token, the runtime monitor's
+// transitions); an op event whose residual was skipped (fallback) carries "skip":true.
 // A read's issue_us is when it was queued and `during` the op begun last then (the window that
 // issued it: a plan's prefetch start_during, or the depth rule's); start_us is when it ran.
 // Events are appended to an in-memory buffer under a mutex (no I/O on the token path) and a
@@ -28,6 +33,7 @@ struct OpEvent {
   uint64_t bytes = 0;
   int64_t start_us = 0, end_us = 0, stall_us = 0;
   bool hit = true;
+  bool skip = false;       // ran on its resident skeleton, its residual skipped (fallback)
   const char* where = "";  // "resident", "stream", "expert"
 };
 
@@ -50,7 +56,10 @@ class TraceWriter {
 
   void Op(const OpEvent& e);      // thread-safe
   void Read(const ReadEvent& e);  // thread-safe
-  Status Flush();                 // writes what is buffered; the first write error, if any
+  // An adaptive-runtime event at `at_us`: `fields` are the JSON members after "ev", without
+  // braces (thread-safe).
+  void Runtime(const char* ev, const std::string& fields, int64_t at_us);
+  Status Flush();  // writes what is buffered; the first write error, if any
 
  private:
   TraceWriter(std::string path, std::unique_ptr<WritableFile> file)

@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -60,6 +63,7 @@ TEST(Adaptive, ScriptedEscalationsComputeWhatTheirTiersComputeThroughASlowDisk) 
   eo.residency.env = &env;
   eo.adaptive.on = true;
   eo.adaptive.verifier = AdaptiveOptions::Verifier::kScripted;
+  eo.adaptive.wait_for_escalations = true;  // the golden comparison needs every escalation
   eo.adaptive.controller.threshold = 0.5f;
   eo.adaptive.controller.persistence = 1;
   eo.adaptive.controller.max_concurrent = 2;
@@ -119,6 +123,105 @@ TEST(Adaptive, ScriptedEscalationsComputeWhatTheirTiersComputeThroughASlowDisk) 
   EXPECT_GT(env.injected(FaultEnv::Kind::kSlowRead), 0) << "the F16 residual was read";
   EXPECT_GT(a.runtime()->stats().stream_bytes_read, 0u);
   EXPECT_LE(c.ledger.peak(), c.cap);
+}
+
+// By default an escalation does not wait: with residual reads 150 ms slow, an escalated op runs
+// on its skeleton until its residual has arrived (or skips it when the admission predicts it
+// late), so the decode never stalls for the disk's delay.
+TEST(Adaptive, EscalationsDoNotWaitForASlowDisk) {
+  if (PackedTinyCoderStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-bf16.gguf";
+  for (bool wait : {false, true}) {
+    FaultEnv env;
+    env.Add({FaultEnv::Kind::kSlowRead, ".t1.bin", 0, -1, 150, 0});
+    env.Add({FaultEnv::Kind::kSlowRead, ".t2.bin", 0, -1, 150, 0});
+    Capped c;
+    EngineOptions eo = StreamedOptions(&c, 128);
+    eo.residency.env = &env;
+    eo.adaptive.on = true;
+    eo.adaptive.verifier = AdaptiveOptions::Verifier::kScripted;
+    eo.adaptive.wait_for_escalations = wait;
+    eo.adaptive.controller.threshold = 0.5f;
+    eo.adaptive.controller.persistence = 1;
+    eo.adaptive.script["block_1.ffn"] = std::vector<float>(12, 1.0f);  // drifting throughout
+    auto e = Engine::Load("", eo);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    Engine& a = **e;
+    auto s = a.NewSession(128);
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(a.Prefill(**s, Prompt(a)).ok());
+    int32_t tok = Argmax((*s)->logits);
+    const int64_t stall0 = a.runtime()->stats().stall_us;
+    for (int t = 0; t < 10; ++t) {
+      ASSERT_TRUE(a.model().Forward(&tok, 1, (*s)->cache, false, &(*s)->logits).ok());
+      a.AfterToken();
+      tok = Argmax((*s)->logits);
+    }
+    const ResidencyStats& st = a.runtime()->stats();
+    const double stalled_ms = static_cast<double>(st.stall_us - stall0) / 1000.0;
+    EXPECT_EQ(a.tier_controller()->tier(a.model().OpIndex("block_1.ffn")), 2);
+    if (wait) {
+      EXPECT_GT(stalled_ms, 300) << "waited for: at least two slow reads";
+      EXPECT_EQ(st.skipped, 0u);
+    } else {
+      EXPECT_LT(stalled_ms, 150) << "no slow read waited for";
+      EXPECT_GT(st.skipped, 0u);
+    }
+  }
+}
+
+// The runtime monitor: the disk slows down mid-run (every residual read +40 ms): SSD_BW_CRITICAL
+// demotes every escalation and holds new ones; the trace shows the transition and the forced
+// demotions, and trace-report summarizes them.
+TEST(Adaptive, ASlowingDiskForcesEveryEscalationDown) {
+  if (PackedTinyCoderStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-bf16.gguf";
+  FaultEnv env;
+  Capped c;
+  EngineOptions eo = StreamedOptions(&c, 256);
+  const std::string trace = StoreTestPath("adaptive_monitor.jsonl");
+  eo.residency.env = &env;
+  eo.residency.trace_path = trace;
+  eo.adaptive.on = true;
+  eo.adaptive.verifier = AdaptiveOptions::Verifier::kScripted;
+  eo.adaptive.controller.threshold = 0.5f;
+  eo.adaptive.controller.persistence = 1;
+  eo.adaptive.monitor_options.window = 8;
+  eo.adaptive.monitor_options.min_window_bytes = 64 << 10;
+  eo.adaptive.script["block_1.ffn"] = std::vector<float>(200, 1.0f);
+  eo.adaptive.script["block_4.attn"] = std::vector<float>(200, 1.0f);
+  auto e = Engine::Load("", eo);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  Engine& a = **e;
+  auto s = a.NewSession(256);
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(a.Prefill(**s, Prompt(a)).ok());
+  int32_t tok = Argmax((*s)->logits);
+  auto step = [&] {
+    ASSERT_TRUE(a.model().Forward(&tok, 1, (*s)->cache, false, &(*s)->logits).ok());
+    a.AfterToken();
+    tok = Argmax((*s)->logits);
+  };
+  for (int t = 0; t < 24; ++t) step();
+  const TierController& ctl = *a.tier_controller();
+  EXPECT_EQ(ctl.escalated().size(), 2u);
+  env.Add({FaultEnv::Kind::kSlowRead, ".t1.bin", 0, -1, 40, 0});
+  env.Add({FaultEnv::Kind::kSlowRead, ".t2.bin", 0, -1, 40, 0});
+  bool critical = false, held_at_base = false;
+  for (int t = 0; t < 40 && !held_at_base; ++t) {
+    step();
+    critical |= a.runtime_monitor()->state() == RuntimeState::kSsdBwCritical;
+    held_at_base = critical && ctl.held() && ctl.escalated().empty();
+  }
+  EXPECT_TRUE(critical) << "latency x" << a.runtime_monitor()->latency_ratio() << ", disk x"
+                        << a.runtime_monitor()->bw_ratio();
+  EXPECT_TRUE(held_at_base) << "escalations forced down and held while critical";
+  EXPECT_GE(ctl.stats().force_demotes, 1u);
+  ASSERT_TRUE(a.runtime()->FlushTrace().ok());
+  std::ifstream in(trace);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"ev\":\"monitor\",\"state\":\"ssd_bw_critical\""), std::string::npos);
+  EXPECT_NE(text.find("\"why\":\"force\""), std::string::npos);
+  EXPECT_NE(text.find("\"ev\":\"token\""), std::string::npos);
+  std::filesystem::remove(trace);
 }
 
 TEST(Adaptive, AThousandTokensAllocateNothingOnceWarmAndKeepTheCap) {

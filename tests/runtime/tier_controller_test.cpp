@@ -124,6 +124,13 @@ TEST(TierController, ForceDemoteAllReturnsEveryOpToItsBase) {
   EXPECT_TRUE(f.ctl->escalated().empty());
   EXPECT_EQ(f.ctl->stats().pool_used, 0u);
   EXPECT_EQ(f.ctl->stats().force_demotes, 1u);
+  // Held (the runtime monitor's critical states): no escalation until released.
+  f.ctl->set_hold(true);
+  f.Token({0.9f, 0.9f, 0.9f, 0});
+  EXPECT_TRUE(f.ctl->escalated().empty());
+  f.ctl->set_hold(false);
+  f.Token({0.9f, 0.9f, 0.9f, 0});
+  EXPECT_EQ(f.ctl->escalated().size(), 3u);
 }
 
 TEST(TierController, ThePoolIsChargedToTheLedgerAndRefusedBeyondItsCap) {
