@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/gemm_amx.h"
+#include "kernels/interleaved_q4_0.h"
 #include "kernels/interleaved_q8_0.h"
 #include "kernels/scratch_buffer.h"
 #include "kernels/vec_dot.h"
@@ -138,7 +139,7 @@ void GemmQuantized(DType type, WeightLayout layout, const uint8_t* w, size_t row
   pool.ParallelFor(n_panels, 1, [&](int64_t p0, int64_t p1, int) {
     static thread_local ScratchBuffer panel_scratch, plain_scratch;
     uint8_t* panel = panel_scratch.Reserve(tile_bytes * static_cast<size_t>(panel_tiles));
-    const bool interleaved = layout == WeightLayout::kQ8_0Interleaved;
+    const bool interleaved = layout != WeightLayout::kRows;
     uint8_t* plain = interleaved ? plain_scratch.Reserve(kTile * row_bytes) : nullptr;
     alignas(64) float out[kTile * kTile];
     amx::ConfigureTiles(f.sub);
@@ -151,8 +152,11 @@ void GemmQuantized(DType type, WeightLayout layout, const uint8_t* w, size_t row
         const int64_t r0 = (tile0 + i) * kTile;
         auto* q = reinterpret_cast<int8_t*>(base);
         const uint8_t* rows_at = w + static_cast<size_t>(r0) * row_bytes;
-        if (interleaved) {  // whole groups: rows is a multiple of 16 (CanInterleaveQ8_0)
-          DeinterleaveQ8_0Group(w, cols, r0 / kTile, plain);
+        if (interleaved) {  // whole groups: rows is a multiple of 16 (CanInterleave*)
+          if (layout == WeightLayout::kQ4_0Interleaved)
+            DeinterleaveQ4_0Group(w, cols, r0 / kTile, plain);
+          else
+            DeinterleaveQ8_0Group(w, cols, r0 / kTile, plain);
           rows_at = plain;
         }
         amx::UnpackTile(f.weight, rows_at, row_bytes,

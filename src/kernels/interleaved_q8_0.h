@@ -47,7 +47,8 @@ void DeinterleaveQ8_0Row(const uint8_t* data, int64_t cols, int64_t r, uint8_t* 
 // sums[b] = -128 * (sum of block b's quants) for one Q8_0 activation row of cols elements.
 void ActBlockSums(const uint8_t* act, int64_t cols, int32_t* sums);
 
-// The decode product (AVX-512 VNNI): for groups [g0, g1) and tokens t < nt (1 <= nt <= 4),
+// The product (AVX-512 VNNI, decode and prefill): for groups [g0, g1) and tokens t < nt
+// (1 <= nt <= 8; token t's float operations do not depend on nt),
 // y[t * y_stride + 16 * g + i] = dot(row 16 g + i, activation row t). act holds Q8_0
 // activation rows act_stride bytes apart (ActRowBytes); sums holds ActBlockSums of each token,
 // cols / 32 apart.

@@ -93,7 +93,7 @@ void InterleaveGroupQ8_0(const uint8_t* plain, int64_t cols, uint8_t* group) {
 void GemvQ8_0Interleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t g1,
                          const uint8_t* act, size_t act_stride, const int32_t* sums, int nt,
                          float* y, int64_t y_stride) {
-  constexpr int kMaxTokens = 4;
+  constexpr int kMaxTokens = 8;
   const int64_t nb = cols / kQK8_0;
   const size_t group_bytes = static_cast<size_t>(nb) * kPairBytes / 2;
   const BlockQ8_0* ys[kMaxTokens];
@@ -112,7 +112,11 @@ void GemvQ8_0Interleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t 
       case 1: GroupDot<1>(group, nb, ys, yds, ss, outs); break;
       case 2: GroupDot<2>(group, nb, ys, yds, ss, outs); break;
       case 3: GroupDot<3>(group, nb, ys, yds, ss, outs); break;
-      default: GroupDot<4>(group, nb, ys, yds, ss, outs); break;
+      case 4: GroupDot<4>(group, nb, ys, yds, ss, outs); break;
+      case 5: GroupDot<5>(group, nb, ys, yds, ss, outs); break;
+      case 6: GroupDot<6>(group, nb, ys, yds, ss, outs); break;
+      case 7: GroupDot<7>(group, nb, ys, yds, ss, outs); break;
+      default: GroupDot<8>(group, nb, ys, yds, ss, outs); break;
     }
   }
 }

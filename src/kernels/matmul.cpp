@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/gemm.h"
+#include "kernels/interleaved_q4_0.h"
 #include "kernels/interleaved_q8_0.h"
 #include "kernels/profile.h"
 #include "kernels/scratch_buffer.h"
@@ -17,13 +18,24 @@ namespace {
 
 // ---------------------------------------------------------------- reference
 
+// Plain rows of 16-row group g of an interleaved skeleton (16 rows of its row bytes).
+void DeinterleaveGroup(const WeightView& w, int64_t g, uint8_t* out) {
+  if (w.layout == WeightLayout::kQ4_0Interleaved)
+    DeinterleaveQ4_0Group(w.data, w.cols, g, out);
+  else
+    DeinterleaveQ8_0Group(w.data, w.cols, g, out);
+}
+
 // Dequantizes row r of the view (skeleton plus residuals) into out[0..cols).
 void DequantizeViewRow(const WeightView& w, int64_t r, float* out, std::vector<float>& tmp) {
   uint64_t row_bytes = *RowBytes(w.type, static_cast<uint64_t>(w.cols));
-  if (w.layout == WeightLayout::kQ8_0Interleaved) {
+  if (w.layout != WeightLayout::kRows) {
     static thread_local std::vector<uint8_t> plain;
     plain.resize(row_bytes);
-    DeinterleaveQ8_0Row(w.data, w.cols, r, plain.data());
+    if (w.layout == WeightLayout::kQ4_0Interleaved)
+      DeinterleaveQ4_0Row(w.data, w.cols, r, plain.data());
+    else
+      DeinterleaveQ8_0Row(w.data, w.cols, r, plain.data());
     DequantizeRow(w.type, plain.data(), out, w.cols);
   } else {
     DequantizeRow(w.type, w.data + r * row_bytes, out, w.cols);
@@ -66,6 +78,9 @@ constexpr int kMaxParts = 3;
 constexpr int64_t kTokenBlock = 64;
 // Rows per block: the block's weights stay in L2 while every token block passes over them.
 constexpr size_t kRowBlockBytes = 256 * 1024;
+// Interleaved weights: groups per panel (this many bytes) and tokens per block passing over it.
+constexpr int64_t kPanelBytes = 512 * 1024;
+constexpr int64_t kPanelTokens = 64;
 // Rows per work item of the shared ParallelFor: one interleaved group, so an item of any layout
 // is the same amount of weight.
 constexpr int64_t kItemRows = kInterleavedRows;
@@ -121,8 +136,8 @@ enum class Path : uint8_t {
   kReference,      // no dot kernel for a tier (or an odd shape): the scalar reference
   kGemm,           // prefill: AMX tiles over panels of unpacked rows (gemm.h), alone
   kRows,           // the row kernels (FastRows), in the shared ParallelFor
-  kInterleaved,    // interleaved Q8_0 on AVX-512 (interleaved_q8_0.h), 16 rows per step
-  kDeinterleaved,  // interleaved Q8_0 where the tier has no such kernel (or with residual
+  kInterleaved,    // interleaved Q8_0 / Q4_0 on AVX-512 (interleaved_q*.h), 16 rows per step
+  kDeinterleaved,  // interleaved weights where the tier has no such kernel (or with residual
                    // tiers): each group put back into plain rows in scratch, then FastRows
 };
 
@@ -184,8 +199,9 @@ void PlanJob(BatchState& st, const MatMulJob& job, JobPlan& p) {
     p.path = Path::kReference;
     return;
   }
-  const bool interleaved = w.layout == WeightLayout::kQ8_0Interleaved;
-  if (p.n_parts == 1 && GemmSupports(w.type, w.cols, job.n_tokens, st.isa) &&
+  const bool interleaved = w.layout != WeightLayout::kRows;
+  if (p.n_parts == 1 && !ExactTokenRows::Active() &&
+      GemmSupports(w.type, w.cols, job.n_tokens, st.isa) &&
       p.parts[0].kernel->act_type == GemmActType(w.type)) {
     p.path = Path::kGemm;
   } else if (interleaved && p.n_parts == 1 && st.isa >= Isa::kAvx512) {
@@ -262,15 +278,27 @@ void RunItems(const JobPlan& p, int64_t a, int64_t b) {
                std::min(w.rows, b * kItemRows));
       break;
     case Path::kInterleaved: {
-      // Tokens in tiles of 4 while a group (16 rows) stays in L2.
+      // Panels of groups that stay in L2 while blocks of tokens (their activations in L2 too)
+      // pass over them in register tiles: each weight byte comes from DRAM once per token
+      // block, each activation byte from L3 once per panel.
       const Part& part = p.parts[0];
       const int64_t nb = w.cols / kQK8_0;
-      for (int64_t g = a; g < b; ++g)
-        for (int64_t t0 = 0; t0 < n_tokens; t0 += 4)
-          avx512::GemvQ8_0Interleaved(w.data, w.cols, g, g + 1, part.act + t0 * part.act_stride,
-                                      part.act_stride, p.sums + t0 * nb,
-                                      static_cast<int>(std::min<int64_t>(4, n_tokens - t0)),
-                                      y + t0 * w.rows, w.rows);
+      const bool q4 = w.layout == WeightLayout::kQ4_0Interleaved;
+      constexpr int tile = 8;  // tokens per register tile (both kernels take 1..8)
+      const auto gemv = q4 ? avx512::GemvQ4_0Interleaved : avx512::GemvQ8_0Interleaved;
+      const int64_t group_bytes = kInterleavedRows * static_cast<int64_t>(part.row_bytes);
+      const int64_t panel = std::max<int64_t>(1, kPanelBytes / group_bytes);
+      for (int64_t g0 = a; g0 < b; g0 += panel) {
+        const int64_t g1 = std::min(b, g0 + panel);
+        for (int64_t tb = 0; tb < n_tokens; tb += kPanelTokens) {
+          const int64_t te = std::min(n_tokens, tb + kPanelTokens);
+          for (int64_t g = g0; g < g1; ++g)
+            for (int64_t t0 = tb; t0 < te; t0 += tile)
+              gemv(w.data, w.cols, g, g + 1, part.act + t0 * part.act_stride, part.act_stride,
+                   p.sums + t0 * nb, static_cast<int>(std::min<int64_t>(tile, te - t0)),
+                   y + t0 * w.rows, w.rows);
+        }
+      }
       break;
     }
     case Path::kDeinterleaved: {
@@ -280,7 +308,7 @@ void RunItems(const JobPlan& p, int64_t a, int64_t b) {
       for (int k = 0; k < p.n_parts; ++k) local[k] = p.parts[k];
       for (int64_t g = a; g < b; ++g) {
         const int64_t r0 = g * kInterleavedRows;
-        DeinterleaveQ8_0Group(w.data, w.cols, g, plain);
+        DeinterleaveGroup(w, g, plain);
         local[0].data = plain;
         for (int k = 1; k < p.n_parts; ++k)
           local[k].data = p.parts[k].data + r0 * p.parts[k].row_bytes;
@@ -311,7 +339,13 @@ uint64_t WeightBytes(const JobPlan& p) {
   return bytes;
 }
 
+thread_local bool exact_token_rows = false;
+
 }  // namespace
+
+ExactTokenRows::ExactTokenRows() : previous_(exact_token_rows) { exact_token_rows = true; }
+ExactTokenRows::~ExactTokenRows() { exact_token_rows = previous_; }
+bool ExactTokenRows::Active() { return exact_token_rows; }
 
 void DequantizeWeightRow(const WeightView& w, int64_t r, float* out) {
   static thread_local std::vector<float> tmp;

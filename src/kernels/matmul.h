@@ -30,6 +30,25 @@ struct MatMulJob {
 // No job's x may overlap any job's y. MatMul is the one-job case.
 void MatMulBatch(const MatMulJob* jobs, int n_jobs, ThreadPool& pool);
 
+// Per token, every dot kernel's float operations are the same whether it runs alone (decode)
+// or with other tokens in one weight pass (prefill), so a row of a multi-token MatMul has the
+// bits the one-token MatMul gives it. The AMX GEMM does not: its tile sums are scaled and
+// summed in another order. While an ExactTokenRows lives on a thread, MatMul and MatMulBatch
+// called from that thread do not use the GEMM, so passes whose rows must equal plain decoding
+// (deferred verification, speculative batches) keep that promise on AMX machines too.
+class ExactTokenRows {
+ public:
+  ExactTokenRows();
+  ~ExactTokenRows();
+  ExactTokenRows(const ExactTokenRows&) = delete;
+  ExactTokenRows& operator=(const ExactTokenRows&) = delete;
+  // Whether one lives on the calling thread.
+  static bool Active();
+
+ private:
+  bool previous_;
+};
+
 // Row r of w (skeleton plus residuals, any layout) as floats, out[0..w.cols): for lookups such as
 // token embeddings.
 void DequantizeWeightRow(const WeightView& w, int64_t r, float* out);

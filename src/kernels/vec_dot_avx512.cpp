@@ -1,7 +1,7 @@
 // AVX-512VL + VNNI (+ BF16 where present) kernels: 256-bit vectors, dpbusd integer products
-// and 32 registers, so 8 tokens per weight pass; see vec_dot_x86.inc. Q4_K, the bulk of the
-// common Q4_K_M files, also gets a 512-bit kernel here: one zmm holds a whole 64-element chunk
-// (both nibble halves), halving the instructions per block.
+// and 32 registers, so 8 tokens per weight pass; see vec_dot_x86.inc. The hottest types (Q4_K,
+// the bulk of Q4_K_M files, and Q8_0, Q4_0, Q6_K) get 512-bit kernels here, one template over
+// the token count serving decode (NT = 1) and prefill alike, so both give the same bits per row.
 // GCC 12's 512-bit insert/extract intrinsics pass an "undefined" vector that its own
 // -Wuninitialized then flags; the warning is about the header, not this code.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -92,14 +92,12 @@ inline __m512i Load2x256(const void* lo, const void* hi) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(Load256(lo)), Load256(hi), 1);
 }
 
-// Scales of blocks b..b+3 (weight fp16 d times the activation's float d), spread so that lanes
-// 0-7 of the first result carry block b, lanes 8-15 block b+1, and the second result b+2, b+3:
-// one fp16 conversion per 4 blocks instead of one per block.
-// The four fp16 d fields (each block's first 2 bytes) are gathered from one or two 64-byte
-// loads of the blocks themselves by a single word permute, instead of four scalar loads and
-// three inserts. Reads only bytes of the 4 blocks: 4 * sizeof(W) >= 64 (or >= 128 for two).
+// The fp16 scales d of blocks b..b+3 as floats. The four d fields (each block's first 2 bytes)
+// are gathered from one or two 64-byte loads of the blocks themselves by a single word permute,
+// instead of four scalar loads and three inserts. Reads only bytes of the 4 blocks:
+// 4 * sizeof(W) >= 64 (or >= 128 for two).
 template <typename W>
-inline void Scales4(const W* w, const float* yd, __m512* s01, __m512* s23) {
+inline __m128 Halves4(const W* w) {
   constexpr int kStep = sizeof(W) / 2;  // words per block
   static_assert(sizeof(W) % 2 == 0 && 3 * kStep < 64 && 4 * sizeof(W) >= 64);
   const __m512i idx = _mm512_setr_epi32(kStep << 16, (3 * kStep) << 16 | (2 * kStep), 0, 0, 0, 0,
@@ -112,53 +110,82 @@ inline void Scales4(const W* w, const float* yd, __m512* s01, __m512* s23) {
     const char* c = reinterpret_cast<const char*>(w);
     h = _mm512_permutex2var_epi16(_mm512_loadu_si512(c), idx, _mm512_loadu_si512(c + 64));
   }
-  __m128 dh = _mm_cvtph_ps(_mm512_castsi512_si128(h));
+  return _mm_cvtph_ps(_mm512_castsi512_si128(h));
+}
+
+// Scales of blocks b..b+3 (weight d times the activation's float d), spread so that lanes 0-7
+// of the first result carry block b, lanes 8-15 block b+1, and the second result b+2, b+3: one
+// fp16 conversion per 4 blocks (and per weight pass, whatever the token count).
+inline void Scales4(__m128 dh, const float* yd, __m512* s01, __m512* s23) {
   __m512 d4 = _mm512_castps128_ps512(_mm_mul_ps(dh, _mm_loadu_ps(yd)));
   *s01 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), d4);
   *s23 = _mm512_permutexvar_ps(_mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), d4);
 }
 
-// Signed weights q times signed activations a, as 16 int32 lanes (4 products each): |q| times
-// a with q's sign (there is no 512-bit psignb: negate a where q < 0 under a mask).
-inline __m512i DotS8S8x64(__m512i q, __m512i a) {
-  __m512i neg_a = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(q), _mm512_setzero_si512(), a);
-  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(q), neg_a);
+// Decode (NT = 1) keeps enough lines in flight to cover DRAM latency; prefill reuses each row.
+template <int NT>
+inline void PrefetchRow(const void* p, int bytes) {
+  PrefetchWeights<NT == 1 ? 1 : 2>(p, bytes);
 }
 
-// Q8_0 x Q8_0 for one token (decode): 4 blocks per step in two zmm with independent
-// accumulators, one scale conversion per 4 blocks, weights prefetched ahead (PrefetchWeights).
-void DotQ8_0Decode(int64_t n, const BlockQ8_0* w, const uint8_t* act, float* out) {
+// The 512-bit kernels below are templates over NT, the tokens per weight pass: the weight
+// unpacking is shared, and each token's float operations are exactly those of NT = 1, in the
+// same order. So a row computed in a multi-token pass (prefill, verification, speculation) is
+// bit-identical to the same row computed in one-token decode; tests/kernels/token_rows_test.
+
+// Q8_0 x Q8_0: 4 blocks per step in two zmm with independent accumulators, one scale
+// conversion per 4 blocks, weights prefetched ahead. Signed by signed through dpbusd: |q| times
+// a with q's sign (there is no 512-bit psignb: negate a where q < 0 under a mask).
+template <int NT>
+void DotQ8_0WideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, float* out) {
+  auto* w = static_cast<const BlockQ8_0*>(wv);
   const int64_t nb = n / 32;
-  const auto* y = reinterpret_cast<const BlockQ8_0*>(act);
-  const float* yd = reinterpret_cast<const float*>(y + nb);  // float scales (ActRowBytes)
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  __m512 acc0[NT], acc1[NT];
+  for (int t = 0; t < NT; ++t) acc0[t] = _mm512_setzero_ps(), acc1[t] = _mm512_setzero_ps();
   int64_t b = 0;
   for (; b + 4 <= nb; b += 4) {
-    PrefetchWeights<1>(w + b, 4 * sizeof(BlockQ8_0));
-    __m512 s01, s23;
-    Scales4(w + b, yd + b, &s01, &s23);
-    __m512i p01 = DotS8S8x64(Load2x256(w[b].qs, w[b + 1].qs), Load2x256(y[b].qs, y[b + 1].qs));
-    __m512i p23 =
-        DotS8S8x64(Load2x256(w[b + 2].qs, w[b + 3].qs), Load2x256(y[b + 2].qs, y[b + 3].qs));
-    acc0 = _mm512_fmadd_ps(s01, _mm512_cvtepi32_ps(p01), acc0);
-    acc1 = _mm512_fmadd_ps(s23, _mm512_cvtepi32_ps(p23), acc1);
+    PrefetchRow<NT>(w + b, 4 * sizeof(BlockQ8_0));
+    const __m128 dh = Halves4(w + b);
+    const __m512i q01 = Load2x256(w[b].qs, w[b + 1].qs), q23 = Load2x256(w[b + 2].qs, w[b + 3].qs);
+    const __m512i a01 = _mm512_abs_epi8(q01), a23 = _mm512_abs_epi8(q23);
+    const __mmask64 n01 = _mm512_movepi8_mask(q01), n23 = _mm512_movepi8_mask(q23);
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_0* y = Act<BlockQ8_0>(act, stride, t);
+      const float* yd = reinterpret_cast<const float*>(y + nb);  // float scales (ActRowBytes)
+      __m512 s01, s23;
+      Scales4(dh, yd + b, &s01, &s23);
+      __m512i y01 = Load2x256(y[b].qs, y[b + 1].qs), y23 = Load2x256(y[b + 2].qs, y[b + 3].qs);
+      y01 = _mm512_mask_sub_epi8(y01, n01, _mm512_setzero_si512(), y01);
+      y23 = _mm512_mask_sub_epi8(y23, n23, _mm512_setzero_si512(), y23);
+      const __m512i p01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), a01, y01);
+      const __m512i p23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), a23, y23);
+      acc0[t] = _mm512_fmadd_ps(s01, _mm512_cvtepi32_ps(p01), acc0[t]);
+      acc1[t] = _mm512_fmadd_ps(s23, _mm512_cvtepi32_ps(p23), acc1[t]);
+    }
   }
-  __m256 tail = _mm256_setzero_ps();
+  __m256 tail[NT];
+  for (int t = 0; t < NT; ++t) tail[t] = _mm256_setzero_ps();
   for (; b < nb; ++b) {
-    __m256i q = Load256(w[b].qs);
-    __m256i p = DotS8S8(_mm256_abs_epi8(q), q, Load256(y[b].qs));
-    tail = _mm256_fmadd_ps(_mm256_set1_ps(H(w[b].d) * yd[b]), _mm256_cvtepi32_ps(p), tail);
+    const __m256i q = Load256(w[b].qs), aq = _mm256_abs_epi8(q);
+    const float dw = H(w[b].d);
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_0* y = Act<BlockQ8_0>(act, stride, t);
+      const float* yd = reinterpret_cast<const float*>(y + nb);
+      const __m256i p = DotS8S8(aq, q, Load256(y[b].qs));
+      tail[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * yd[b]), _mm256_cvtepi32_ps(p), tail[t]);
+    }
   }
-  *out = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + HsumPs(tail);
+  for (int t = 0; t < NT; ++t)
+    out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + HsumPs(tail[t]);
 }
 
-// Q4_0 x Q8_0 for one token. Nibbles (0..15) meet the activations unsigned-by-signed in dpbusd;
-// the -8 offset comes back as 8 * sum(a), itself one dpbusd, which is cheaper than the sign
-// trick. Blocks b, b+1 unpack to [b lo 16 | b hi 16 | b+1 lo | b+1 hi], the activation order.
-void DotQ4_0Decode(int64_t n, const BlockQ4_0* w, const uint8_t* act, float* out) {
+// Q4_0 x Q8_0. Nibbles (0..15) meet the activations unsigned-by-signed in dpbusd; the -8
+// offset comes back as 8 * sum(a), itself one dpbusd, which is cheaper than the sign trick.
+// Blocks b, b+1 unpack to [b lo 16 | b hi 16 | b+1 lo | b+1 hi], the activation order.
+template <int NT>
+void DotQ4_0WideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, float* out) {
+  auto* w = static_cast<const BlockQ4_0*>(wv);
   const int64_t nb = n / 32;
-  const auto* y = reinterpret_cast<const BlockQ8_0*>(act);
-  const float* yd = reinterpret_cast<const float*>(y + nb);
   const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
   const __m512i dup = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
   const __m512i shifts = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
@@ -173,32 +200,48 @@ void DotQ4_0Decode(int64_t n, const BlockQ4_0* w, const uint8_t* act, float* out
     __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, a);
     return _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a), c);
   };
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  __m512 acc0[NT], acc1[NT];
+  for (int t = 0; t < NT; ++t) acc0[t] = _mm512_setzero_ps(), acc1[t] = _mm512_setzero_ps();
   int64_t b = 0;
   for (; b + 4 <= nb; b += 4) {
-    PrefetchWeights<1>(w + b, 4 * sizeof(BlockQ4_0));
-    __m512 s01, s23;
-    Scales4(w + b, yd + b, &s01, &s23);
-    __m512i p01 = dot(unpack(w + b), Load2x256(y[b].qs, y[b + 1].qs));
-    __m512i p23 = dot(unpack(w + b + 2), Load2x256(y[b + 2].qs, y[b + 3].qs));
-    acc0 = _mm512_fmadd_ps(s01, _mm512_cvtepi32_ps(p01), acc0);
-    acc1 = _mm512_fmadd_ps(s23, _mm512_cvtepi32_ps(p23), acc1);
+    PrefetchRow<NT>(w + b, 4 * sizeof(BlockQ4_0));
+    const __m128 dh = Halves4(w + b);
+    const __m512i q01 = unpack(w + b), q23 = unpack(w + b + 2);
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_0* y = Act<BlockQ8_0>(act, stride, t);
+      const float* yd = reinterpret_cast<const float*>(y + nb);
+      __m512 s01, s23;
+      Scales4(dh, yd + b, &s01, &s23);
+      const __m512i p01 = dot(q01, Load2x256(y[b].qs, y[b + 1].qs));
+      const __m512i p23 = dot(q23, Load2x256(y[b + 2].qs, y[b + 3].qs));
+      acc0[t] = _mm512_fmadd_ps(s01, _mm512_cvtepi32_ps(p01), acc0[t]);
+      acc1[t] = _mm512_fmadd_ps(s23, _mm512_cvtepi32_ps(p23), acc1[t]);
+    }
   }
-  __m256 tail = _mm256_setzero_ps();
+  __m256 tail[NT];
+  for (int t = 0; t < NT; ++t) tail[t] = _mm256_setzero_ps();
   for (; b < nb; ++b) {
-    __m256i q = _mm256_sub_epi8(Nibbles32(w[b].qs), _mm256_set1_epi8(8));
-    __m256i p = DotS8S8(_mm256_abs_epi8(q), q, Load256(y[b].qs));
-    tail = _mm256_fmadd_ps(_mm256_set1_ps(H(w[b].d) * yd[b]), _mm256_cvtepi32_ps(p), tail);
+    const __m256i q = _mm256_sub_epi8(Nibbles32(w[b].qs), _mm256_set1_epi8(8));
+    const __m256i aq = _mm256_abs_epi8(q);
+    const float dw = H(w[b].d);
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_0* y = Act<BlockQ8_0>(act, stride, t);
+      const float* yd = reinterpret_cast<const float*>(y + nb);
+      const __m256i p = DotS8S8(aq, q, Load256(y[b].qs));
+      tail[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * yd[b]), _mm256_cvtepi32_ps(p), tail[t]);
+    }
   }
-  *out = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + HsumPs(tail);
+  for (int t = 0; t < NT; ++t)
+    out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + HsumPs(tail[t]);
 }
 
-// Q6_K x Q8_K for one token. Each half block (128 values) is one zmm of low nibbles (values
-// 0-63 of the half) and one of high nibbles (64-127), their two top bits taken from the same
-// 32 qh bytes at per-256-bit-lane shifts; each 128-bit chunk then holds one 16-value group, so
-// the int16 scales apply per chunk. The -32 offset comes back through the bsums.
-void DotQ6_KDecode(int64_t n, const BlockQ6_K* w, const uint8_t* act, float* out) {
-  const auto* y = reinterpret_cast<const BlockQ8_K*>(act);
+// Q6_K x Q8_K. Each half block (128 values) is one zmm of low nibbles (values 0-63 of the half)
+// and one of high nibbles (64-127), their two top bits taken from the same 32 qh bytes at
+// per-256-bit-lane shifts; each 128-bit chunk then holds one 16-value group, so the int16
+// scales apply per chunk. The -32 offset comes back through the bsums.
+template <int NT>
+void DotQ6_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, float* out) {
+  auto* w = static_cast<const BlockQ6_K*>(wv);
   const __m512i m4 = _mm512_set1_epi8(0xF), m3 = _mm512_set1_epi8(3);
   auto halves = [](short a, short b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(a)), _mm256_set1_epi16(b), 1);
@@ -211,54 +254,49 @@ void DotQ6_KDecode(int64_t n, const BlockQ6_K* w, const uint8_t* act, float* out
     for (int j = 0; j < 32; ++j) idx[j] = static_cast<int16_t>(4 * g + j / 8);
     pick[g] = _mm512_load_si512(idx);
   }
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     const BlockQ6_K& x = w[b];
-    const BlockQ8_K& yb = y[b];
-    PrefetchWeights<1>(&x, sizeof(x));
-    __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
-    __m512i sc = _mm512_castsi256_si512(sc16);
-    __m512i sumi = _mm512_setzero_si512();
+    PrefetchRow<NT>(&x, sizeof(x));
+    const __m256i sc16 =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+    const __m512i sc = _mm512_castsi256_si512(sc16);
+    __m512i q[4], s[4];  // [2h]: low nibbles of half h, [2h + 1]: high; s: their scales
     for (int h = 0; h < 2; ++h) {
       __m512i a = _mm512_loadu_si512(x.ql + 64 * h);
       __m512i qh = _mm512_broadcast_i64x4(Load256(x.qh + 32 * h));
       __m512i top_lo = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), m3), 4);
       __m512i top_hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), m3), 4);
-      __m512i lo = _mm512_or_si512(_mm512_and_si512(a, m4), top_lo);
-      __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), top_hi);
-      __m512i p_lo = _mm512_madd_epi16(_mm512_maddubs_epi16(lo, _mm512_loadu_si512(yb.qs + 128 * h)),
-                                       _mm512_permutexvar_epi16(pick[2 * h], sc));
-      __m512i p_hi =
-          _mm512_madd_epi16(_mm512_maddubs_epi16(hi, _mm512_loadu_si512(yb.qs + 128 * h + 64)),
-                            _mm512_permutexvar_epi16(pick[2 * h + 1], sc));
-      sumi = _mm512_add_epi32(sumi, _mm512_add_epi32(p_lo, p_hi));
+      q[2 * h] = _mm512_or_si512(_mm512_and_si512(a, m4), top_lo);
+      q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), top_hi);
+      s[2 * h] = _mm512_permutexvar_epi16(pick[2 * h], sc);
+      s[2 * h + 1] = _mm512_permutexvar_epi16(pick[2 * h + 1], sc);
     }
-    __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
-    __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, Load256(yb.bsums)), 5);
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(H(x.d) * yb.d), _mm256_cvtepi32_ps(_mm256_sub_epi32(s8, corr)),
-                          acc);
+    const float dw = H(x.d);
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_K& yb = Act<BlockQ8_K>(act, stride, t)[b];
+      __m512i sumi = _mm512_setzero_si512();
+      for (int h = 0; h < 2; ++h) {
+        __m512i p_lo = _mm512_madd_epi16(
+            _mm512_maddubs_epi16(q[2 * h], _mm512_loadu_si512(yb.qs + 128 * h)), s[2 * h]);
+        __m512i p_hi = _mm512_madd_epi16(
+            _mm512_maddubs_epi16(q[2 * h + 1], _mm512_loadu_si512(yb.qs + 128 * h + 64)),
+            s[2 * h + 1]);
+        sumi = _mm512_add_epi32(sumi, _mm512_add_epi32(p_lo, p_hi));
+      }
+      __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+      __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, Load256(yb.bsums)), 5);
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * yb.d),
+                               _mm256_cvtepi32_ps(_mm256_sub_epi32(s8, corr)), acc[t]);
+    }
   }
-  *out = HsumPs(acc);
+  for (int t = 0; t < NT; ++t) out[t] = HsumPs(acc[t]);
 }
 
-// One token: the 512-bit decode kernels; more: the 256-bit multi-token kernels.
-void DotQ8_0Wide(int64_t n, const void* w, const void* act, size_t stride, int nt, float* out) {
-  if (nt == 1) return DotQ8_0Decode(n, static_cast<const BlockQ8_0*>(w),
-                                    static_cast<const uint8_t*>(act), out);
-  DotQ8_0(n, w, act, stride, nt, out);
-}
-
-void DotQ6_KWide(int64_t n, const void* w, const void* act, size_t stride, int nt, float* out) {
-  if (nt == 1) return DotQ6_KDecode(n, static_cast<const BlockQ6_K*>(w),
-                                    static_cast<const uint8_t*>(act), out);
-  DotQ6_K(n, w, act, stride, nt, out);
-}
-
-void DotQ4_0Wide(int64_t n, const void* w, const void* act, size_t stride, int nt, float* out) {
-  if (nt == 1) return DotQ4_0Decode(n, static_cast<const BlockQ4_0*>(w),
-                                    static_cast<const uint8_t*>(act), out);
-  DotQ4_0(n, w, act, stride, nt, out);
-}
+SUBSTRATE_DEFINE_MULTI(DotQ8_0Wide)
+SUBSTRATE_DEFINE_MULTI(DotQ4_0Wide)
+SUBSTRATE_DEFINE_MULTI(DotQ6_KWide)
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "kernels/matmul.h"
 #include "runtime/engine.h"
 #include "runtime/token_emitter.h"
 
@@ -138,6 +139,7 @@ Expected<GenerateStats> Engine::GenerateDeferred(Session& s, const std::vector<i
     use_tier(top);
     const uint64_t read0 = runtime_ ? runtime_->stats().stream_bytes_read : 0;
     RETURN_IF_ERROR(run_pass([&] {
+      ExactTokenRows exact;  // each row as a one-token pass computes it (kernels/matmul.h)
       return model_->Forward(history.data() + v_pos, end - 1 - v_pos, verify, true, &rows);
     }));
     if (runtime_) st.verify_bytes += runtime_->stats().stream_bytes_read - read0;

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "backend/backend_factory.h"
+#include "kernels/matmul.h"
 #include "model/prompt_lookup.h"
 #include "runtime/token_emitter.h"
 
@@ -323,6 +324,7 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
       // The controller's tier changes happen inside the pass's turn: with several sessions
       // (serve's slots) another session's pass must never see the tiers change under it.
       RETURN_IF_ERROR(run_pass([&]() -> Status {
+        ExactTokenRows exact;  // each row as a one-token pass computes it (kernels/matmul.h)
         RETURN_IF_ERROR(model_->Forward(batch.data(), n_draft + 1, s.cache, n_draft > 0, out));
         AfterToken();
         return Status::Ok();

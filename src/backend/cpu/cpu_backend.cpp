@@ -7,6 +7,7 @@
 #include "core/aligned_buffer.h"
 #include "kernels/attention.h"
 #include "kernels/cpu_features.h"
+#include "kernels/interleaved_q4_0.h"
 #include "kernels/interleaved_q8_0.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
@@ -57,11 +58,16 @@ void CpuBackend::Upload(const float* host, const Tensor& dst) {
 
 WeightLayout CpuBackend::AdoptResidentWeight(DType type, int64_t rows, int64_t cols,
                                              uint8_t* bytes) {
-  if (!options_.decode_layout || ActiveIsa() < Isa::kAvx512 ||
-      !CanInterleaveQ8_0(type, rows, cols))
-    return WeightLayout::kRows;
-  InterleaveQ8_0(bytes, rows, cols, pool_);
-  return WeightLayout::kQ8_0Interleaved;
+  if (!options_.decode_layout || ActiveIsa() < Isa::kAvx512) return WeightLayout::kRows;
+  if (CanInterleaveQ8_0(type, rows, cols)) {
+    InterleaveQ8_0(bytes, rows, cols, pool_);
+    return WeightLayout::kQ8_0Interleaved;
+  }
+  if (CanInterleaveQ4_0(type, rows, cols)) {
+    InterleaveQ4_0(bytes, rows, cols, pool_);
+    return WeightLayout::kQ4_0Interleaved;
+  }
+  return WeightLayout::kRows;
 }
 
 void CpuBackend::EmbedRows(const WeightView& table, const int32_t* ids, int64_t n,

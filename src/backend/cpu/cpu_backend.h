@@ -12,8 +12,9 @@
 namespace substrate {
 
 struct CpuBackendOptions {
-  // Rearrange resident Q8_0 matrices into the interleaved decode layout
-  // (kernels/interleaved_q8_0.h) when the CPU runs it (AVX-512): the same bytes, faster decode.
+  // Rearrange resident Q8_0 and Q4_0 matrices into the interleaved layouts
+  // (kernels/interleaved_q8_0.h, interleaved_q4_0.h) when the CPU runs them (AVX-512): the same
+  // bytes, faster decode and prefill.
   bool decode_layout = true;
 };
 

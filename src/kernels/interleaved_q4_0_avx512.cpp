@@ -1,0 +1,104 @@
+// The interleaved Q4_0 product (interleaved_q4_0.h) in AVX-512 VNNI, decode and prefill.
+// GCC 12's 512-bit reduce/extract intrinsics pass an "undefined" vector that its own
+// -Wuninitialized then flags; the warning is about the header, not this code.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/interleaved_q4_0.h"
+#include "quant/blocks.h"
+
+namespace substrate::avx512 {
+namespace {
+
+constexpr int kPairBytes = kQ4Interleaved_PairBytes;
+constexpr int kQuant = kQ4Interleaved_QuantBytes;
+
+inline __m512i Word(const int8_t* p) {  // 4 activation quants, broadcast to 16 lanes
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// One group (16 rows) against NT tokens. Per block: the 4 64-byte words give 8 vectors of 16
+// rows x 4 nibbles (low nibbles: elements 4k..4k+3, high: 16+4k..), each meeting one broadcast
+// activation word in a dpbusd; the sum starts from the block's -8 * sum(a). Two chains per
+// block (low and high) hide dpbusd's latency. Then one fp16 scale vector for the 16 rows times
+// the token's activation scale. Token t's float operations are the same for every NT.
+template <int NT>
+void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_0* const* y,
+              const float* const* yd, const int32_t* const* sums, float* const* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b += 2) {
+    const uint8_t* p = group + (b / 2) * kPairBytes;
+    // Decode reads every weight once per token: keep enough lines in flight to cover DRAM
+    // latency (into L1 2 KiB ahead, into L2 8 KiB ahead, past page edges).
+    for (int o = 0; o < kPairBytes; o += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(p) + o + 2048, _MM_HINT_T0);
+      if constexpr (NT == 1) _mm_prefetch(reinterpret_cast<const char*>(p) + o + 8192, _MM_HINT_T1);
+    }
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* q = p + h * kQuant;
+      __m512i lo[4], hi[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m512i w = _mm512_loadu_si512(q + 64 * k);
+        lo[k] = _mm512_and_si512(w, m4);
+        hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+      }
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+          p + kQ4Interleaved_Scales + h * kInterleavedScaleBytes)));
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* a = y[t][b + h].qs;
+        // ActBlockSums holds -128 * sum(a), a multiple of 16: the shift is exact.
+        __m512i s = _mm512_set1_epi32(sums[t][b + h] >> 4), u = _mm512_setzero_si512();
+        for (int k = 0; k < 4; ++k) {
+          s = _mm512_dpbusd_epi32(s, lo[k], Word(a + 4 * k));
+          u = _mm512_dpbusd_epi32(u, hi[k], Word(a + 16 + 4 * k));
+        }
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(yd[t][b + h])),
+                                 _mm512_cvtepi32_ps(_mm512_add_epi32(s, u)), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out[t], acc[t]);
+}
+
+}  // namespace
+
+void GemvQ4_0Interleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t g1,
+                         const uint8_t* act, size_t act_stride, const int32_t* sums, int nt,
+                         float* y, int64_t y_stride) {
+  constexpr int kMaxTokens = 8;
+  const int64_t nb = cols / kQK4_0;
+  const size_t group_bytes = static_cast<size_t>(nb) * kPairBytes / 2;
+  const BlockQ8_0* ys[kMaxTokens];
+  const float* yds[kMaxTokens];
+  const int32_t* ss[kMaxTokens];
+  float* outs[kMaxTokens];
+  for (int t = 0; t < nt; ++t) {
+    ys[t] = reinterpret_cast<const BlockQ8_0*>(act + static_cast<size_t>(t) * act_stride);
+    yds[t] = reinterpret_cast<const float*>(ys[t] + nb);  // float scales (ActRowBytes)
+    ss[t] = sums + t * nb;
+  }
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* group = data + static_cast<size_t>(g) * group_bytes;
+    for (int t = 0; t < nt; ++t) outs[t] = y + t * y_stride + g * kInterleavedRows;
+    switch (nt) {
+      case 1: GroupDot<1>(group, nb, ys, yds, ss, outs); break;
+      case 2: GroupDot<2>(group, nb, ys, yds, ss, outs); break;
+      case 3: GroupDot<3>(group, nb, ys, yds, ss, outs); break;
+      case 4: GroupDot<4>(group, nb, ys, yds, ss, outs); break;
+      case 5: GroupDot<5>(group, nb, ys, yds, ss, outs); break;
+      case 6: GroupDot<6>(group, nb, ys, yds, ss, outs); break;
+      case 7: GroupDot<7>(group, nb, ys, yds, ss, outs); break;
+      default: GroupDot<8>(group, nb, ys, yds, ss, outs); break;
+    }
+  }
+}
+
+}  // namespace substrate::avx512
