@@ -34,6 +34,20 @@ std::vector<int32_t> Prompt(Engine& e) {
   return ids.ok() ? std::vector<int32_t>(ids->begin(), ids->end()) : std::vector<int32_t>{};
 }
 
+// Greedy decoding as the engine's token loop does it: one-token passes, each ended by AfterToken.
+struct GreedySteps {
+  GreedySteps(Engine& e, Session& s) : e(e), s(s), tok(Argmax(s.logits)) {}
+  Status Step() {
+    Status st = e.model().Forward(&tok, 1, s.cache, false, &s.logits);
+    e.AfterToken();
+    tok = Argmax(s.logits);
+    return st;
+  }
+  Engine& e;
+  Session& s;
+  int32_t tok;
+};
+
 struct Capped {
   uint64_t cap = 0;
   MemoryLedger ledger;
@@ -149,13 +163,9 @@ TEST(Adaptive, EscalationsDoNotWaitForASlowDisk) {
     auto s = a.NewSession(128);
     ASSERT_TRUE(s.ok());
     ASSERT_TRUE(a.Prefill(**s, Prompt(a)).ok());
-    int32_t tok = Argmax((*s)->logits);
+    GreedySteps greedy(a, **s);
     const int64_t stall0 = a.runtime()->stats().stall_us;
-    for (int t = 0; t < 10; ++t) {
-      ASSERT_TRUE(a.model().Forward(&tok, 1, (*s)->cache, false, &(*s)->logits).ok());
-      a.AfterToken();
-      tok = Argmax((*s)->logits);
-    }
+    for (int t = 0; t < 10; ++t) ASSERT_TRUE(greedy.Step().ok());
     const ResidencyStats& st = a.runtime()->stats();
     const double stalled_ms = static_cast<double>(st.stall_us - stall0) / 1000.0;
     EXPECT_EQ(a.tier_controller()->tier(a.model().OpIndex("block_1.ffn")), 2);
@@ -196,20 +206,15 @@ TEST(Adaptive, ASlowingDiskForcesEveryEscalationDown) {
   auto s = a.NewSession(256);
   ASSERT_TRUE(s.ok());
   ASSERT_TRUE(a.Prefill(**s, Prompt(a)).ok());
-  int32_t tok = Argmax((*s)->logits);
-  auto step = [&] {
-    ASSERT_TRUE(a.model().Forward(&tok, 1, (*s)->cache, false, &(*s)->logits).ok());
-    a.AfterToken();
-    tok = Argmax((*s)->logits);
-  };
-  for (int t = 0; t < 24; ++t) step();
+  GreedySteps greedy(a, **s);
+  for (int t = 0; t < 24; ++t) ASSERT_TRUE(greedy.Step().ok());
   const TierController& ctl = *a.tier_controller();
   EXPECT_EQ(ctl.escalated().size(), 2u);
   env.Add({FaultEnv::Kind::kSlowRead, ".t1.bin", 0, -1, 40, 0});
   env.Add({FaultEnv::Kind::kSlowRead, ".t2.bin", 0, -1, 40, 0});
   bool critical = false, held_at_base = false;
   for (int t = 0; t < 40 && !held_at_base; ++t) {
-    step();
+    ASSERT_TRUE(greedy.Step().ok());
     critical |= a.runtime_monitor()->state() == RuntimeState::kSsdBwCritical;
     held_at_base = critical && ctl.held() && ctl.escalated().empty();
   }
@@ -246,18 +251,12 @@ TEST(Adaptive, AThousandTokensAllocateNothingOnceWarmAndKeepTheCap) {
   ASSERT_TRUE(s.ok());
   ASSERT_TRUE(a.Prefill(**s, Prompt(a)).ok());
   Session& ss = **s;
-  int32_t tok = Argmax(ss.logits);
-  auto step = [&] {
-    Status st = a.model().Forward(&tok, 1, ss.cache, false, &ss.logits);
-    a.AfterToken();
-    tok = Argmax(ss.logits);
-    return st;
-  };
-  for (int t = 0; t < 32; ++t) ASSERT_TRUE(step().ok());  // warm-up
+  GreedySteps greedy(a, ss);
+  for (int t = 0; t < 32; ++t) ASSERT_TRUE(greedy.Step().ok());  // warm-up
   const uint64_t allocs = AllocationCount();
   bool over_cap = false;
   for (int t = 0; t < 1000; ++t) {
-    if (!step().ok()) break;
+    if (!greedy.Step().ok()) break;
     over_cap |= c.ledger.current() > c.cap;
   }
   EXPECT_EQ(AllocationCount(), allocs) << "the adaptive token loop allocated";
