@@ -43,7 +43,8 @@ Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {
     if (!f.Has("--max-ram")) {
       for (const char* flag : {"--plan", "--trace", "--prefetch-depth", "--io", "--io-threads"})
         if (f.Has(flag))
-          return InvalidArgument(std::string(flag) + " needs --max-ram SIZE (and a GGUF or --store STORE/)");
+          return InvalidArgument(std::string(flag) +
+                                 " needs --max-ram SIZE (and a GGUF or --store STORE/)");
       return Status::Ok();
     }
   }
@@ -125,7 +126,10 @@ nlohmann::json AdaptiveStatsJson(Engine& e) {
                       {"force_demotes", s.force_demotes}, {"pool_bytes", c->options().pool_bytes},
                       {"pool_peak", s.pool_peak},         {"escalated_peak", s.escalated_peak},
                       {"escalated_now", s.escalated}};
-  if (e.runtime()) j["residuals_skipped"] = e.runtime()->stats().skipped;
+  if (e.runtime()) {
+    j["residuals_skipped"] = e.runtime()->stats().skipped;
+    j["residuals_kept"] = e.runtime()->stats().residuals_kept;
+  }
   if (const RuntimeMonitor* m = e.runtime_monitor()) {
     j["monitor"] = {{"state", RuntimeStateName(m->state())},
                     {"transitions", m->stats().transitions},

@@ -75,14 +75,18 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
       opt.gguf_in_place != EngineOptions::InPlace::kNever) {
     uint64_t weights = 0;
     for (const TensorInfo& t : e->file_->tensors()) weights += t.bytes;
-    in_place = opt.gguf_in_place == EngineOptions::InPlace::kAlways ||
-               weights + reserve > opt.max_ram;
+    in_place =
+        opt.gguf_in_place == EngineOptions::InPlace::kAlways || weights + reserve > opt.max_ram;
   }
   if (!opt.store.empty() || in_place) {
     ResidencyOptions ro = opt.residency;
     // Adaptive: the skeletons resident; escalations read their residuals.
     if (opt.adaptive.on && ro.resident_max_tier < 0) ro.resident_max_tier = 0;
-    if (opt.adaptive.on) ro.lower_tier_by_default = !opt.adaptive.wait_for_escalations;
+    if (opt.adaptive.on) {
+      ro.lower_tier_by_default = !opt.adaptive.wait_for_escalations;
+      // The escalation pool's memory: one slab per concurrent escalation, kept between tokens.
+      ro.residual_slabs = opt.adaptive.controller.max_concurrent;
+    }
     ro.budget_bytes = opt.max_ram;
     // Each session's KV cache, plus the scratch of one pass at a time.
     ro.reserve_bytes = reserve;
@@ -97,8 +101,8 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
     auto weights = ResidentWeightSource::Load(*e->file_, e->ledger_, ro);
     // The resident layout may take more than the file's bytes (repacked kernels' layouts): a
     // GGUF that then misses the budget by a little runs in place instead.
-    if (!weights.ok() && weights.status().code() == StatusCode::kOutOfMemory &&
-        opt.store.empty() && opt.max_ram > 0 && std::filesystem::is_regular_file(path) &&
+    if (!weights.ok() && weights.status().code() == StatusCode::kOutOfMemory && opt.store.empty() &&
+        opt.max_ram > 0 && std::filesystem::is_regular_file(path) &&
         opt.gguf_in_place == EngineOptions::InPlace::kAuto) {
       ResidencyOptions rr = opt.residency;
       rr.budget_bytes = opt.max_ram;
@@ -152,8 +156,11 @@ Status Engine::SetUpAdaptive(const AdaptiveOptions& a) {
   }
   TierControllerOptions co = a.controller;
   if (co.pool_bytes == 0) co.pool_bytes = largest * static_cast<uint64_t>(co.max_concurrent);
-  ASSIGN_OR_RETURN(TierController c, TierController::Create(&m.op_tiers(), std::move(ceiling),
-                                                            std::move(cost), co, ledger_));
+  // Out of core the pool's memory is the runtime's residual slabs (charged as slabs); resident,
+  // the controller charges it.
+  ASSIGN_OR_RETURN(TierController c,
+                   TierController::Create(&m.op_tiers(), std::move(ceiling), std::move(cost), co,
+                                          runtime_ ? nullptr : ledger_));
   controller_ = std::make_unique<TierController>(std::move(c));
   switch (a.verifier) {
     case AdaptiveOptions::Verifier::kResidual: {

@@ -11,9 +11,8 @@
 
 namespace substrate {
 
-Expected<std::unique_ptr<ResidencyManager>> ResidencyManager::Open(const std::string& store_dir,
-                                                                   MemoryLedger* ledger,
-                                                                   const ResidencyOptions& options) {
+Expected<std::unique_ptr<ResidencyManager>> ResidencyManager::Open(
+    const std::string& store_dir, MemoryLedger* ledger, const ResidencyOptions& options) {
   StoreIndexOptions io;
   io.max_tier = options.serve_tier < 0 ? 2 : options.serve_tier;
   io.direct_io = options.direct_io;
@@ -130,11 +129,11 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
       slab_bytes_ = std::max(slab_bytes_, StreamedBytes(static_cast<int>(o)));
     if (s.where != Where::kExpert) evict_lists_[s.evict_at].push_back(static_cast<int>(o));
   }
-  int n_slabs = slab_bytes_ > 0 ? options_.prefetch_depth + 1 : 0;
+  int n_slabs = slab_bytes_ > 0 ? options_.prefetch_depth + 1 + options_.residual_slabs : 0;
   if (n_slabs > 0 && !options.plan_path.empty()) {
     // A plan's windows (early prefetches, late evictions) may hold more streamed ops at once. When
     // the budget cannot hold that many slabs, its early reads wait for a slab to free.
-    stats_.slabs_wanted = std::max(n_slabs, SlabsWanted());
+    stats_.slabs_wanted = std::max(n_slabs, SlabsWanted() + options_.residual_slabs);
     const uint64_t with = resident + slab_bytes_ * static_cast<uint64_t>(stats_.slabs_wanted) +
                           options.reserve_bytes + expert_slot * static_cast<uint64_t>(min_slots);
     if (with <= budget) n_slabs = stats_.slabs_wanted;
@@ -227,7 +226,7 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
     if (st_[o].where == Where::kExpert)
       expert_min = std::max(expert_min, OpBytes(static_cast<int>(o)));
   expert_min *= static_cast<uint64_t>(min_slots);
-  const uint64_t slabs = static_cast<uint64_t>(options_.prefetch_depth + 1);
+  const uint64_t slabs = static_cast<uint64_t>(options_.prefetch_depth + 1 + options_.residual_slabs);
   // cost(k): the k largest resident, the rest streamed through slabs of the (k+1)-th's size.
   int best_k = -1;
   uint64_t prefix = 0, best_used = 0, minimum = UINT64_MAX;
@@ -242,12 +241,11 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
     if (k < order.size()) prefix += ResidentBytes(order[k]);
   }
   if (best_k < 0)
-    return OutOfMemory("budget " + FormatBytes(budget) + " is below this model's minimum of " +
-                       FormatBytes(minimum) + ": " +
-                       std::to_string(slabs) + " slabs of the largest op (" +
-                       FormatBytes(order.empty() ? 0 : OpBytes(order[0])) + "), the reserve (" +
-                       FormatBytes(reserve) + ") and " + std::to_string(min_slots) +
-                       " expert slots need more");
+    return OutOfMemory(
+        "budget " + FormatBytes(budget) + " is below this model's minimum of " +
+        FormatBytes(minimum) + ": " + std::to_string(slabs) + " slabs of the largest op (" +
+        FormatBytes(order.empty() ? 0 : OpBytes(order[0])) + "), the reserve (" +
+        FormatBytes(reserve) + ") and " + std::to_string(min_slots) + " expert slots need more");
   for (int k = 0; k < best_k; ++k) st_[order[k]].where = Where::kResident;
   uint64_t used = best_used;
   for (int o : seq_) {
@@ -351,6 +349,7 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
     return;
   }
   if (s.seq >= 0) AdvanceTo(s.seq);
+  s.kept = false;  // in use again: EndOp decides whether to keep it once more
   // An op with a resident skeleton whose late residual may go to a lower tier never waits for
   // it: it runs on its skeleton this token (the admission's skip, an escalation decided after
   // the read-ahead point, or a read still in flight, which is kept for the next token), and a
@@ -531,6 +530,16 @@ void ResidencyManager::EndOp(const std::string& op_id) {
   for (int e : evict_lists_[o]) {
     OpState& v = st_[e];
     if (v.where == Where::kExpert || v.slab < 0 || v.abs > pos_) continue;
+    // An escalation's residual (tiers above a resident skeleton) stays in its slab for the op's
+    // next token while the op still wants no more than it holds, up to residual_slabs of them.
+    const int want = Want(e);
+    if (v.resident_top >= 0 && want > v.resident_top && want <= v.tier &&
+        KeptSlabs() < options_.residual_slabs && sched_->Ready(&slabs_[v.slab]->ticket)) {
+      v.abs = pos_ + static_cast<int64_t>(seq_.size());
+      v.kept = true;
+      ++stats_.residuals_kept;
+      continue;
+    }
     sched_->Cancel(&slabs_[v.slab]->ticket);  // done already; makes the ticket idle
     slabs_[v.slab]->op = -1;
     v.slab = -1;
@@ -607,8 +616,8 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
   const int use = std::min({tier < 0 ? serve_ : tier, loaded, u->n_tiers - 1});
   const uint8_t* ptr[3] = {nullptr, nullptr, nullptr};
   for (int k = 0; k <= use; ++k)
-    ptr[k] = (k <= s.resident_top ? s.resident.data() : read) + op.SlabOffset(k) +
-             u->tier[k].slab_pos;
+    ptr[k] =
+        (k <= s.resident_top ? s.resident.data() : read) + op.SlabOffset(k) + u->tier[k].slab_pos;
   return WeightHandle(this, index_->MakeView(id, slice, *u, offset_el, use, ptr), 0);
 }
 

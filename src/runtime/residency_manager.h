@@ -51,6 +51,11 @@ struct ResidencyOptions {
   // this is set: then it goes to a lower tier, down to skipping the residual of a resident
   // skeleton for that token (the adaptive runtime's escalations: no stall for an escalation).
   bool lower_tier_by_default = false;
+  // Slabs beyond the read-ahead ones in which ops whose skeleton is resident keep their residual
+  // tiers from token to token while they want them: the adaptive runtime's escalation pool (one
+  // per concurrent escalation), so a residual is read once per escalation, not once per token.
+  // 0: every token reads them again (deferred verification reads whole windows at once).
+  int residual_slabs = 0;
   std::string plan_path;   // a PlanBundle JSON: its resident set, evict_after and fallbacks
   std::string trace_path;  // JSONL trace (runtime/trace_writer.h), "" for none
   IoMode io_mode = IoMode::kAuto;
@@ -82,6 +87,7 @@ struct ResidencyStats {
   uint64_t predicted_late = 0;     // admission: reads predicted to miss their deadline
   uint64_t demoted = 0;            // of which served at a lower tier (fallback use_lower_tier)
   uint64_t skipped = 0;            // of which ran at their resident skeleton, the residual skipped
+  uint64_t residuals_kept = 0;     // escalated residuals kept in their slab for the next token
   uint64_t demand_loads = 0;       // tensors acquired outside their op's window
   uint64_t expert_hits = 0, expert_misses = 0, expert_late = 0, expert_hinted = 0;
   bool uring = false;
@@ -158,8 +164,9 @@ class ResidencyManager : public WeightSource {
     // The admission skipped this op's residual read for position skip_at: it runs at its
     // resident tiers there.
     int64_t skip_at = INT64_MIN;  // (pos_ starts at -1)
-    double compute_us = 0;        // moving average of BeginOp..EndOp minus stalls
-    bool timed = false;           // compute_us measured at least once
+    bool kept = false;      // its slab was kept from its previous token (keep_residuals)
+    double compute_us = 0;  // moving average of BeginOp..EndOp minus stalls
+    bool timed = false;     // compute_us measured at least once
     // The current window (BeginOp..EndOp), per op: a batch of experts is open at once.
     int64_t win_start = 0, win_stall = 0;
     bool win_hit = true;
@@ -184,6 +191,7 @@ class ResidencyManager : public WeightSource {
   void AdvanceTo(int seq);
   void ScheduleAhead();
   int FreeSlab() const;
+  int KeptSlabs() const;  // slabs holding an escalation's residual for its next token
   int SlabsWanted() const;
   int Admit(int op, int64_t abs);
   // Queues a read, tagged with the op begun last (the trace's "during").

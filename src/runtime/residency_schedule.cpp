@@ -42,6 +42,12 @@ int ResidencyManager::Admit(int op, int64_t abs) {
   return tier;
 }
 
+int ResidencyManager::KeptSlabs() const {
+  int n = 0;
+  for (const auto& sl : slabs_) n += sl->op >= 0 && st_[sl->op].kept;
+  return n;
+}
+
 int ResidencyManager::FreeSlab() const {
   for (size_t i = 0; i < slabs_.size(); ++i)
     if (slabs_[i]->op < 0) return static_cast<int>(i);
