@@ -125,9 +125,10 @@ int main(int argc, char** argv) {
       go.verify.tau = std::stof(mode.substr(1));
     }
     GenerateStats sum;
-    double seconds = 0, ttft = 0, judge = 0;
+    double seconds = 0, decode_seconds = 0, ttft = 0, judge = 0;
     int64_t equal = 0, total = 0;
     const uint64_t read0 = e.runtime()->stats().stream_bytes_read;
+    uint64_t judge_bytes = 0;
     for (size_t pi = 0; pi < prompts.size(); ++pi) {
       std::fill(e.model().op_tiers().begin(), e.model().op_tiers().end(),
                 static_cast<uint8_t>(plain_tier));
@@ -142,6 +143,7 @@ int main(int argc, char** argv) {
         return 1;
       }
       seconds += st->decode_seconds + st->prompt_seconds;
+      decode_seconds += st->decode_seconds;
       ttft += st->first_token_seconds;
       sum.n_generated += st->n_generated;
       sum.n_drafted += st->n_drafted;
@@ -156,12 +158,16 @@ int main(int argc, char** argv) {
           equal += gen[i] == reference[pi][i];
         total += static_cast<int64_t>(reference[pi].size());
       }
+      // The judge's own pass reads the top tier too: not the mode's bytes.
+      const uint64_t judge0 = e.runtime()->stats().stream_bytes_read;
       judge += JudgeLogProb(e, prompts[pi], gen);
+      judge_bytes += e.runtime()->stats().stream_bytes_read - judge0;
     }
     const double n = static_cast<double>(std::max<int64_t>(sum.n_generated, 1));
     out.push_back({{"mode", mode},
                    {"tokens", sum.n_generated},
                    {"tokens_per_s", sum.n_generated / seconds},
+                   {"decode_tokens_per_s", sum.n_generated / decode_seconds},
                    {"first_token_seconds", ttft / prompts.size()},
                    {"drafted", sum.n_drafted},
                    {"verified", sum.n_verified},
@@ -169,7 +175,8 @@ int main(int argc, char** argv) {
                    {"rollbacks", sum.n_rollbacks},
                    {"rollback_lost", sum.n_rollback_lost},
                    {"verify_bytes_per_token", sum.verify_bytes / n},
-                   {"read_bytes_per_token", (e.runtime()->stats().stream_bytes_read - read0) / n},
+                   {"read_bytes_per_token",
+                    (e.runtime()->stats().stream_bytes_read - read0 - judge_bytes) / n},
                    {"equal_to_top_tier", total ? static_cast<double>(equal) / total : 1.0},
                    {"judge_mean_logprob", judge / prompts.size()}});
     std::fprintf(stderr, "%s done\n", mode.c_str());
