@@ -18,6 +18,7 @@ constexpr const char* kUsage =
     "                            [--kl-divergence-base OUT | --kl-divergence BASE] [--kv-type T]\n"
     "                            [--device cpu|cuda] [--gpu N]\n"
     "                            [--store STORE/ --max-ram SIZE [--plan P] [--tier N] ...]\n"
+    "                            [--cache-aware-routing DELTA]\n"
     "                            [--adaptive [--verifier residual|linear] ...]\n"
     "  each chunk of c tokens is evaluated from scratch and scores its second half\n"
     "  --kl-divergence-base OUT   save this run's log-probabilities to OUT\n"
@@ -26,7 +27,10 @@ constexpr const char* kUsage =
     "  --adaptive                 the adaptive runtime (see substrate run --help): each chunk is\n"
     "                             evaluated one token at a time, so the verifier escalates and\n"
     "                             decays ops between tokens as in generation; prints the\n"
-    "                             controller's counters\n";
+    "                             controller's counters\n"
+    "  --cache-aware-routing D    out of core: as in generation (see substrate run --help), each\n"
+    "                             chunk one token at a time, so experts are chosen against the\n"
+    "                             cache a decode step would find; prints the runtime's counters\n";
 
 int RunPerplexity(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue({"-m", "--model", "-f", "--file", "-c", "--ctx-size",
@@ -83,7 +87,8 @@ int RunPerplexity(const std::vector<std::string>& args) {
   opt.kld_base = f.Get({"--kl-divergence"});
   std::fprintf(stderr, "perplexity: %zu tokens, %lld per chunk\n", ids->size(),
                static_cast<long long>(opt.n_ctx));
-  if (e.tier_controller()) opt.after_token = [&e] { e.AfterToken(); };
+  if (e.tier_controller() || (e.runtime() && eo.cache_aware_routing > 0))
+    opt.after_token = [&e] { e.AfterToken(); };
   opt.progress = [](int64_t c, double ppl) {
     std::fprintf(stderr, "[%lld]%.4f,", static_cast<long long>(c + 1), ppl);
     std::fflush(stderr);
@@ -99,6 +104,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
     std::printf("same top token = %.2f %%\n", 100.0 * r->same_top);
   }
   if (e.tier_controller()) std::printf("adaptive = %s\n", AdaptiveStatsJson(e).dump().c_str());
+  if (e.runtime()) std::printf("runtime = %s\n", e.runtime()->StatsJson().c_str());
   return 0;
 }
 

@@ -17,7 +17,7 @@ constexpr const char* kUsage =
     "                     [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
     "                     [--stop TEXT]... [--chat] [--system TEXT] [--json] [--device cpu|cuda]\n"
     "                     [--gpu N] [--store STORE/ --max-ram SIZE [--plan P] [--trace T]\n"
-    "                      [--prefetch-depth N]\n"
+    "                      [--prefetch-depth N] [--cache-aware-routing DELTA]\n"
     "                      [--tier N]] [--kv-type f32|f16] [--draft-max K] [--prompt-cache F]\n"
     "                     [--verify off|all|margin [--verify-window W] [--verify-tau T]\n"
     "                      [--verify-tier N] [--draft-tier N]]\n"
@@ -50,7 +50,10 @@ constexpr const char* kUsage =
     "                   probes from substrate train-probe) escalates the ops it finds drifting\n"
     "                   for --escalation-persistence tokens (default 4) above\n"
     "                   --escalation-threshold, at most --escalation-max at once (default 4)\n"
-    "                   within --escalation-pool bytes (default: 4 times the largest residual)\n";
+    "                   within --escalation-pool bytes (default: 4 times the largest residual)\n"
+    "  --cache-aware-routing DELTA  out of core (MoE): an expert already in memory gets DELTA\n"
+    "                   added to its routing probability when experts are chosen (not to its\n"
+    "                   weight), so near-ties are read less; 0 (default) routes exactly\n";
 
 int RunRun(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue(

@@ -10,7 +10,8 @@ std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra) {
   for (const char* f :
        {"--store", "--max-ram", "--plan", "--trace", "--prefetch-depth", "--io", "--io-threads",
         "--tier", "--verifier", "--probes", "--verifier-script", "--escalation-threshold",
-        "--escalation-persistence", "--escalation-max", "--escalation-pool", "--device", "--gpu"})
+        "--escalation-persistence", "--escalation-max", "--escalation-pool", "--device", "--gpu",
+        "--cache-aware-routing"})
     extra.push_back(f);
   return extra;
 }
@@ -35,13 +36,18 @@ Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {
     if (opt->max_ram == 0) return InvalidArgument("--max-ram must be more than 0");
   }
   RETURN_IF_ERROR(ApplyAdaptiveFlags(f, &opt->adaptive));
+  ASSIGN_OR_RETURN(double bonus, f.GetDouble({"--cache-aware-routing"}, 0));
+  if (!(bonus >= 0 && bonus <= 1))
+    return InvalidArgument("--cache-aware-routing is a probability bonus from 0 to 1");
+  opt->cache_aware_routing = static_cast<float>(bonus);
   if (opt->store.empty()) {
     // Without a store, a GGUF under --max-ram may run out of core read in place (Engine): the
     // runtime's flags apply to it; tiers and escalations need a store's residuals.
     for (const char* flag : {"--tier", "--adaptive"})
       if (f.Has(flag)) return InvalidArgument(std::string(flag) + " needs --store STORE/");
     if (!f.Has("--max-ram")) {
-      for (const char* flag : {"--plan", "--trace", "--prefetch-depth", "--io", "--io-threads"})
+      for (const char* flag : {"--plan", "--trace", "--prefetch-depth", "--io", "--io-threads",
+                               "--cache-aware-routing"})
         if (f.Has(flag))
           return InvalidArgument(std::string(flag) +
                                  " needs --max-ram SIZE (and a GGUF or --store STORE/)");

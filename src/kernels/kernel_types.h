@@ -55,6 +55,11 @@ struct RoutingParams {
   float scale = 1.0f;      // then multiply them (deepseek's routed_scaling_factor)
   int n_groups = 0;        // grouped routing (deepseek): keep the best n_groups_used groups
   int n_groups_used = 0;
+  // Cache-aware routing: an expert with cached[e] != 0 (its weights already in memory) gets
+  // cached_bonus added to its selection score, not to its weight, so a near-tie goes to it.
+  // Null: exact routing.
+  const uint8_t* cached = nullptr;
+  float cached_bonus = 0;
 };
 
 }  // namespace substrate

@@ -54,6 +54,9 @@ void RouteRow(const RoutingParams& p, const float* logits, const float* bias, in
   // Selection scores: deepseek-v3 adds its correction bias for choosing only.
   float* choice = work.choice.data();
   for (int e = 0; e < E; ++e) choice[e] = prob[e] + (bias ? bias[e] : 0.0f);
+  if (p.cached)
+    for (int e = 0; e < E; ++e)
+      if (p.cached[e]) choice[e] += p.cached_bonus;
   if (grouped) {
     // Keep the best groups (v3: sum of each group's top two; v2: its max); others score 0,
     // as the reference implementation masks them.

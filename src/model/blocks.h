@@ -35,7 +35,7 @@ class Scratch {
   };
   enum HostSlot {
     kSel, kSelWeight, kExpertList, kExpertOffset, kExpertTokens, kExpertTokWeight, kLookSel,
-    kLookSelWeight, kLookList, kHostSlotCount
+    kLookSelWeight, kLookList, kCachedExperts, kHostSlotCount
   };
   Scratch(Backend* backend, MemoryLedger* ledger) : backend_(backend), ledger_(ledger) {}
   // A [rows, cols] tensor for `slot` (contents kept only if no growth happens).
@@ -82,6 +82,9 @@ struct ForwardContext {
   // Diagnosis mode (Model::Forward re-runs a pass in it when its output is not finite): each op
   // checks what it wrote and fails naming itself.
   bool check_finite = false;
+  // Cache-aware routing (Model::set_cache_aware_routing): the selection bonus of an expert the
+  // source has in memory; 0 routes exactly.
+  float cached_bonus = 0;
 
   // A weight of op `op` (its index in Model::ops()) at that op's tier.
   Expected<WeightHandle> Acquire(TensorId id, int op, int slice = -1) const {

@@ -144,6 +144,7 @@ Status Model::ForwardBatch(const int32_t* tokens, int64_t n, KvCache& cache, boo
   c.ops = ops_.data();
   c.tiers = op_tiers_.data();
   c.check_finite = check_finite;
+  c.cached_bonus = cached_bonus_;
   ASSIGN_OR_RETURN(c.x, scratch_->Get(Scratch::kX, n, hp_.n_embd));
 
   {

@@ -62,6 +62,10 @@ class Model {
   // Receives every later pass's residual stream around each block (null: none). Must outlive
   // the passes it observes.
   void set_observer(PassObserver* observer) { observer_ = observer; }
+  // Cache-aware routing: experts the weight source holds in memory get `bonus` added to their
+  // selection score (a probability: a near-tie within it goes to the cached expert); their
+  // gating weights stay the router's. 0 (the default) routes exactly.
+  void set_cache_aware_routing(float bonus) { cached_bonus_ = bonus; }
 
   // A pass whose result holds NaN or infinities is evaluated again op by op and fails with
   // Corruption naming the first op that produced them (the cache is left without its tokens).
@@ -92,6 +96,7 @@ class Model {
   std::vector<int32_t> pos_;
   bool output_finite_ = true;  // the last Output's logits held no NaN or infinity
   PassObserver* observer_ = nullptr;
+  float cached_bonus_ = 0;
 };
 
 }  // namespace substrate

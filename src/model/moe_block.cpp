@@ -13,18 +13,26 @@
 namespace substrate {
 namespace {
 
-// Router of layer `w` (op `op`) applied to the residual stream: xn [n, d] receives the normed
-// input, logits [n, E] the router's scores, sel/sel_w [n, K] (host) the choices.
-Status Route(ForwardContext& c, const LayerWeights& w, const Tensor& xn, const Tensor& logits,
-             int32_t* sel, float* sel_w) {
+// Router of layer `il` (weights `w`) applied to the residual stream: xn [n, d] receives the normed input,
+// logits [n, E] the router's scores, sel/sel_w [n, K] (host) the choices. With cache-aware
+// routing, experts the source holds get the bonus in their selection score.
+Status Route(ForwardContext& c, const LayerWeights& w, int il, const Tensor& xn,
+             const Tensor& logits, int32_t* sel, float* sel_w) {
   RETURN_IF_ERROR(NormRows(c, w.router_op, w.ffn_norm, c.x, xn));
   RETURN_IF_ERROR(Linear(c, w.router_op, w.gate_inp, xn, logits));
   WeightHandle bias;
   if (w.exp_probs_b != kNoTensor) {
     ASSIGN_OR_RETURN(bias, c.Acquire(w.exp_probs_b, w.router_op));
   }
-  c.be->Route(logits, w.exp_probs_b != kNoTensor ? &bias.view() : nullptr, c.hp->routing(), sel,
-              sel_w);
+  RoutingParams p = c.hp->routing();
+  if (c.cached_bonus != 0) {
+    ASSIGN_OR_RETURN(uint8_t* cached, c.scratch->Host<uint8_t>(Scratch::kCachedExperts, p.n_expert));
+    if (c.source->CachedExperts(il, cached)) {
+      p.cached = cached;
+      p.cached_bonus = c.cached_bonus;
+    }
+  }
+  c.be->Route(logits, w.exp_probs_b != kNoTensor ? &bias.view() : nullptr, p, sel, sel_w);
   return Status::Ok();
 }
 
@@ -39,7 +47,7 @@ Status HintLookahead(ForwardContext& c, int next) {
   ASSIGN_OR_RETURN(int32_t* sel, c.scratch->Host<int32_t>(Scratch::kLookSel, n * K));
   ASSIGN_OR_RETURN(float* sel_w, c.scratch->Host<float>(Scratch::kLookSelWeight, n * K));
   ASSIGN_OR_RETURN(int32_t* list, c.scratch->Host<int32_t>(Scratch::kLookList, 2 * E));
-  RETURN_IF_ERROR(Route(c, c.layers[next], xn, logits, sel, sel_w));
+  RETURN_IF_ERROR(Route(c, c.layers[next], next, xn, logits, sel, sel_w));
   const int m = UnionExperts(sel, n * K, E, list + E, list);
   c.source->HintExperts(next, list, m);
   return Status::Ok();
@@ -63,7 +71,7 @@ Status MoeBlock(ForwardContext& c, int il, const LayerWeights& w) {
   {
     OpScope scope(c, w.router_op);
     ASSIGN_OR_RETURN(Tensor logits, c.scratch->Get(Scratch::kRouter, n, E));
-    RETURN_IF_ERROR(Route(c, w, xn, logits, sel, sel_w));
+    RETURN_IF_ERROR(Route(c, w, il, xn, logits, sel, sel_w));
     RETURN_IF_ERROR(c.CheckFinite(logits, w.router_op));
     routing = GroupByExpert(sel, sel_w, n, K, E, space);
     c.source->HintExperts(il, routing.experts, routing.n_experts);

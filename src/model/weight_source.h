@@ -96,6 +96,11 @@ class WeightSource {
   // Whether the model computes look-ahead guesses (one small GEMV per MoE layer and token), so
   // resident runs pay nothing.
   virtual bool WantsLookahead() const { return false; }
+  // Cache-aware routing: marks cached[0..n_expert) with the experts of `layer` whose weights are
+  // in memory or being read, and returns true; false when the source keeps no expert cache
+  // (resident: every expert is equally at hand). Called inside block_L.moe.router, before
+  // the layer's hint.
+  virtual bool CachedExperts(int layer, uint8_t* cached) { return false; }
 
   // Calibration: when ObservesInputs(), every matrix product reports its input rows before it
   // runs (n rows of `cols` floats meeting tensor `id`, expert `slice` or -1), so a source can

@@ -121,6 +121,7 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
       Model::Create(e->file_->metadata(), e->weights_.get(), e->backend_.get(), e->ledger_);
   if (!model.ok()) return model.status().WithContext(path);
   e->model_ = std::move(model).value();
+  e->model_->set_cache_aware_routing(opt.cache_aware_routing);
   if (opt.adaptive.on) RETURN_IF_ERROR(e->SetUpAdaptive(opt.adaptive).WithContext(path));
   auto tok = Tokenizer::FromMetadata(e->file_->metadata());
   if (tok.ok()) {

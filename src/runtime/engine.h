@@ -83,6 +83,9 @@ struct EngineOptions {
   int n_sessions = 1;
   uint64_t extra_reserve = 0;
   AdaptiveOptions adaptive;
+  // Cache-aware routing out of core (Model::set_cache_aware_routing): the selection bonus of an
+  // expert in memory; 0 routes exactly.
+  float cache_aware_routing = 0;
 };
 
 // One conversation: its KV cache and the tokens in it.

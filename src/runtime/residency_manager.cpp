@@ -496,6 +496,19 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
   }
 }
 
+bool ResidencyManager::CachedExperts(int layer, uint8_t* cached) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // A cache with room for every expert favours nothing worth a changed choice.
+  if (!experts_ || experts_->n_slots() >= stats_.n_ops_expert || layer < 0 ||
+      layer >= hp_.n_layer)
+    return false;
+  for (int e = 0; e < hp_.n_expert; ++e) {
+    const int o = expert_ops_[layer][e];
+    cached[e] = o >= 0 && (st_[o].where != Where::kExpert || experts_->Find(o) >= 0);
+  }
+  return true;
+}
+
 void ResidencyManager::EndOp(const std::string& op_id) {
   std::lock_guard<std::mutex> lock(mu_);
   const int o = index_->FindOp(op_id);

@@ -125,6 +125,9 @@ class ResidencyManager : public WeightSource {
   void BeginOp(const std::string& op_id) override;
   void EndOp(const std::string& op_id) override;
   void HintExperts(int layer, const int32_t* experts, int n) override;
+  // In memory: resident, or in an expert slot (read, or being read after a hint). False when
+  // the expert cache has a slot for every expert.
+  bool CachedExperts(int layer, uint8_t* cached) override;
   void BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) override;
   uint64_t OpBytes(const std::string& op_id, int tier) const override {
     const int o = index_->FindOp(op_id);

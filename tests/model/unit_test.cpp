@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <set>
+#include <vector>
 
 #include "kernels/ops.h"
 #include "kernels/routing.h"
@@ -82,6 +83,40 @@ TEST(Routing, DeepseekGroupsBiasAndScale) {
   EXPECT_EQ(idx[1], 2);
   const float s2 = Sigmoid(0.0f), s3 = Sigmoid(-0.5f);
   EXPECT_NEAR(w[0], 2.5f * s3 / (s2 + s3), 1e-5);
+}
+
+// Cache-aware routing: a cached expert within the bonus of the K-th choice takes its place;
+// its weight stays the router's; a bonus of 0, or every expert cached, routes exactly.
+TEST(Routing, CachedExpertsWinNearTiesOnly) {
+  ModelHParams hp;
+  hp.n_expert = 4;
+  hp.n_expert_used = 2;
+  hp.expert_weights_norm = false;
+  const float logits[4] = {2.0f, 1.9f, 1.8f, -1.0f};  // softmax: 0.386, 0.349, 0.316, 0.019
+  int32_t exact[2], idx[2];
+  float we[2], w[2];
+  RouteRow(hp.routing(), logits, nullptr, exact, we);
+  ASSERT_EQ(exact[0], 0);
+  ASSERT_EQ(exact[1], 1);
+  RoutingParams p = hp.routing();
+  const uint8_t cached[4] = {1, 0, 1, 1};
+  p.cached = cached;
+  p.cached_bonus = 0.05f;  // expert 2 (0.316 + 0.05) passes expert 1 (0.349); 3 stays out
+  RouteRow(p, logits, nullptr, idx, w);
+  EXPECT_EQ(idx[0], 0);
+  EXPECT_EQ(idx[1], 2);
+  EXPECT_EQ(w[0], we[0]);
+  const double z = std::exp(2.0) + std::exp(1.9) + std::exp(1.8) + std::exp(-1.0);
+  EXPECT_NEAR(w[1], std::exp(1.8) / z, 1e-6) << "the weight is the router's, not the bonus's";
+  p.cached_bonus = 0.01f;  // too small to pass it
+  RouteRow(p, logits, nullptr, idx, w);
+  EXPECT_EQ(idx[1], 1);
+  const uint8_t all[4] = {1, 1, 1, 1};
+  p.cached = all;
+  p.cached_bonus = 0.5f;
+  RouteRow(p, logits, nullptr, idx, w);
+  EXPECT_EQ(std::vector<int32_t>(idx, idx + 2), std::vector<int32_t>(exact, exact + 2));
+  EXPECT_EQ(std::vector<float>(w, w + 2), std::vector<float>(we, we + 2));
 }
 
 TEST(Sampler, GreedyAndSeededSampling) {
