@@ -87,7 +87,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
   opt.kld_base = f.Get({"--kl-divergence"});
   std::fprintf(stderr, "perplexity: %zu tokens, %lld per chunk\n", ids->size(),
                static_cast<long long>(opt.n_ctx));
-  if (e.tier_controller() || (e.runtime() && eo.cache_aware_routing > 0))
+  if (e.tier_controller() || (e.runtime() && f.Has("--cache-aware-routing")))
     opt.after_token = [&e] { e.AfterToken(); };
   opt.progress = [](int64_t c, double ppl) {
     std::fprintf(stderr, "[%lld]%.4f,", static_cast<long long>(c + 1), ppl);
