@@ -44,11 +44,10 @@ Isa Detect() {
   bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-                __builtin_cpu_supports("avx512dq") &&
-                // The AVX-512 units are built with -mavxvnni too, so the compiler may pick
-                // VEX-encoded VNNI: require it rather than fault on AVX-512-only parts.
-                AvxVnni();
-  if (avx512 && AmxUsable()) return Isa::kAmx;
+                __builtin_cpu_supports("avx512dq");
+  // The AMX units are built with -mavxvnni too (the compiler may pick VEX-encoded VNNI there):
+  // every AMX part has it, but check rather than fault.
+  if (avx512 && AvxVnni() && AmxUsable()) return Isa::kAmx;
   if (avx512) return Isa::kAvx512;
   if (avx2) return Isa::kAvx2;
 #endif
