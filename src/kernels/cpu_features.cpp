@@ -77,15 +77,6 @@ Isa DetectedIsa() {
   return isa;
 }
 
-bool CpuHasAvx512Bf16() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool has = DetectedIsa() >= Isa::kAvx512 && __builtin_cpu_supports("avx512bf16");
-  return has;
-#else
-  return false;
-#endif
-}
-
 Isa ActiveIsa() { return static_cast<Isa>(ActiveStorage().load(std::memory_order_relaxed)); }
 
 Isa SetIsaForTesting(Isa isa) {

@@ -9,10 +9,9 @@ namespace substrate {
 // ARCH_REQ_XCOMP_PERM); only prefill GEMMs use the tiles, everything else runs the AVX-512 code.
 enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
 
-// The best tier this CPU supports: kAvx2 needs AVX2+FMA+F16C; kAvx512 needs F/BW/VL/VNNI
-// (BF16 is optional: see CpuHasAvx512Bf16).
+// The best tier this CPU supports: kAvx2 needs AVX2+FMA+F16C; kAvx512 needs F/BW/VL/DQ/VNNI
+// (Ice Lake and later; no BF16 or AVX-VNNI needed).
 Isa DetectedIsa();
-bool CpuHasAvx512Bf16();
 // The tier MatMul uses now: min(detected, SUBSTRATE_ISA, the testing override).
 Isa ActiveIsa();
 // Forces a tier (clamped to what the CPU has); returns the previous active tier.
