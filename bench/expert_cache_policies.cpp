@@ -26,12 +26,11 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/file_io.h"
 #include "core/memory_ledger.h"
@@ -96,7 +95,7 @@ class RecordingSource : public WeightSource {
 
 // One access sequence: (layer, expert) keys in order, with the batch each belongs to.
 struct Trace {
-  std::vector<int> key, batch;  // key = layer * E + expert
+  std::vector<int> key, batch;   // key = layer * E + expert
   std::vector<int> batch_begin;  // first access of each batch
   std::vector<int> batch_layer, batch_step;
 };
@@ -120,10 +119,12 @@ Trace Flatten(const std::vector<Step>& steps, int E) {
 enum class Policy { kLru, kFrequency, kCycle, kPrefetch, kBelady };
 
 // Batches until layer j runs again, seen from layer `cur` (running now) in a cycle of L layers.
-int Distance(int j, int cur, int L) { return j > cur ? j - cur : j + L - cur; }
+int Distance(int j, int cur, int L) {
+  return j > cur ? j - cur : j + L - cur;
+}
 
 struct SimResult {
-  double hit_rate = 0;   // accesses found in the cache (read earlier, or prefetched)
+  double hit_rate = 0;  // accesses found in the cache (read earlier, or prefetched)
   double reads_per_step = 0;
 };
 
@@ -160,7 +161,9 @@ SimResult Simulate(const Trace& t, const std::vector<Step>& steps, int E, int n_
       const int y = in_cache[best];
       bool worse = false;
       switch (p) {
-        case Policy::kLru: worse = last_use[x] < last_use[y]; break;
+        case Policy::kLru:
+          worse = last_use[x] < last_use[y];
+          break;
         case Policy::kFrequency:
           worse = uses[x] < uses[y] || (uses[x] == uses[y] && last_use[x] < last_use[y]);
           break;
@@ -170,7 +173,9 @@ SimResult Simulate(const Trace& t, const std::vector<Step>& steps, int E, int n_
           worse = dx != dy ? dx > dy : last_use[x] < last_use[y];
           break;
         }
-        case Policy::kBelady: worse = next_of[x] > next_of[y]; break;
+        case Policy::kBelady:
+          worse = next_of[x] > next_of[y];
+          break;
       }
       if (worse) best = c;
     }
@@ -195,8 +200,10 @@ SimResult Simulate(const Trace& t, const std::vector<Step>& steps, int E, int n_
     const int k = t.key[i];
     next_of[k] = next_use[i];
     ++uses[k];
-    if (cached[k]) ++hits;
-    else fill(k);
+    if (cached[k])
+      ++hits;
+    else
+      fill(k);
     last_use[k] = i;
     // The layer's last access: its router has guessed the next layer; prefetch reads it now.
     if (p == Policy::kPrefetch && (i + 1 == n || t.batch[i + 1] != b)) {
@@ -244,14 +251,24 @@ int main(int argc, char** argv) {
   size_t skip = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "-m") model_path = v;
-    else if (k == "--text") text_path = v;
-    else if (k == "--tokens") tokens = std::stoi(v);
-    else if (k == "--prefill") prefill = std::stoi(v);
-    else if (k == "--skip-chars") skip = std::stoul(v);
-    else if (k == "--slots") slots_arg = v;
-    else if (k == "-t") threads = std::stoi(v);
-    else { std::fprintf(stderr, "unknown flag %s\n", k.c_str()); return 2; }
+    if (k == "-m")
+      model_path = v;
+    else if (k == "--text")
+      text_path = v;
+    else if (k == "--tokens")
+      tokens = std::stoi(v);
+    else if (k == "--prefill")
+      prefill = std::stoi(v);
+    else if (k == "--skip-chars")
+      skip = std::stoul(v);
+    else if (k == "--slots")
+      slots_arg = v;
+    else if (k == "-t")
+      threads = std::stoi(v);
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
+      return 2;
+    }
   }
   if (model_path.empty() || text_path.empty()) {
     std::fprintf(stderr, "usage: bench_expert_cache_policies -m MODEL.gguf --text FILE\n");
@@ -260,22 +277,40 @@ int main(int argc, char** argv) {
   MemoryLedger ledger;
   ThreadPool pool(threads);
   auto file = ModelFile::Open(model_path);
-  if (!file.ok()) { std::fprintf(stderr, "%s\n", file.status().ToString().c_str()); return 1; }
+  if (!file.ok()) {
+    std::fprintf(stderr, "%s\n", file.status().ToString().c_str());
+    return 1;
+  }
   auto src = ResidentWeightSource::Load(**file, &ledger);
-  if (!src.ok()) { std::fprintf(stderr, "%s\n", src.status().ToString().c_str()); return 1; }
+  if (!src.ok()) {
+    std::fprintf(stderr, "%s\n", src.status().ToString().c_str());
+    return 1;
+  }
   auto probe = Model::Create((*file)->metadata(), src->get(), &pool, &ledger);
-  if (!probe.ok()) { std::fprintf(stderr, "%s\n", probe.status().ToString().c_str()); return 1; }
+  if (!probe.ok()) {
+    std::fprintf(stderr, "%s\n", probe.status().ToString().c_str());
+    return 1;
+  }
   const ModelHParams hp = (*probe)->hparams();
   probe->reset();
-  if (hp.n_expert <= 0) { std::fprintf(stderr, "%s is not a MoE model\n", model_path.c_str()); return 1; }
+  if (hp.n_expert <= 0) {
+    std::fprintf(stderr, "%s is not a MoE model\n", model_path.c_str());
+    return 1;
+  }
   std::vector<bool> guessed(static_cast<size_t>(hp.n_layer), false);
   for (int l = 1; l < hp.n_layer; ++l) guessed[l] = hp.is_moe_layer(l - 1) && hp.is_moe_layer(l);
   RecordingSource rec(src->get(), guessed);
   auto model = Model::Create((*file)->metadata(), &rec, &pool, &ledger);
-  if (!model.ok()) { std::fprintf(stderr, "%s\n", model.status().ToString().c_str()); return 1; }
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+    return 1;
+  }
 
   auto text = ReadFileToString(text_path);
-  if (!text.ok()) { std::fprintf(stderr, "%s\n", text.status().ToString().c_str()); return 1; }
+  if (!text.ok()) {
+    std::fprintf(stderr, "%s\n", text.status().ToString().c_str());
+    return 1;
+  }
   const std::string body = text->substr(std::min(skip, text->size()));
   std::vector<int32_t> toks;
   if (auto tok = Tokenizer::FromMetadata((*file)->metadata()); tok.ok()) {
@@ -285,10 +320,16 @@ int main(int argc, char** argv) {
     for (unsigned char c : body) toks.push_back(static_cast<int32_t>(c) % hp.n_vocab);
   }
   toks.resize(std::min<size_t>(toks.size(), static_cast<size_t>(tokens + prefill)));
-  if (static_cast<int>(toks.size()) <= prefill) { std::fprintf(stderr, "text too short\n"); return 1; }
+  if (static_cast<int>(toks.size()) <= prefill) {
+    std::fprintf(stderr, "text too short\n");
+    return 1;
+  }
 
   auto cache = KvCache::Create(hp, static_cast<int64_t>(toks.size()) + 8, (*model)->backend());
-  if (!cache.ok()) { std::fprintf(stderr, "%s\n", cache.status().ToString().c_str()); return 1; }
+  if (!cache.ok()) {
+    std::fprintf(stderr, "%s\n", cache.status().ToString().c_str());
+    return 1;
+  }
   std::vector<float> logits;
   if (auto s = (*model)->Forward(toks.data(), prefill, *cache, false, &logits); !s.ok()) {
     std::fprintf(stderr, "%s\n", s.ToString().c_str());
@@ -312,10 +353,13 @@ int main(int argc, char** argv) {
   std::stringstream ss(slots_arg);
   std::string pct;
   while (std::getline(ss, pct, ',')) {
-    const int slots = std::max(hp.n_expert_used, static_cast<int>(all * std::stod(pct) / 100 + 0.5));
+    const int slots =
+        std::max(hp.n_expert_used, static_cast<int>(all * std::stod(pct) / 100 + 0.5));
     nlohmann::json row = {{"slots", slots}, {"share_of_experts", static_cast<double>(slots) / all}};
-    for (auto [name, p] : {std::pair{"lru", Policy::kLru}, {"frequency", Policy::kFrequency},
-                           {"cycle", Policy::kCycle}, {"prefetch", Policy::kPrefetch},
+    for (auto [name, p] : {std::pair{"lru", Policy::kLru},
+                           {"frequency", Policy::kFrequency},
+                           {"cycle", Policy::kCycle},
+                           {"prefetch", Policy::kPrefetch},
                            {"belady", Policy::kBelady}}) {
       const SimResult r = Simulate(t, rec.steps, E, n_keys, slots, p);
       row[name] = {{"hit_rate", r.hit_rate}, {"reads_per_token", r.reads_per_step}};

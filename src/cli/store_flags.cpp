@@ -7,11 +7,10 @@
 namespace substrate::cli {
 
 std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra) {
-  for (const char* f :
-       {"--store", "--max-ram", "--plan", "--trace", "--prefetch-depth", "--io", "--io-threads",
-        "--tier", "--verifier", "--probes", "--verifier-script", "--escalation-threshold",
-        "--escalation-persistence", "--escalation-max", "--escalation-pool", "--device", "--gpu",
-        "--cache-aware-routing"})
+  for (const char* f : {"--store", "--max-ram", "--plan", "--trace", "--prefetch-depth", "--io",
+                        "--io-threads", "--tier", "--verifier", "--probes", "--verifier-script",
+                        "--escalation-threshold", "--escalation-persistence", "--escalation-max",
+                        "--escalation-pool", "--device", "--gpu", "--cache-aware-routing"})
     extra.push_back(f);
   return extra;
 }

@@ -13,8 +13,8 @@
 namespace substrate {
 namespace {
 
-// Router of layer `il` (weights `w`) applied to the residual stream: xn [n, d] receives the normed input,
-// logits [n, E] the router's scores, sel/sel_w [n, K] (host) the choices. With cache-aware
+// Router of layer `il` (weights `w`) applied to the residual stream: xn [n, d] receives the normed
+// input, logits [n, E] the router's scores, sel/sel_w [n, K] (host) the choices. With cache-aware
 // routing, experts the source holds get the bonus in their selection score.
 Status Route(ForwardContext& c, const LayerWeights& w, int il, const Tensor& xn,
              const Tensor& logits, int32_t* sel, float* sel_w) {
@@ -26,7 +26,8 @@ Status Route(ForwardContext& c, const LayerWeights& w, int il, const Tensor& xn,
   }
   RoutingParams p = c.hp->routing();
   if (c.cached_bonus != 0) {
-    ASSIGN_OR_RETURN(uint8_t* cached, c.scratch->Host<uint8_t>(Scratch::kCachedExperts, p.n_expert));
+    ASSIGN_OR_RETURN(uint8_t * cached,
+                     c.scratch->Host<uint8_t>(Scratch::kCachedExperts, p.n_expert));
     if (c.source->CachedExperts(il, cached)) {
       p.cached = cached;
       p.cached_bonus = c.cached_bonus;

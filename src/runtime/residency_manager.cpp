@@ -226,7 +226,8 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
     if (st_[o].where == Where::kExpert)
       expert_min = std::max(expert_min, OpBytes(static_cast<int>(o)));
   expert_min *= static_cast<uint64_t>(min_slots);
-  const uint64_t slabs = static_cast<uint64_t>(options_.prefetch_depth + 1 + options_.residual_slabs);
+  const uint64_t slabs =
+      static_cast<uint64_t>(options_.prefetch_depth + 1 + options_.residual_slabs);
   // cost(k): the k largest resident, the rest streamed through slabs of the (k+1)-th's size.
   int best_k = -1;
   uint64_t prefix = 0, best_used = 0, minimum = UINT64_MAX;
@@ -499,8 +500,7 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
 bool ResidencyManager::CachedExperts(int layer, uint8_t* cached) {
   std::lock_guard<std::mutex> lock(mu_);
   // A cache with room for every expert favours nothing worth a changed choice.
-  if (!experts_ || experts_->n_slots() >= stats_.n_ops_expert || layer < 0 ||
-      layer >= hp_.n_layer)
+  if (!experts_ || experts_->n_slots() >= stats_.n_ops_expert || layer < 0 || layer >= hp_.n_layer)
     return false;
   for (int e = 0; e < hp_.n_expert; ++e) {
     const int o = expert_ops_[layer][e];

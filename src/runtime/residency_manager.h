@@ -167,9 +167,9 @@ class ResidencyManager : public WeightSource {
     // The admission skipped this op's residual read for position skip_at: it runs at its
     // resident tiers there.
     int64_t skip_at = INT64_MIN;  // (pos_ starts at -1)
-    bool kept = false;      // its slab was kept from its previous token (keep_residuals)
-    double compute_us = 0;  // moving average of BeginOp..EndOp minus stalls
-    bool timed = false;     // compute_us measured at least once
+    bool kept = false;            // its slab was kept from its previous token (residual_slabs)
+    double compute_us = 0;        // moving average of BeginOp..EndOp minus stalls
+    bool timed = false;           // compute_us measured at least once
     // The current window (BeginOp..EndOp), per op: a batch of experts is open at once.
     int64_t win_start = 0, win_stall = 0;
     bool win_hit = true;

@@ -59,8 +59,8 @@ Decoded Decode(float bonus, bool streamed) {
   }
   if (streamed) {
     const ResidencyStats after = (*e)->runtime()->stats();
-    r.expert_reads = after.expert_misses + after.expert_late - before.expert_misses -
-                     before.expert_late;
+    r.expert_reads =
+        after.expert_misses + after.expert_late - before.expert_misses - before.expert_late;
   }
   return r;
 }
