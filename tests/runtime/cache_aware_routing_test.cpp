@@ -18,7 +18,7 @@ using namespace substrate::testing;
 
 struct Decoded {
   std::vector<float> logits;  // every position's, concatenated
-  uint64_t expert_reads = 0;  // misses + late hits (reads waited for) over the decode
+  uint64_t expert_reads = 0;  // reads issued for experts (on a hint, or on a miss) over the decode
 };
 
 // Teacher-forced: a prompt pass, then the text's next tokens one at a time.
@@ -59,8 +59,8 @@ Decoded Decode(float bonus, bool streamed) {
   }
   if (streamed) {
     const ResidencyStats after = (*e)->runtime()->stats();
-    r.expert_reads =
-        after.expert_misses + after.expert_late - before.expert_misses - before.expert_late;
+    r.expert_reads = after.expert_hinted + after.expert_misses - before.expert_hinted -
+                     before.expert_misses;
   }
   return r;
 }
