@@ -35,6 +35,11 @@ int64_t PrefetchScheduler::NowUs() const {
       .count();
 }
 
+void PrefetchScheduler::Reserve(size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.reserve(n);
+}
+
 void PrefetchScheduler::Submit(const ReadRequest& r) {
   const StoreOp& op = index_.ops()[r.op];
   const uint64_t bytes = op.SlabBytes(r.tier) - op.SlabOffset(r.first_tier);

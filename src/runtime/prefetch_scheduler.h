@@ -54,6 +54,9 @@ class PrefetchScheduler {
   // Drops queued requests (their tickets fail with "cancelled"), lets running ones finish, joins.
   ~PrefetchScheduler();
 
+  // Room for n queued reads, so Submit allocates nothing while at most n are queued (each
+  // destination holds one ticket: the caller's slabs, expert slots and resident ops bound it).
+  void Reserve(size_t n);
   // Queues a read. The ticket must not be queued or running.
   void Submit(const ReadRequest& r);
   // Moves a queued request's deadline earlier (the op is needed now).

@@ -166,6 +166,8 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   }
   sched_ = std::make_unique<PrefetchScheduler>(*index_, options.io_mode, options.io_threads,
                                                trace_.get(), origin_, options.env);
+  // Every destination holds at most one queued read: no allocation in the token loop.
+  sched_->Reserve(static_cast<size_t>(n_slabs + slots) + ops.size());
   stats_.uring = sched_->uring();
   stats_.direct = index_->n_files() > 0 && index_->file(0).direct();
 
