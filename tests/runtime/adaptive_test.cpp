@@ -300,7 +300,8 @@ TEST(Adaptive, AThousandTokensAllocateNothingOnceWarmAndKeepTheCap) {
   EXPECT_EQ(ss.cache.n_past(), static_cast<int64_t>(Prompt(a).size()) + 1032);
   const TierControllerStats& st = a.tier_controller()->stats();
   EXPECT_GT(st.escalations, 10u) << "the run must actually escalate";
-  EXPECT_GT(st.decays, 10u);
+  // Down by decay or by the monitor's forced demotion: which one wins each time is timing.
+  EXPECT_GT(st.decays + st.force_demotes, 10u);
   EXPECT_LE(st.pool_peak, a.tier_controller()->options().pool_bytes);
   EXPECT_GT(a.runtime_monitor()->stats().transitions, 10u);
   EXPECT_GT(st.force_demotes, 0u);
