@@ -60,6 +60,7 @@ void ExpertCache::Assign(int s, int op, int tier) {
   sl.uses = 0;
   sl.last_use = ++clock_;
   sl.hint_pos = -1;
+  sl.hint_unused = false;
   op_slot_[op] = s;
 }
 

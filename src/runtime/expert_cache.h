@@ -27,6 +27,7 @@ class ExpertCache {
     uint64_t last_use = 0;
     uint64_t uses = 0;
     int64_t hint_pos = -1;  // sequence position of the hint that filled it
+    bool hint_unused = false;  // filled by a hint and not acquired since
   };
 
   // n_slots slots of slot_bytes (4096-aligned), charged to "expert_cache". n_ops: ops in the store.
@@ -45,7 +46,9 @@ class ExpertCache {
   int n_slots() const { return static_cast<int>(slots_.size()); }
   uint64_t slot_bytes() const { return slot_bytes_; }
 
-  uint64_t hits = 0, misses = 0, late = 0, hinted = 0, evictions = 0;
+  // hint_used: hinted reads whose expert was then acquired (their share of `hinted` is the
+  // hints' precision).
+  uint64_t hits = 0, misses = 0, late = 0, hinted = 0, hint_used = 0, evictions = 0;
 
  private:
   Policy policy_ = Policy::kLru;

@@ -430,6 +430,10 @@ Status ResidencyManager::BeginExpert(int o) {
   }
   if (slot >= 0) {
     ExpertCache::Slot& sl = experts_->slot(slot);
+    if (sl.hint_unused) {
+      sl.hint_unused = false;
+      ++experts_->hint_used;
+    }
     if (sched_->Ready(&sl.ticket)) {
       ++experts_->hits;
     } else {
@@ -493,6 +497,7 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
     if (slot < 0) return;
     experts_->Assign(slot, o, Want(o));
     experts_->slot(slot).hint_pos = pos_;
+    experts_->slot(slot).hint_unused = true;
     ++experts_->hinted;
     Submit(deadline, o, Want(o), experts_->slot(slot).data, &experts_->slot(slot).ticket);
     ++busy;

@@ -90,6 +90,7 @@ struct ResidencyStats {
   uint64_t residuals_kept = 0;     // escalated residuals kept in their slab for the next token
   uint64_t demand_loads = 0;       // tensors acquired outside their op's window
   uint64_t expert_hits = 0, expert_misses = 0, expert_late = 0, expert_hinted = 0;
+  uint64_t expert_hint_used = 0;  // hinted reads whose expert was then acquired
   bool uring = false;
   bool direct = false;
   int serve_tier = 0;

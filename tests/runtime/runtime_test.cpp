@@ -83,6 +83,8 @@ TEST(Runtime, GoldenGreedyUnderCapWithPrefetch) {
   EXPECT_GT(s.hits, 0u) << "no streamed op was ready when it began: prefetch did not run ahead";
   EXPECT_GT(s.stream_bytes_read, 0u);
   EXPECT_GT(s.expert_hits + s.expert_misses + s.expert_late, 0u);
+  EXPECT_GT(s.expert_hint_used, 0u) << "no hinted read was used";
+  EXPECT_LE(s.expert_hint_used, s.expert_hinted);
   EXPECT_LE(ledger.peak(), cap);
   const auto acc = ledger.Accounts();
   EXPECT_GT(acc.at("stream_slabs").peak, 0u);
