@@ -4,35 +4,14 @@
 #include <cstdio>
 #include <unordered_set>
 
+#include "compiler/svg_text.h"
 #include "core/memory_ledger.h"
 
 namespace substrate::compiler {
-namespace {
 
-std::string F(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f", v);
-  return b;
-}
-
-std::string Escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else if (c == '"') o += "&quot;";
-    else o += c;
-  }
-  return o;
-}
-
-std::string Text(double x, double y, const std::string& s, const char* extra = "") {
-  return "<text x=\"" + F(x) + "\" y=\"" + F(y) + "\" font-family=\"sans-serif\" font-size=\"12\" " +
-         extra + ">" + Escape(s) + "</text>\n";
-}
-
-}  // namespace
+using svg::Escape;
+using svg::F;
+using svg::Text;
 
 std::string PlanToSvg(const PlanBundle& plan) {
   const double W = 960, L = 70, R = 20;

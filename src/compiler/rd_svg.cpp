@@ -4,36 +4,19 @@
 #include <cmath>
 #include <cstdio>
 
+#include "compiler/svg_text.h"
+
 namespace substrate::compiler {
 namespace {
 
-std::string F(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f", v);
-  return b;
-}
+using svg::Escape;
+using svg::F;
+using svg::Text;
 
 std::string G(double v, const char* fmt = "%.4g") {
   char b[32];
   std::snprintf(b, sizeof b, fmt, v);
   return b;
-}
-
-std::string Escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else if (c == '"') o += "&quot;";
-    else o += c;
-  }
-  return o;
-}
-
-std::string Text(double x, double y, const std::string& s, const char* extra = "", int size = 12) {
-  return "<text x=\"" + F(x) + "\" y=\"" + F(y) + "\" font-family=\"sans-serif\" font-size=\"" +
-         std::to_string(size) + "\" " + extra + ">" + Escape(s) + "</text>\n";
 }
 
 }  // namespace
