@@ -68,18 +68,25 @@ EngineOptions StreamedOptions(Capped* c, int64_t n_ctx) {
   return eo;
 }
 
+// StreamedOptions with the scripted verifier: an op whose script passes 0.5 on a token is
+// escalated for the next one, and decays after one calm token.
+EngineOptions ScriptedOptions(Capped* c, int64_t n_ctx) {
+  EngineOptions eo = StreamedOptions(c, n_ctx);
+  eo.adaptive.on = true;
+  eo.adaptive.verifier = AdaptiveOptions::Verifier::kScripted;
+  eo.adaptive.controller.threshold = 0.5f;
+  eo.adaptive.controller.persistence = 1;
+  return eo;
+}
+
 TEST(Adaptive, ScriptedEscalationsComputeWhatTheirTiersComputeThroughASlowDisk) {
   if (PackedTinyCoderStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-bf16.gguf";
   FaultEnv env;
   env.Add({FaultEnv::Kind::kSlowRead, ".t2.bin", 0, -1, 3, 0});  // the F16 residuals: +3 ms
   Capped c;
-  EngineOptions eo = StreamedOptions(&c, 128);
+  EngineOptions eo = ScriptedOptions(&c, 128);
   eo.residency.env = &env;
-  eo.adaptive.on = true;
-  eo.adaptive.verifier = AdaptiveOptions::Verifier::kScripted;
   eo.adaptive.wait_for_escalations = true;  // the golden comparison needs every escalation
-  eo.adaptive.controller.threshold = 0.5f;
-  eo.adaptive.controller.persistence = 1;
   eo.adaptive.controller.max_concurrent = 2;
   // Token 0 is the prompt's pass. Block 1's FFN drifts on tokens 2-5 (escalated to tier 1, then
   // 2, held while it drifts, decayed after a calm token); block 0's attention on tokens 4-5; a
@@ -144,12 +151,8 @@ TEST(Adaptive, ScriptedEscalationsComputeWhatTheirTiersComputeThroughASlowDisk) 
 TEST(Adaptive, AnEscalatedResidualIsReadOncePerEscalationNotPerToken) {
   if (PackedTinyCoderStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-bf16.gguf";
   Capped c;
-  EngineOptions eo = StreamedOptions(&c, 128);
-  eo.adaptive.on = true;
-  eo.adaptive.verifier = AdaptiveOptions::Verifier::kScripted;
+  EngineOptions eo = ScriptedOptions(&c, 128);
   eo.adaptive.wait_for_escalations = true;
-  eo.adaptive.controller.threshold = 0.5f;
-  eo.adaptive.controller.persistence = 1;
   eo.adaptive.script["block_1.ffn"] = std::vector<float>(20, 1.0f);  // drifting throughout
   auto e = Engine::Load("", eo);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
@@ -181,13 +184,9 @@ TEST(Adaptive, EscalationsDoNotWaitForASlowDisk) {
     env.Add({FaultEnv::Kind::kSlowRead, ".t1.bin", 0, -1, 150, 0});
     env.Add({FaultEnv::Kind::kSlowRead, ".t2.bin", 0, -1, 150, 0});
     Capped c;
-    EngineOptions eo = StreamedOptions(&c, 128);
+    EngineOptions eo = ScriptedOptions(&c, 128);
     eo.residency.env = &env;
-    eo.adaptive.on = true;
-    eo.adaptive.verifier = AdaptiveOptions::Verifier::kScripted;
     eo.adaptive.wait_for_escalations = wait;
-    eo.adaptive.controller.threshold = 0.5f;
-    eo.adaptive.controller.persistence = 1;
     eo.adaptive.script["block_1.ffn"] = std::vector<float>(12, 1.0f);  // drifting throughout
     auto e = Engine::Load("", eo);
     ASSERT_TRUE(e.ok()) << e.status().ToString();
@@ -218,14 +217,10 @@ TEST(Adaptive, ASlowingDiskForcesEveryEscalationDown) {
   if (PackedTinyCoderStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-bf16.gguf";
   FaultEnv env;
   Capped c;
-  EngineOptions eo = StreamedOptions(&c, 256);
+  EngineOptions eo = ScriptedOptions(&c, 256);
   const std::string trace = StoreTestPath("adaptive_monitor.jsonl");
   eo.residency.env = &env;
   eo.residency.trace_path = trace;
-  eo.adaptive.on = true;
-  eo.adaptive.verifier = AdaptiveOptions::Verifier::kScripted;
-  eo.adaptive.controller.threshold = 0.5f;
-  eo.adaptive.controller.persistence = 1;
   eo.adaptive.monitor_options.window = 8;
   eo.adaptive.monitor_options.min_window_bytes = 64 << 10;
   eo.adaptive.monitor_options.latency_enter = 1e9;  // the disk alone (a loaded test machine's
