@@ -129,7 +129,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
       slab_bytes_ = std::max(slab_bytes_, StreamedBytes(static_cast<int>(o)));
     if (s.where != Where::kExpert) evict_lists_[s.evict_at].push_back(static_cast<int>(o));
   }
-  int n_slabs = slab_bytes_ > 0 ? options_.prefetch_depth + 1 + options_.residual_slabs : 0;
+  int n_slabs = slab_bytes_ > 0 ? DefaultSlabs() : 0;
   if (n_slabs > 0 && !options.plan_path.empty()) {
     // A plan's windows (early prefetches, late evictions) may hold more streamed ops at once. When
     // the budget cannot hold that many slabs, its early reads wait for a slab to free.
@@ -228,8 +228,7 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
     if (st_[o].where == Where::kExpert)
       expert_min = std::max(expert_min, OpBytes(static_cast<int>(o)));
   expert_min *= static_cast<uint64_t>(min_slots);
-  const uint64_t slabs =
-      static_cast<uint64_t>(options_.prefetch_depth + 1 + options_.residual_slabs);
+  const uint64_t slabs = static_cast<uint64_t>(DefaultSlabs());
   // cost(k): the k largest resident, the rest streamed through slabs of the (k+1)-th's size.
   int best_k = -1;
   uint64_t prefix = 0, best_used = 0, minimum = UINT64_MAX;

@@ -195,6 +195,8 @@ class ResidencyManager : public WeightSource {
   void AdvanceTo(int seq);
   void ScheduleAhead();
   int FreeSlab() const;
+  // Slabs without a plan: the read-ahead's (prefetch_depth + 1) and the kept residuals'.
+  int DefaultSlabs() const { return options_.prefetch_depth + 1 + options_.residual_slabs; }
   int KeptSlabs() const;  // slabs holding an escalation's residual for its next token
   int SlabsWanted() const;
   int Admit(int op, int64_t abs);
