@@ -52,8 +52,12 @@ void ThreadPool::WorkerLoop(int index) {
       if (stop_.load()) return;
       seen = generation_.load();
     }
-    RunChunks(index);
-    if (pending_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    // Join the job only while it is still open: once the caller has closed it (every chunk
+    // taken) it may return and its job vanish. Announcing ourselves before looking (both
+    // sequentially consistent) means the caller either sees us and waits, or we see it closed.
+    active_.fetch_add(1);
+    if (generation_.load() == seen && closed_.load() != seen) RunChunks(index);
+    if (active_.fetch_sub(1) == 1) {
       std::lock_guard<std::mutex> lock(mu_);
       done_cv_.notify_one();
     }
@@ -70,23 +74,25 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   }
   // About 4 chunks per thread balances load without much contention on next_.
   int64_t chunk = std::max(grain, (n + 4 * n_threads_ - 1) / (4 * n_threads_));
+  uint64_t generation;
   {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = &fn;
     n_ = n;
     chunk_ = chunk;
     next_.store(0);
-    pending_workers_.store(n_threads_ - 1);
-    generation_.fetch_add(1, std::memory_order_release);
+    generation = generation_.fetch_add(1) + 1;
   }
   wake_.notify_all();
   RunChunks(0);
+  // Every chunk is taken: close the job, then wait only for the workers running chunks.
+  closed_.store(generation);
   for (int i = 0; i < kSpinIterations; ++i) {
-    if (pending_workers_.load(std::memory_order_acquire) == 0) break;
+    if (active_.load() == 0) break;
     CpuRelax();
   }
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_workers_.load() == 0; });
+  done_cv_.wait(lock, [&] { return active_.load() == 0; });
   job_ = nullptr;
 }
 

@@ -47,7 +47,11 @@ class ThreadPool {
   // than the op. Written under mu_, read without it.
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> stop_{false};
-  std::atomic<int> pending_workers_{0};
+  // Workers inside the current job's chunks. The caller waits only for these: a worker that
+  // has not woken by the time every chunk is taken (on a loaded machine it may not run for
+  // milliseconds) is not waited for, and finds the job closed when it does wake.
+  std::atomic<int> active_{0};
+  std::atomic<uint64_t> closed_{0};  // the last generation whose chunks were all taken
 
   // The job of the current generation.
   const FunctionRef<void(int64_t, int64_t, int)>* job_ = nullptr;

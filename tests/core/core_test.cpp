@@ -42,6 +42,26 @@ TEST(ThreadPool, CoversEveryIndexOnce) {
   }
 }
 
+// More workers than cores, and jobs of a few items that the caller often finishes before a
+// worker wakes: late workers must find the job closed (never run a finished job's body, never
+// take a chunk twice), and each job's results must be complete when ParallelFor returns.
+TEST(ThreadPool, LateWorkersNeverTouchAFinishedJob) {
+  ThreadPool pool(6);
+  std::vector<int> hits(64);
+  for (int round = 0; round < 20000; ++round) {
+    const int64_t n = 1 + round % 64;
+    std::fill(hits.begin(), hits.begin() + n, 0);
+    std::atomic<bool> returned{false};
+    pool.ParallelFor(n, 1, [&](int64_t b, int64_t e, int) {
+      ASSERT_FALSE(returned.load()) << "a chunk ran after ParallelFor returned";
+      for (int64_t i = b; i < e; ++i) ++hits[static_cast<size_t>(i)];
+    });
+    returned = true;
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(hits[static_cast<size_t>(i)], 1) << "round " << round << " i=" << i;
+  }
+}
+
 TEST(FileIO, AtomicWriteAndBoundedReads) {
   std::string path = testing::TempDir() + "/substrate_fileio_test.bin";
   ASSERT_TRUE(WriteFileAtomic(path, "hello world").ok());
