@@ -111,12 +111,16 @@ Status MlaBlock(ForwardContext& c, int il, const LayerWeights& w) {
 
   be.Rope(q, hp.n_head, dk, nope, c.pos, hp.rope);
   be.Rope(latent, 1, static_cast<int>(lora + rot), static_cast<int>(lora), c.pos, hp.rope);
-  // Cache rows: k = [k_nope_h, k_rope] per head, v = v_h per head.
-  be.StoreMlaKv(c.cache->layer(il), c.pos0, kvb, latent, lora, {hp.n_head, nope, rot, dv});
-
+  // Cache rows: k = [k_nope_h, k_rope] per head, v = v_h per head; each sequence its own cache.
   ASSIGN_OR_RETURN(Tensor attn, c.scratch->Get(Scratch::kAttnOut, n, int64_t{hp.n_head} * dv));
-  be.Attention({hp.n_head, hp.n_head, dk, dv, hp.attn_scale}, q, c.cache->layer(il), c.pos0,
-               attn);
+  for (int s = 0; s < c.n_seqs; ++s) {
+    const SequenceRows& r = c.seqs[s];
+    const KvLayer kv = r.cache->layer(il);
+    be.StoreMlaKv(kv, r.pos0, kvb.Rows(r.row0, r.n), latent.Rows(r.row0, r.n), lora,
+                  {hp.n_head, nope, rot, dv});
+    be.Attention({hp.n_head, hp.n_head, dk, dv, hp.attn_scale}, q.Rows(r.row0, r.n), kv, r.pos0,
+                 attn.Rows(r.row0, r.n));
+  }
   return OutputProjection(c, w, attn);
 }
 

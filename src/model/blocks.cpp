@@ -36,7 +36,7 @@ Expected<void*> Scratch::HostBytes(HostSlot slot, size_t bytes) {
 Status ForwardContext::CheckFinite(const Tensor& t, int op) const {
   if (!check_finite || be->AllFinite(t)) return Status::Ok();
   return Corruption("the forward pass produced NaN or infinite values in op '" + op_id(op) +
-                  "' (position " + std::to_string(pos0) + ", " + std::to_string(n) +
+                  "' (position " + std::to_string(seqs[0].pos0) + ", " + std::to_string(n) +
                   " tokens): the model's weights or hyperparameters hold non-finite or "
                   "out-of-range values");
 }
@@ -152,12 +152,16 @@ Status AttentionBlock(ForwardContext& c, int il, const LayerWeights& w) {
   }
   be.Rope(q, hp.n_head, dk, 0, c.pos, hp.rope);
   be.Rope(k, hp.n_head_kv, dk, 0, c.pos, hp.rope);
-  be.StoreKv(c.cache->layer(il), c.pos0, k, v);
 
-  // attn [n, n_head * dv]
+  // attn [n, n_head * dv]: each sequence attends over its own cache.
   ASSIGN_OR_RETURN(Tensor attn, c.scratch->Get(Scratch::kAttnOut, n, int64_t{hp.n_head} * dv));
-  be.Attention({hp.n_head, hp.n_head_kv, dk, dv, hp.attn_scale}, q, c.cache->layer(il), c.pos0,
-               attn);
+  for (int s = 0; s < c.n_seqs; ++s) {
+    const SequenceRows& r = c.seqs[s];
+    const KvLayer kv = r.cache->layer(il);
+    be.StoreKv(kv, r.pos0, k.Rows(r.row0, r.n), v.Rows(r.row0, r.n));
+    be.Attention({hp.n_head, hp.n_head_kv, dk, dv, hp.attn_scale}, q.Rows(r.row0, r.n), kv,
+                 r.pos0, attn.Rows(r.row0, r.n));
+  }
   RETURN_IF_ERROR(OutputProjection(c, w, attn));
   return c.CheckFinite(c.x, op);
 }

@@ -66,15 +66,25 @@ class PassObserver {
   virtual void AfterBlock(int op, const Tensor& x) {}
 };
 
+// One sequence's part of a pass: rows [row0, row0 + n) of the residual stream are its tokens at
+// positions pos0.. (= cache->n_past() before the pass), whose keys and values go to `cache`.
+// Every op but attention treats rows alike, so sequences share one read of each weight.
+struct SequenceRows {
+  KvCache* cache = nullptr;
+  int64_t row0 = 0;
+  int64_t n = 0;
+  int64_t pos0 = 0;
+};
+
 struct ForwardContext {
   const ModelHParams* hp = nullptr;
   WeightSource* source = nullptr;
   Backend* be = nullptr;
-  KvCache* cache = nullptr;
   Scratch* scratch = nullptr;
-  int64_t n = 0;                 // tokens in this pass
-  int64_t pos0 = 0;              // position of the first one (= cache->n_past() before the pass)
+  int64_t n = 0;                 // tokens in this pass, all sequences together
   const int32_t* pos = nullptr;  // [n] positions (host)
+  const SequenceRows* seqs = nullptr;  // [n_seqs], their rows in order, covering [0, n)
+  int n_seqs = 0;
   Tensor x;                      // [n, d] the residual stream
   const LayerWeights* layers = nullptr;  // every layer's ids (the router look-ahead needs L+1's)
   const OpSpec* ops = nullptr;           // Model::ops(): op index -> id (no string work per op)

@@ -85,8 +85,7 @@ int Model::OpIndex(const std::string& id) const {
   return it == op_index_.end() ? -1 : it->second;
 }
 
-Status Model::Forward(const int32_t* tokens, int64_t n, KvCache& cache, bool all_logits,
-                      std::vector<float>* logits) {
+Status Model::CheckTokens(const int32_t* tokens, int64_t n, const KvCache& cache) const {
   if (n <= 0) return InvalidArgument("forward pass over no tokens");
   if (cache.n_past() + n > cache.n_ctx()) {
     return InvalidArgument("context full: " + std::to_string(cache.n_past()) + " + " +
@@ -100,57 +99,111 @@ Status Model::Forward(const int32_t* tokens, int64_t n, KvCache& cache, bool all
                              ")");
     }
   }
+  return Status::Ok();
+}
+
+Status Model::Forward(const int32_t* tokens, int64_t n, KvCache& cache, bool all_logits,
+                      std::vector<float>* logits) {
+  RETURN_IF_ERROR(CheckTokens(tokens, n, cache));
   const int64_t V = hp_.n_vocab;
   logits->resize(static_cast<size_t>((all_logits ? n : 1) * V));
   for (int64_t done = 0; done < n;) {
     const int64_t b = std::min(kMaxBatch, n - done);
     const bool last = done + b == n;
-    float* out = all_logits ? logits->data() + done * V : (last ? logits->data() : nullptr);
-    RETURN_IF_ERROR(ForwardBatch(tokens + done, b, cache, all_logits, out, false));
+    SequencePass p{tokens + done, b, &cache, all_logits,
+                   all_logits ? logits->data() + done * V : (last ? logits->data() : nullptr)};
+    RETURN_IF_ERROR(ForwardBatch(&p, 1, false));
     done += b;
   }
   return Status::Ok();
 }
 
-Status Model::Output(ForwardContext& c, bool all_logits, float* logits_out) {
-  const int64_t d = hp_.n_embd;
+Status Model::ForwardSequences(const SequencePass* seqs, int n_seqs) {
+  int64_t total = 0;
+  for (int i = 0; i < n_seqs; ++i) {
+    RETURN_IF_ERROR(CheckTokens(seqs[i].tokens, seqs[i].n, *seqs[i].cache));
+    for (int j = 0; j < i; ++j)
+      if (seqs[j].cache == seqs[i].cache)
+        return InvalidArgument("a multi-sequence pass names one KV cache twice");
+    total += seqs[i].n;
+  }
+  if (n_seqs <= 0) return InvalidArgument("forward pass over no sequences");
+  if (total > kMaxBatch)
+    return InvalidArgument("a multi-sequence pass of " + std::to_string(total) +
+                           " tokens exceeds the largest batch (" + std::to_string(kMaxBatch) +
+                           ")");
+  return ForwardBatch(seqs, n_seqs, false);
+}
+
+Status Model::Output(ForwardContext& c, const SequencePass* seqs) {
+  const int64_t d = hp_.n_embd, V = hp_.n_vocab;
+  // The rows whose logits are wanted: a sequence's every row, its last, or none.
+  auto wanted = [&](int s) -> int64_t {
+    if (!seqs[s].logits) return 0;
+    return seqs[s].all_logits ? c.seqs[s].n : 1;
+  };
+  int64_t rows = 0;
+  for (int s = 0; s < c.n_seqs; ++s) rows += wanted(s);
+  if (rows == 0) return Status::Ok();
   OpScope scope(c, output_op_);
-  const int64_t rows = all_logits ? c.n : 1;
-  const Tensor x = c.x.Rows(c.n - rows, rows);
+  Tensor x;
+  if (c.n_seqs == 1) {
+    x = c.x.Rows(c.n - rows, rows);
+  } else {
+    // Gather them (rows of several sequences are not contiguous).
+    ASSIGN_OR_RETURN(x, scratch_->Get(Scratch::kTmp, rows, d));
+    for (int s = 0, k = 0; s < c.n_seqs; ++s) {
+      const int64_t m = wanted(s);
+      const SequenceRows& r = c.seqs[s];
+      if (m > 0) backend_->CopyColumns(c.x.Rows(r.row0 + r.n - m, m), 0, x.Rows(k, m), 0, d);
+      k += static_cast<int>(m);
+    }
+  }
   ASSIGN_OR_RETURN(Tensor xn, scratch_->Get(Scratch::kXNorm, rows, d));
   RETURN_IF_ERROR(NormRows(c, output_op_, output_norm_, x, xn));
-  ASSIGN_OR_RETURN(Tensor logits, scratch_->Get(Scratch::kLogits, rows, hp_.n_vocab));
+  ASSIGN_OR_RETURN(Tensor logits, scratch_->Get(Scratch::kLogits, rows, V));
   RETURN_IF_ERROR(Linear(c, output_op_, output_, xn, logits));
   RETURN_IF_ERROR(c.CheckFinite(logits, output_op_));
   output_finite_ = c.check_finite || backend_->AllFinite(logits);
-  backend_->Download(logits, logits_out);
+  for (int s = 0, k = 0; s < c.n_seqs; ++s) {
+    const int64_t m = wanted(s);
+    if (m > 0) backend_->Download(logits.Rows(k, m), seqs[s].logits);
+    k += static_cast<int>(m);
+  }
   return Status::Ok();
 }
 
-Status Model::ForwardBatch(const int32_t* tokens, int64_t n, KvCache& cache, bool all_logits,
-                           float* logits_out, bool check_finite) {
+Status Model::ForwardBatch(const SequencePass* seqs, int n_seqs, bool check_finite) {
   ForwardContext c;
   c.hp = &hp_;
   c.source = source_;
   c.be = backend_;
-  c.cache = &cache;
   c.scratch = scratch_.get();
-  c.n = n;
-  c.pos0 = cache.n_past();
-  pos_.resize(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) pos_[t] = static_cast<int32_t>(c.pos0 + t);
+  seq_rows_.resize(static_cast<size_t>(n_seqs));
+  pos_.clear();
+  tokens_.clear();
+  for (int s = 0; s < n_seqs; ++s) {
+    const SequencePass& p = seqs[s];
+    seq_rows_[s] = {p.cache, c.n, p.n, p.cache->n_past()};
+    for (int64_t t = 0; t < p.n; ++t) pos_.push_back(static_cast<int32_t>(p.cache->n_past() + t));
+    tokens_.insert(tokens_.end(), p.tokens, p.tokens + p.n);
+    c.n += p.n;
+  }
   c.pos = pos_.data();
+  c.seqs = seq_rows_.data();
+  c.n_seqs = n_seqs;
   c.layers = layers_.data();
   c.ops = ops_.data();
   c.tiers = op_tiers_.data();
   c.check_finite = check_finite;
   c.cached_bonus = cached_bonus_;
+  const int64_t n = c.n;
   ASSIGN_OR_RETURN(c.x, scratch_->Get(Scratch::kX, n, hp_.n_embd));
 
   {
     OpScope scope(c, embd_op_);
     ASSIGN_OR_RETURN(WeightHandle h, c.Acquire(token_embd_, embd_op_));
-    backend_->EmbedRows(h.view(), tokens, n, c.x);
+    backend_->EmbedRows(h.view(), tokens_.data(), n, c.x);
     RETURN_IF_ERROR(c.CheckFinite(c.x, embd_op_));
   }
   for (int il = 0; il < hp_.n_layer; ++il) {
@@ -165,16 +218,19 @@ Status Model::ForwardBatch(const int32_t* tokens, int64_t n, KvCache& cache, boo
     RETURN_IF_ERROR(hp_.is_moe_layer(il) ? MoeBlock(c, il, w) : FfnBlock(c, il, w));
     if (observer_) observer_->AfterBlock(ffn_op, c.x);
   }
-  cache.Append(tokens, n);
+  for (int s = 0; s < n_seqs; ++s) seqs[s].cache->Append(seqs[s].tokens, seqs[s].n);
   output_finite_ = true;
-  if (logits_out) RETURN_IF_ERROR(Output(c, all_logits, logits_out));
+  RETURN_IF_ERROR(Output(c, seqs));
   if (check_finite || (output_finite_ && backend_->AllFinite(c.x))) return Status::Ok();
   // Something produced NaN or infinities: evaluate the pass again, checking after every op,
-  // so the error names where they first appear.
-  cache.Truncate(c.pos0);
-  RETURN_IF_ERROR(ForwardBatch(tokens, n, cache, all_logits, logits_out, true));
-  cache.Truncate(c.pos0);
-  return Corruption("the forward pass at position " + std::to_string(c.pos0) +
+  // so the error names where they first appear. seq_rows_ is rebuilt by the second pass, so
+  // the positions to go back to are taken first.
+  std::vector<int64_t> pos0(static_cast<size_t>(n_seqs));
+  for (int s = 0; s < n_seqs; ++s) pos0[s] = seq_rows_[s].pos0;
+  for (int s = 0; s < n_seqs; ++s) seqs[s].cache->Truncate(pos0[s]);
+  RETURN_IF_ERROR(ForwardBatch(seqs, n_seqs, true));
+  for (int s = 0; s < n_seqs; ++s) seqs[s].cache->Truncate(pos0[s]);
+  return Corruption("the forward pass at position " + std::to_string(pos0[0]) +
                     " produced NaN or infinite values that a second, checked evaluation did "
                     "not reproduce");
 }

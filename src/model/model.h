@@ -72,15 +72,32 @@ class Model {
   Status Forward(const int32_t* tokens, int64_t n, KvCache& cache, bool all_logits,
                  std::vector<float>* logits);
 
+  // One sequence of a multi-sequence pass: n tokens appended to `cache` at its n_past().
+  // logits (null: none) receives [n, n_vocab] when all_logits, else the last token's row.
+  struct SequencePass {
+    const int32_t* tokens = nullptr;
+    int64_t n = 0;
+    KvCache* cache = nullptr;
+    bool all_logits = false;
+    float* logits = nullptr;
+  };
+  // Continuous batching: several sequences (each its own cache, at most once) in one pass, so
+  // every weight is read once for all of them; attention stays within each sequence. Each
+  // row's result is the one Forward gives it alone (ExactTokenRows decides for the AMX GEMM).
+  // At most kMaxBatch tokens in all; checked like Forward (CheckTokens) first.
+  Status ForwardSequences(const SequencePass* seqs, int n_seqs);
+  // Whether Forward would take these tokens into `cache` (ids in the vocabulary, room in the
+  // context), with the error it would return.
+  Status CheckTokens(const int32_t* tokens, int64_t n, const KvCache& cache) const;
+
   // Largest batch one internal pass processes; longer inputs are split (prefill chunks).
   static constexpr int64_t kMaxBatch = 512;
 
  private:
   Model() = default;
   Status ResolveLayers();
-  Status ForwardBatch(const int32_t* tokens, int64_t n, KvCache& cache, bool all_logits,
-                      float* logits_out, bool check_finite);
-  Status Output(ForwardContext& c, bool all_logits, float* logits_out);
+  Status ForwardBatch(const SequencePass* seqs, int n_seqs, bool check_finite);
+  Status Output(ForwardContext& c, const SequencePass* seqs);
 
   ModelHParams hp_;
   WeightSource* source_ = nullptr;
@@ -93,7 +110,10 @@ class Model {
   std::unordered_map<std::string, int> op_index_;
   std::vector<uint8_t> op_tiers_;
   int embd_op_ = 0, output_op_ = 0;
+  // Per pass, grow-only: positions and tokens of every row, and each sequence's rows.
   std::vector<int32_t> pos_;
+  std::vector<int32_t> tokens_;
+  std::vector<SequenceRows> seq_rows_;
   bool output_finite_ = true;  // the last Output's logits held no NaN or infinity
   PassObserver* observer_ = nullptr;
   float cached_bonus_ = 0;
