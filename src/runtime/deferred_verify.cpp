@@ -55,15 +55,24 @@ Expected<GenerateStats> Engine::GenerateDeferred(Session& s, const std::vector<i
     return InvalidArgument("--verify-window must be 1..256");
   std::vector<uint8_t>& tiers = model_->op_tiers();
   auto use_tier = [&](int t) { std::fill(tiers.begin(), tiers.end(), static_cast<uint8_t>(t)); };
-  auto run_pass = [&](const std::function<Status()>& pass) {
-    return opt.run_pass ? opt.run_pass(pass) : pass();
+  // Every pass runs all ops at one tier: with the model to itself (no other session's pass
+  // in its batch), the tiers put back afterwards for the passes of other sessions.
+  PassRunner& passes = PassesOf(opt.passes);
+  std::vector<uint8_t> saved_tiers = tiers;
+  auto pass_at = [&](int tier, const std::function<Status()>& pass) {
+    return passes.Exclusive([&] {
+      saved_tiers = tiers;
+      use_tier(tier);
+      const Status st = pass();
+      tiers = saved_tiers;
+      return st;
+    });
   };
 
   GenerateStats st;
   st.n_prompt = static_cast<int64_t>(prompt.size());
   const auto start = std::chrono::steady_clock::now();
-  use_tier(vo.draft_tier);
-  RETURN_IF_ERROR(run_pass([&]() -> Status {
+  RETURN_IF_ERROR(pass_at(vo.draft_tier, [&]() -> Status {
     ASSIGN_OR_RETURN(st.n_reused, Prefill(s, prompt));
     return Status::Ok();
   }));
@@ -112,9 +121,9 @@ Expected<GenerateStats> Engine::GenerateDeferred(Session& s, const std::vector<i
     const bool draft_done = eog || full || static_cast<int64_t>(drafted) >= opt.max_tokens;
     if (!draft_done) {
       if (s.cache.n_past() < static_cast<int64_t>(history.size())) {
-        use_tier(vo.draft_tier);
-        RETURN_IF_ERROR(run_pass(
-            [&] { return model_->Forward(&history.back(), 1, s.cache, false, &s.logits); }));
+        RETURN_IF_ERROR(pass_at(vo.draft_tier, [&] {
+          return model_->Forward(&history.back(), 1, s.cache, false, &s.logits);
+        }));
         ++st.n_forwards;
       }
       int32_t tok = sampler.Sample(s.logits.data(), V, history);
@@ -136,13 +145,14 @@ Expected<GenerateStats> Engine::GenerateDeferred(Session& s, const std::vector<i
 
     // Check every unsettled token in one pass of the verify tier.
     const int64_t v_pos = verify.n_past(), end = static_cast<int64_t>(history.size());
-    use_tier(top);
-    const uint64_t read0 = runtime_ ? runtime_->stats().stream_bytes_read : 0;
-    RETURN_IF_ERROR(run_pass([&] {
+    RETURN_IF_ERROR(pass_at(top, [&] {
+      const uint64_t read0 = runtime_ ? runtime_->stats().stream_bytes_read : 0;
       ExactTokenRows exact;  // each row as a one-token pass computes it (kernels/matmul.h)
-      return model_->Forward(history.data() + v_pos, end - 1 - v_pos, verify, true, &rows);
+      RETURN_IF_ERROR(
+          model_->Forward(history.data() + v_pos, end - 1 - v_pos, verify, true, &rows));
+      if (runtime_) st.verify_bytes += runtime_->stats().stream_bytes_read - read0;
+      return Status::Ok();
     }));
-    if (runtime_) st.verify_bytes += runtime_->stats().stream_bytes_read - read0;
     ++st.n_verify_passes;
     size_t agreed = static_cast<size_t>(end);
     int32_t replacement = -1;
@@ -173,7 +183,6 @@ Expected<GenerateStats> Engine::GenerateDeferred(Session& s, const std::vector<i
   }
   emitter.Finish();
   st.decode_seconds = Since(t0);
-  use_tier(weights_->DefaultTier());  // plain passes run at the source's default again
   return st;
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "backend/backend_factory.h"
 #include "kernels/matmul.h"
@@ -251,7 +252,36 @@ Expected<std::unique_ptr<Session>> Engine::NewSession(int64_t n_ctx) {
   return s;
 }
 
-Expected<int64_t> Engine::Prefill(Session& s, const std::vector<int32_t>& prompt) {
+namespace {
+
+// Each pass at once, on the calling thread.
+class DirectPasses : public PassRunner {
+ public:
+  explicit DirectPasses(Engine* e) : e_(e) {}
+  Status Forward(const int32_t* tokens, int64_t n, KvCache& cache, bool all_logits,
+                 std::vector<float>* logits, bool token_step) override {
+    std::optional<ExactTokenRows> exact;
+    if (token_step) exact.emplace();
+    RETURN_IF_ERROR(e_->model().Forward(tokens, n, cache, all_logits, logits));
+    e_->AfterToken(token_step);
+    return Status::Ok();
+  }
+  Status Exclusive(const std::function<Status()>& fn) override { return fn(); }
+
+ private:
+  Engine* e_;
+};
+
+}  // namespace
+
+PassRunner& Engine::PassesOf(PassRunner* passes) {
+  if (passes) return *passes;
+  if (!direct_passes_) direct_passes_ = std::make_unique<DirectPasses>(this);
+  return *direct_passes_;
+}
+
+Expected<int64_t> Engine::Prefill(Session& s, const std::vector<int32_t>& prompt,
+                                  PassRunner* passes) {
   if (prompt.empty()) return InvalidArgument("empty prompt: at least one token is needed");
   if (static_cast<int64_t>(prompt.size()) > s.cache.n_ctx()) {
     return InvalidArgument("prompt of " + std::to_string(prompt.size()) +
@@ -264,16 +294,21 @@ Expected<int64_t> Engine::Prefill(Session& s, const std::vector<int32_t>& prompt
   // The last prompt token is always evaluated: its logits pick the first new token.
   if (common == prompt.size()) --common;
   s.cache.Truncate(static_cast<int64_t>(common));
-  RETURN_IF_ERROR(model_->Forward(prompt.data() + common,
-                                  static_cast<int64_t>(prompt.size() - common), s.cache, false,
-                                  &s.logits));
-  AfterToken(/*decode_step=*/false);
+  RETURN_IF_ERROR(PassesOf(passes).Forward(prompt.data() + common,
+                                           static_cast<int64_t>(prompt.size() - common), s.cache,
+                                           false, &s.logits, /*token_step=*/false));
   return static_cast<int64_t>(common);
 }
 
 Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>& prompt,
                                          const GenerateOptions& opt,
                                          const TokenCallback& on_token) {
+  PassRunner& passes = PassesOf(opt.passes);
+  passes.BeginGeneration();
+  struct End {
+    PassRunner& p;
+    ~End() { p.EndGeneration(); }
+  } end{passes};
   if (opt.verify.mode != VerifyOptions::Mode::kOff) {
     // The processor's state follows shown tokens; deferred verification drafts ahead and rolls
     // back, which it cannot follow yet.
@@ -287,13 +322,7 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
   st.n_prompt = static_cast<int64_t>(prompt.size());
   const auto start = std::chrono::steady_clock::now();
   auto t0 = start;
-  auto run_pass = [&](const std::function<Status()>& pass) {
-    return opt.run_pass ? opt.run_pass(pass) : pass();
-  };
-  RETURN_IF_ERROR(run_pass([&]() -> Status {
-    ASSIGN_OR_RETURN(st.n_reused, Prefill(s, prompt));
-    return Status::Ok();
-  }));
+  ASSIGN_OR_RETURN(st.n_reused, Prefill(s, prompt, &passes));
   st.prompt_seconds = Seconds(t0);
 
   t0 = std::chrono::steady_clock::now();
@@ -329,14 +358,11 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
       }
       const int64_t n_draft = static_cast<int64_t>(batch.size()) - 1;
       std::vector<float>* out = n_draft > 0 ? &rows : &s.logits;
-      // The controller's tier changes happen inside the pass's turn: with several sessions
-      // (serve's slots) another session's pass must never see the tiers change under it.
-      RETURN_IF_ERROR(run_pass([&]() -> Status {
-        ExactTokenRows exact;  // each row as a one-token pass computes it (kernels/matmul.h)
-        RETURN_IF_ERROR(model_->Forward(batch.data(), n_draft + 1, s.cache, n_draft > 0, out));
-        AfterToken();
-        return Status::Ok();
-      }));
+      // Rows exact (a drafted row as a one-token pass computes it), then AfterToken: the
+      // controller's tier changes happen inside the pass's turn, so with several sessions
+      // (serve's slots) no other pass sees the tiers change under it.
+      RETURN_IF_ERROR(passes.Forward(batch.data(), n_draft + 1, s.cache, n_draft > 0, out,
+                                     /*token_step=*/true));
       ++st.n_forwards;
       st.n_drafted += n_draft;
       bool more = true;

@@ -12,7 +12,9 @@
 //   engine->Generate(*session, ids, {}, [](int32_t id, const std::string& text) {
 //     std::fputs(text.c_str(), stdout); return true; });  // false stops generation
 //
-// Threading: one Generate per Engine at a time (the model's scratch is shared).
+// Threading: one Generate per Engine at a time (the model's scratch is shared), unless every
+// concurrent Generate runs its passes through one PassRunner that serializes them (a server's
+// PassBatcher, runtime/pass_batcher.h, which also batches them).
 #pragma once
 
 #include <functional>
@@ -130,6 +132,24 @@ class LogitsProcessor {
   virtual void Accept(int32_t token) = 0;
 };
 
+// Runs a session's model passes for Generate (GenerateOptions::passes). Without one, Generate
+// runs each pass itself; a server runs the passes of all its slots through one PassBatcher,
+// which evaluates those that are due together as one multi-sequence pass.
+class PassRunner {
+ public:
+  virtual ~PassRunner() = default;
+  // Model::Forward of one sequence, then Engine::AfterToken(token_step). A token step (decode,
+  // drafts) computes each row as a one-token pass would (ExactTokenRows); a prompt's is free to
+  // use the prefill GEMM.
+  virtual Status Forward(const int32_t* tokens, int64_t n, KvCache& cache, bool all_logits,
+                         std::vector<float>* logits, bool token_step) = 0;
+  // Runs `fn` with the model to itself: no other pass starts before it returns (tier changes).
+  virtual Status Exclusive(const std::function<Status()>& fn) = 0;
+  // A generation begins / ends: a batcher waits for the passes of the generations under way.
+  virtual void BeginGeneration() {}
+  virtual void EndGeneration() {}
+};
+
 struct GenerateOptions {
   SamplingParams sampling;
   int max_tokens = 128;
@@ -140,9 +160,9 @@ struct GenerateOptions {
   // picks (sampled ones distributed alike), up to the float rounding by which a multi-token
   // pass's logits may differ from a one-token pass's.
   int draft_max = 0;
-  // Optional: runs each model evaluation (the prompt's, then each decode pass) given as `pass`;
-  // a server serializes its slots' passes with it.
-  std::function<Status(const std::function<Status()>& pass)> run_pass;
+  // Optional (not owned): runs the model passes (the prompt's, then each decode step); a server
+  // batches its slots' passes with it.
+  PassRunner* passes = nullptr;
   // Optional: called with the logits a token was chosen from, before the token is shown (and
   // not for end-of-generation tokens).
   std::function<void(const float* logits, int32_t token)> on_choice;
@@ -211,13 +231,16 @@ class Engine {
   Expected<GenerateStats> Generate(Session& s, const std::vector<int32_t>& prompt,
                                    const GenerateOptions& opt, const TokenCallback& on_token);
 
-  // Makes the session hold exactly `prompt` and its last logits (reusing the cached prefix).
-  // Returns how many prompt tokens were reused.
-  Expected<int64_t> Prefill(Session& s, const std::vector<int32_t>& prompt);
+  // Makes the session hold exactly `prompt` and its last logits (reusing the cached prefix),
+  // evaluating through `passes` when given. Returns how many prompt tokens were reused.
+  Expected<int64_t> Prefill(Session& s, const std::vector<int32_t>& prompt,
+                            PassRunner* passes = nullptr);
 
  private:
   Engine() = default;
   Status SetUpAdaptive(const AdaptiveOptions& a);
+  // `passes`, or when null the engine's own runner (each pass at once).
+  PassRunner& PassesOf(PassRunner* passes);
   // Generate with opt.verify on (runtime/deferred_verify.cpp).
   Expected<GenerateStats> GenerateDeferred(Session& s, const std::vector<int32_t>& prompt,
                                            const GenerateOptions& opt,
@@ -239,6 +262,7 @@ class Engine {
   uint64_t last_read_bytes_ = 0;
   double last_read_seconds_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<PassRunner> direct_passes_;  // PassesOf's default
 };
 
 // The length of the longest suffix of `text` that is a prefix of some stop string (text that
