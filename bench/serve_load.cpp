@@ -116,8 +116,10 @@ int main(int argc, char** argv) {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const uint64_t rss_before = ResidentBytes();
   const auto ledger_before = MemoryLedger::Global().Accounts();
+  const json batching_before = (*backend)->RuntimeStats()["batching"];
 
   LoadReport r = RunLoad(lo, prompts);
+  const json batching_after = (*backend)->RuntimeStats()["batching"];
 
   for (int i = 0; i < 500 && (*server)->scheduler().Stats().busy > 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -133,6 +135,20 @@ int main(int argc, char** argv) {
   out["max_tokens"] = max_tokens;
   out["server_cancelled_generations"] = st.cancelled;
   out["server_idle_after"] = health;
+  // Continuous batching over the measured run: model passes, and sequences per pass.
+  {
+    auto diff = [&](const char* k) {
+      return batching_after[k].get<double>() - batching_before[k].get<double>();
+    };
+    const double steps = diff("steps");
+    out["batching"] = {{"steps", steps},
+                       {"token_steps", diff("token_steps")},
+                       {"mean_sequences", steps > 0 ? diff("sequences") / steps : 0.0},
+                       {"max_sequences", batching_after["max_sequences"]},
+                       {"prompt_chunks_with_decode", diff("prompt_chunks_with_decode")},
+                       {"gather_seconds", diff("gather_seconds")},
+                       {"compute_seconds", diff("compute_seconds")}};
+  }
   out["rss_mb_after_warmup"] = rss_before / 1048576.0;
   out["rss_mb_after_run"] = rss_after / 1048576.0;
   out["rss_growth_mb"] = (static_cast<double>(rss_after) - static_cast<double>(rss_before)) / 1048576.0;

@@ -18,6 +18,7 @@
 #include "cli/generation_flags.h"
 #include "cli/store_flags.h"
 #include "kernels/cpu_features.h"
+#include "kernels/matmul.h"
 #include "kernels/membw.h"
 #include "kernels/profile.h"
 #include "runtime/engine.h"
@@ -147,13 +148,16 @@ constexpr const char* kUsage =
     "With --verify: generation runs through deferred verification (greedy, from an 8-token\n"
     "random prompt after the -p test); the JSON adds its counters.\n"
     "With --adaptive [--verifier ...] (see substrate run --help): generation runs the adaptive\n"
-    "runtime; the JSON adds the tier controller's counters.\n";
+    "runtime; the JSON adds the tier controller's counters.\n"
+    "With --sequences B: generation decodes B sequences at once, each with its own KV cache,\n"
+    "in one multi-sequence pass per step (continuous batching, as serve's slots run); t/s is\n"
+    "all sequences together, and the limit counts the weights read once per step.\n";
 
 int RunBench(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-t", "--threads", "-r",
                                       "--repetitions", "--bw-bytes", "--probe-bytes", "--kv-type",
                                       "--cache-type", "--verify", "--verify-window", "--verify-tau",
-                                      "--verify-tier", "--draft-tier"}),
+                                      "--verify-tier", "--draft-tier", "--sequences"}),
                  StoreSwitches({"--json", "--profile"})});
   if (!f.status().ok()) return UsageError("bench", f.status(), kUsage);
   if (f.help()) {
@@ -164,13 +168,15 @@ int RunBench(const std::vector<std::string>& args) {
   if (path.empty() && !f.Has("--store"))
     return PrintError("bench", InvalidArgument("-m MODEL (or --store STORE/) is required"));
   auto p = f.GetInt({"-p"}, 512), n = f.GetInt({"-n"}, 128),
-       r = f.GetInt({"-r", "--repetitions"}, 2);
-  for (auto* e : {&p, &n, &r})
+       r = f.GetInt({"-r", "--repetitions"}, 2), seqs = f.GetInt({"--sequences"}, 1);
+  for (auto* e : {&p, &n, &r, &seqs})
     if (!e->ok()) return PrintError("bench", e->status());
   auto t = ThreadsFlag(f);
   if (!t.ok()) return PrintError("bench", t.status());
   if (*p < 0 || *n < 0 || *r < 1)
     return PrintError("bench", InvalidArgument("-p/-n must be >= 0, -r >= 1"));
+  if (*seqs < 1 || *seqs > 256)
+    return PrintError("bench", InvalidArgument("--sequences must be 1..256"));
   // Under a budget (a store, or a GGUF that may run in place) the probe buffer is inside it.
   auto bw_bytes = ParseBytes(f.Get({"--bw-bytes"}, f.Has("--store") || f.Has("--max-ram") ? "128M" : "2G"));
   if (!bw_bytes.ok()) return PrintError("bench", bw_bytes.status());
@@ -190,6 +196,8 @@ int RunBench(const std::vector<std::string>& args) {
   auto verify = ParseVerifyFlags(f);
   if (!verify.ok()) return PrintError("bench", verify.status());
   const bool verifying = verify->mode != VerifyOptions::Mode::kOff;
+  if (verifying && *seqs > 1)
+    return PrintError("bench", InvalidArgument("--sequences and --verify do not go together"));
   KeepDraftTierResident(*verify, &eo);
   auto t_load = Clock::now();
   auto engine = Engine::Load(path, eo);
@@ -217,6 +225,15 @@ int RunBench(const std::vector<std::string>& args) {
   auto cache = KvCache::Create(model.hparams(), *p + *n + 8, model.backend(), *kv_type);
   if (!cache.ok()) return PrintError("bench", cache.status());
   std::vector<float> logits;
+  // --sequences: one cache per sequence, and each one's last logits.
+  std::vector<KvCache> seq_caches;
+  for (int64_t b = 0; *seqs > 1 && b < *seqs; ++b) {
+    auto c = KvCache::Create(model.hparams(), *n + 8, model.backend(), *kv_type);
+    if (!c.ok()) return PrintError("bench", c.status());
+    seq_caches.push_back(std::move(*c));
+  }
+  std::vector<float> seq_logits(static_cast<size_t>(seq_caches.size() * n_vocab));
+  std::vector<Model::SequencePass> seq_passes(seq_caches.size());
   Series pp, tg;
   uint64_t tg_disk_bytes = 0;  // --store: bytes read from the store during timed decode
   GenerateStats verified;      // --verify: summed over the repetitions
@@ -282,6 +299,20 @@ int RunBench(const std::vector<std::string>& args) {
         verified.n_rollbacks += st->n_rollbacks;
         verified.n_rollback_lost += st->n_rollback_lost;
         verified.verify_bytes += st->verify_bytes;
+      } else if (!seq_caches.empty()) {
+        // Each step one token of every sequence, rows exact as serve's batched steps run.
+        const auto seq_tokens = RandomTokens(*n * *seqs, n_vocab, static_cast<uint32_t>(2000 + rep));
+        for (KvCache& c : seq_caches) c.Clear();
+        start = Clock::now();
+        ExactTokenRows exact;
+        for (int64_t i = 0; i < *n; ++i) {
+          for (size_t b = 0; b < seq_caches.size(); ++b)
+            seq_passes[b] = {&seq_tokens[i * *seqs + static_cast<int64_t>(b)], 1, &seq_caches[b],
+                             false, seq_logits.data() + b * n_vocab};
+          Status st = model.ForwardSequences(seq_passes.data(), static_cast<int>(seq_passes.size()));
+          if (!st.ok()) return PrintError("bench", st);
+          e.AfterToken();
+        }
       } else {
         for (int64_t i = 0; i < *n; ++i) {
           Status st = model.Forward(&tokens[i], 1, *cache, false, &logits);
@@ -289,14 +320,16 @@ int RunBench(const std::vector<std::string>& args) {
           e.AfterToken();  // the adaptive runtime's verifier and controller, when on
         }
       }
-      tg.tps.push_back(static_cast<double>(*n) / Seconds(start));
+      tg.tps.push_back(static_cast<double>(*n * *seqs) / Seconds(start));
       if (rm) tg_disk_bytes += rm->stats().stream_bytes_read - read0;
       SetKernelProfiling(false);
     }
   }
 
   const double limit = bw->bytes_per_second;
-  const double achieved = tg.Mean() * static_cast<double>(w.per_token_bytes);
+  // Weights are read once per step, for all --sequences.
+  const double step_bytes_per_token = static_cast<double>(w.per_token_bytes) / static_cast<double>(*seqs);
+  const double achieved = tg.Mean() * step_bytes_per_token;
   nlohmann::json j;
   j["model"] = path;
   j["architecture"] = e.metadata().GetString("general.architecture", "");
@@ -316,6 +349,7 @@ int RunBench(const std::vector<std::string>& args) {
     j["tg"] = {
         {"n_tokens", *n}, {"tokens_per_s", tg.Mean()}, {"stdev", tg.Stdev()}, {"runs", tg.tps}};
   j["weight_bytes_per_token"] = w.per_token_bytes;
+  j["sequences"] = *seqs;
   if (verifying) {
     j["verify"] = {{"mode", verify->mode == VerifyOptions::Mode::kAll ? "all" : "margin"},
                    {"window", verify->window},
@@ -373,7 +407,7 @@ int RunBench(const std::vector<std::string>& args) {
   }
   if (*n > 0) {
     j["tg_bytes_per_s"] = achieved;
-    j["tg_limit_tokens_per_s"] = limit / static_cast<double>(w.per_token_bytes);
+    j["tg_limit_tokens_per_s"] = limit / step_bytes_per_token;
     j["bw_ratio"] = achieved / limit;
   }
   if (profile && *n > 0)
@@ -400,8 +434,7 @@ int RunBench(const std::vector<std::string>& args) {
   }
   if (*n > 0)
     std::printf("generation reads %.2f GB/s = %.1f%% of the limit (limit %.2f tokens/s)\n",
-                achieved / 1e9, 100 * achieved / limit,
-                limit / static_cast<double>(w.per_token_bytes));
+                achieved / 1e9, 100 * achieved / limit, limit / step_bytes_per_token);
   if (j.contains("disk_read_bytes_per_s"))
     std::printf("disk: %.1f MB per token, %.3f GB/s over decode",
                 j["disk_bytes_per_token"].get<double>() / 1e6,

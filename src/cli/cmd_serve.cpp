@@ -19,6 +19,7 @@ namespace {
 const char* kUsage =
     "usage: substrate serve -m MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
     "                       [-c CTX] [--parallel N] [-t THREADS] [--max-queue N]\n"
+    "                       [--batch-size N] [--ubatch-size N]\n"
     "                       [--max-body BYTES] [--alias NAME] [--kv-type f32|f16]\n"
     "                       [--draft-max K] [--device cpu|cuda] [--gpu N]\n"
     "                       [--chat-template-file F] [--reasoning-format auto|none]\n"
@@ -37,6 +38,10 @@ const char* kUsage =
     "  -c CTX        tokens per request, prompt and answer (default: min(model's, 4096))\n"
     "  --parallel N  requests generated at once, each with its own KV cache (default 1)\n"
     "  --max-queue N requests waiting for a slot before 503/529 (default 64)\n"
+    "  --batch-size N  continuous batching: the slots decoding at once share one model pass\n"
+    "                per token; a pass holds at most N tokens of all slots (default 512)\n"
+    "  --ubatch-size N a new prompt joins the running pass N tokens at a time, so the others\n"
+    "                wait at most one such chunk for their next token (default 512)\n"
     "  --kv-type T   KV cache rows: f32 (default, exact) or f16 (half the memory per slot)\n"
     "  --draft-max K speculative decoding: up to K tokens drafted from the context (prompt\n"
     "                lookup) and verified per model pass; same output (default 0: off)\n"
@@ -60,7 +65,8 @@ int RunServe(const std::vector<std::string>& args) {
                                       "--verify-window", "--verify-tau", "--verify-tier",
                                       "--draft-tier", "--chat-template-file",
                                       "--reasoning-format", "--slot-save-path",
-                                      "--prompt-cache-dir", "--prompt-cache-size"}),
+                                      "--prompt-cache-dir", "--prompt-cache-size",
+                                      "--batch-size", "-b", "--ubatch-size", "-ub"}),
                  StoreSwitches()});
   if (!f.status().ok()) return UsageError("serve", f.status(), kUsage);
   if (f.help()) {
@@ -76,13 +82,19 @@ int RunServe(const std::vector<std::string>& args) {
   auto threads = ThreadsFlag(f);
   auto max_queue = f.GetInt({"--max-queue"}, 64);
   auto draft_max = f.GetInt({"--draft-max"}, 0);
-  for (const auto* v : {&port, &ctx, &parallel, &max_queue, &draft_max})
+  auto batch_size = f.GetInt({"--batch-size", "-b"}, Model::kMaxBatch);
+  auto ubatch_size = f.GetInt({"--ubatch-size", "-ub"}, Model::kMaxBatch);
+  for (const auto* v : {&port, &ctx, &parallel, &max_queue, &draft_max, &batch_size, &ubatch_size})
     if (!v->ok()) return PrintError("serve", v->status());
   if (!threads.ok()) return PrintError("serve", threads.status());
   if (*port < 0 || *port > 65535)
     return PrintError("serve", InvalidArgument("--port must be 0..65535"));
   if (*parallel < 1 || *parallel > 256)
     return PrintError("serve", InvalidArgument("--parallel must be 1..256"));
+  if (*batch_size < 1 || *batch_size > Model::kMaxBatch || *ubatch_size < 1 ||
+      *ubatch_size > Model::kMaxBatch)
+    return PrintError("serve", InvalidArgument("--batch-size and --ubatch-size must be 1.." +
+                                               std::to_string(Model::kMaxBatch)));
   if (*max_queue < 0 || *max_queue > 4096)
     return PrintError("serve", InvalidArgument("--max-queue must be 0..4096"));
   if (*ctx < 0 || *ctx > (1 << 22)) return PrintError("serve", InvalidArgument("-c out of range"));
@@ -140,6 +152,8 @@ int RunServe(const std::vector<std::string>& args) {
   if (!verify.ok()) return PrintError("serve", verify.status());
   mo.verify = *verify;
   mo.slots = static_cast<int>(*parallel);
+  mo.batching.batch_size = *batch_size;
+  mo.batching.ubatch_size = *ubatch_size;
   if (Status st = ApplyStoreFlags(f, &mo.engine); !st.ok()) return PrintError("serve", st);
   KeepDraftTierResident(mo.verify, &mo.engine);
   std::fprintf(stderr, "substrate serve: loading %s\n",

@@ -97,19 +97,6 @@ std::string CallsAsText(const nlohmann::json& calls) {
 
 }  // namespace
 
-void FifoMutex::lock() {
-  std::unique_lock<std::mutex> l(mu_);
-  const uint64_t ticket = next_ticket_++;
-  cv_.wait(l, [&] { return serving_ == ticket; });
-}
-
-void FifoMutex::unlock() {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    ++serving_;
-  }
-  cv_.notify_all();
-}
 
 class ModelSession : public Session {
  public:
@@ -136,11 +123,7 @@ class ModelSession : public Session {
     go.sampling.seed = p.has_seed ? p.seed : std::random_device{}();
     go.draft_max = b_->draft_max_;
     go.verify = b_->verify_;
-    // Slots take model passes in turn.
-    go.run_pass = [this](const std::function<Status()>& pass) {
-      std::lock_guard<FifoMutex> lock(b_->forward_mu_);
-      return pass();
-    };
+    go.passes = b_->batcher_.get();  // continuous batching with the other slots
     // Constrained decoding and logit_bias, through the engine's logits processor.
     std::unique_ptr<TokenConstraint> constraint;
     if (p.grammar || !p.logit_bias.empty()) {
@@ -254,6 +237,7 @@ Expected<std::unique_ptr<ModelBackend>> ModelBackend::Load(const ModelBackendOpt
   b->draft_max_ = options.draft_max;
   b->verify_ = options.verify;
   ASSIGN_OR_RETURN(b->engine_, Engine::Load(options.path, eo));
+  b->batcher_ = std::make_unique<PassBatcher>(b->engine_.get(), options.batching);
   if (!options.prompt_cache_dir.empty()) {
     auto fp = ModelFingerprint(*b->engine_);
     if (!fp.ok()) return fp.status().WithContext("--prompt-cache-dir");
@@ -462,9 +446,19 @@ nlohmann::json ModelBackend::RuntimeStats() const {
     j["disk"] = {{"bytes_read", 0}, {"stall_us", 0}, {"op_hits", 0}, {"op_misses", 0},
                  {"demand_loads", 0}};
   }
-  {
-    // Each op's tier now, counted by tier, and what the adaptive runtime has escalated.
-    std::lock_guard<FifoMutex> lock(forward_mu_);
+  const PassBatcherStats bs = batcher_->stats();
+  j["batching"] = {{"steps", bs.steps},
+                   {"rows", bs.rows},
+                   {"sequences", bs.sequences},
+                   {"max_sequences", bs.max_sequences},
+                   {"mean_sequences", bs.steps ? static_cast<double>(bs.sequences) / bs.steps : 0.0},
+                   {"token_steps", bs.token_steps},
+                   {"prompt_chunks_with_decode", bs.prompt_chunks},
+                   {"exclusive", bs.exclusive},
+                   {"gather_seconds", bs.gather_seconds},
+                   {"compute_seconds", bs.compute_seconds}};
+  // Each op's tier now, counted by tier, and what the adaptive runtime has escalated.
+  (void)batcher_->Exclusive([&] {
     std::map<int, int> by_tier;
     for (uint8_t t : engine_->model().op_tiers()) ++by_tier[t];
     nlohmann::json tiers = nlohmann::json::object();
@@ -479,7 +473,8 @@ nlohmann::json ModelBackend::RuntimeStats() const {
                        {"refused", s.refused},         {"evictions", s.evictions},
                        {"escalated", now}};
     }
-  }
+    return Status::Ok();
+  });
   j["constraint"] = {{"masks", masks_.load()}, {"mask_seconds", mask_ns_.load() * 1e-9}};
   if (prompt_cache_) {
     const PromptCacheStats p = prompt_cache_->stats();

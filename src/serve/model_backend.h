@@ -2,9 +2,9 @@
 // streamed from a store inside a RAM budget), its tokenizer and chat template. This is what
 // `substrate serve` runs.
 //
-// Slots share one Engine, whose scratch allows one forward pass at a time: each slot takes the
-// forward lock per step (its prefill, then one decode token), so parallel slots interleave
-// token by token instead of waiting for whole answers.
+// Slots share one Engine and hand their passes to one PassBatcher (continuous batching): the
+// slots decoding at the same time advance together in one multi-sequence pass per token, and a
+// new prompt joins that pass in chunks.
 #pragma once
 
 #include <atomic>
@@ -18,6 +18,7 @@
 #include "core/memory_ledger.h"
 #include "format/dtype.h"
 #include "runtime/engine.h"
+#include "runtime/pass_batcher.h"
 #include "serve/backend.h"
 #include "serve/prompt_cache.h"
 
@@ -43,23 +44,10 @@ struct ModelBackendOptions {
   uint64_t prompt_cache_bytes = 8ull << 30;
   VerifyOptions verify;           // deferred verification (only checked tokens are streamed)
   int slots = 1;                  // sessions open at once: their KV caches share the budget
+  PassBatcherOptions batching;    // continuous batching of the slots' passes
   // The RAM budget and out-of-core runtime (EngineOptions::max_ram, store, residency); the
   // fields above fill in the rest of the engine's options.
   EngineOptions engine;
-};
-
-// A mutex that hands the lock over in arrival order, so that slots take forward passes in
-// turn (a plain mutex lets the slot that just released it take it again, starving the rest).
-class FifoMutex {
- public:
-  void lock();
-  void unlock();
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t next_ticket_ = 0;
-  uint64_t serving_ = 0;
 };
 
 class ModelBackend : public InferenceBackend {
@@ -96,9 +84,9 @@ class ModelBackend : public InferenceBackend {
   mutable std::shared_ptr<const ConstraintVocab> vocab_;
   mutable LedgerCharge vocab_charge_;
   int context_ = 0;
-  // One forward pass at a time (the Engine's scratch is shared); RuntimeStats reads the op
-  // tiers in a pass's turn, since the adaptive runtime changes them at the end of a pass.
-  mutable FifoMutex forward_mu_;
+  // Every pass over the engine's model (the Engine's scratch is shared); RuntimeStats reads the
+  // op tiers in an exclusive turn, since the adaptive runtime changes them at the end of a pass.
+  std::unique_ptr<PassBatcher> batcher_;
   int draft_max_ = 0;
   std::unique_ptr<DiskPromptCache> prompt_cache_;
   // Constrained decoding, summed over finished generations.
