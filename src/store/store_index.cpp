@@ -1,5 +1,7 @@
 #include "store/store_index.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -178,9 +180,10 @@ Status StoreIndex::AddDataFile(const std::string& path) {
   Env* env = options_.env ? options_.env : Env::Default();
   ASSIGN_OR_RETURN(auto f, env->NewRandomAccessFile(path, options_.direct_io));
   if (options_.direct_io && !f->direct()) {
+    if (f->fd() >= 0) ::posix_fadvise(f->fd(), 0, 0, POSIX_FADV_RANDOM);
     if (!warned_buffered_)
-      LOG_WARN("%s: the file system refuses O_DIRECT; reading through the page cache, "
-               "dropping each range once read (posix_fadvise) to keep the cache "
+      LOG_WARN("%s: the file system refuses O_DIRECT; reading through the page cache, without "
+               "read-ahead, dropping each range once read (posix_fadvise) to keep the cache "
                "inside the budget", path.c_str());
     warned_buffered_ = true;
   }

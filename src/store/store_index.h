@@ -127,8 +127,10 @@ class StoreIndex {
   Status Parse(const std::string& text);
   Status CheckMatchesModel() const;
   Status VerifyModelFile(const std::string& name, uint64_t bytes, uint32_t crc) const;
-  // Opens a data file into files_ (with O_DIRECT when options_ ask); a warning (once) where the
-  // file system refuses O_DIRECT.
+  // Opens a data file into files_ (with O_DIRECT when options_ ask). Where the file system
+  // refuses O_DIRECT: a warning (once), and read-ahead off (POSIX_FADV_RANDOM), because the readers
+  // drop each range from the page cache once read (posix_fadvise DONTNEED) and read-ahead would
+  // cache the bytes after it: the cache would grow past the budget.
   Status AddDataFile(const std::string& path);
   // Lays out each op's tiers: its units' ranges grouped into aligned spans, and every range's
   // position in a slab. Corruption (naming the range) for one past the end of its file.

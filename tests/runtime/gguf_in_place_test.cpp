@@ -5,9 +5,13 @@
 // a file changed under a running session stops it with a clear error; a budget below the
 // minimum names the minimum. A split GGUF (gguf-split's layout) is one model: resident and read
 // in place from any part's name, one checksum record for all parts, a missing part or one of
-// another split a clear error.
+// another split a clear error. A file system that refuses O_DIRECT is read buffered, with a
+// warning, and its page cache dropped after each read.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -15,6 +19,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/fault_env.h"
 #include "format/gguf_reader.h"
 #include "format/gguf_split.h"
 #include "runtime/engine.h"
@@ -69,12 +74,13 @@ struct GreedyRun {
   Status status;
   bool in_place = false;
   int streamed = 0;
-  int n_files = 0;  // the runtime's data files (a split GGUF's parts)
+  int n_files = 0;      // the runtime's data files (a split GGUF's parts)
+  bool direct = false;  // the runtime read with O_DIRECT
   uint64_t peak = 0;
 };
 
 GreedyRun Greedy(const std::string& path, uint64_t max_ram, const std::vector<int32_t>& prompt, int n,
-           const std::function<void()>& after_open = nullptr) {
+           const std::function<void()>& after_open = nullptr, Env* env = nullptr) {
   GreedyRun r;
   MemoryLedger ledger;
   EngineOptions o;
@@ -82,6 +88,7 @@ GreedyRun Greedy(const std::string& path, uint64_t max_ram, const std::vector<in
   o.max_ram = max_ram;
   o.n_ctx = 256;
   o.require_tokenizer = false;
+  o.residency.env = env;
   auto e = Engine::Load(path, o);
   if (!e.ok()) {
     r.status = e.status();
@@ -91,6 +98,7 @@ GreedyRun Greedy(const std::string& path, uint64_t max_ram, const std::vector<in
     r.in_place = !(*e)->runtime()->index().gguf_path().empty();
     r.streamed = (*e)->runtime()->stats().n_ops_streamed;
     r.n_files = static_cast<int>((*e)->runtime()->index().n_files());
+    r.direct = (*e)->runtime()->stats().direct;
   }
   if (after_open) after_open();
   auto s = (*e)->NewSession(256);
@@ -420,6 +428,104 @@ TEST_F(GgufSplit, ChecksumRecordCoversEveryPart) {
   const TensorId id = (*b)->Resolve(last->info.name);
   EXPECT_NE((*b)->tensors()[id].units[0].tier[0].crc, before);
   RemoveSplit(parts);
+}
+
+// --- A file system that refuses O_DIRECT ----------------------------------------------------------
+
+// Bytes of `path` in the page cache.
+uint64_t CachedBytes(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return 0;
+  const size_t size = fs::file_size(path);
+  void* m = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) return 0;
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> v((size + page - 1) / page);
+  uint64_t n = 0;
+  if (::mincore(m, size, v.data()) == 0)
+    for (unsigned char c : v) n += (c & 1) ? page : 0;
+  ::munmap(m, size);
+  return n;
+}
+
+// A file system without O_DIRECT, as the runtime sees one: every file opens buffered.
+class NoDirectEnv : public FaultEnv {
+ public:
+  Expected<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path,
+                                                                  bool direct_io) override {
+    return FaultEnv::NewRandomAccessFile(path, false);
+  }
+};
+
+// tmpfs refused O_DIRECT before Linux 6.6: such a copy runs buffered, with the warning. Where
+// /dev/shm takes O_DIRECT there is nothing to fall back from (the next test covers the path).
+TEST_F(GgufInPlace, TmpfsWithoutODirectFallsBack) {
+  const std::string src = Gguf("tiny-coder-bf16");
+  if (!fs::exists(src)) GTEST_SKIP() << "no fixture " << src;
+  if (!fs::is_directory("/dev/shm")) GTEST_SKIP() << "no /dev/shm";
+  const std::string path = "/dev/shm/substrate_test_" + std::to_string(getpid()) + "_tmpfs.gguf";
+  std::error_code ec;
+  if (!fs::copy_file(src, path, fs::copy_options::overwrite_existing, ec))
+    GTEST_SKIP() << "cannot write to /dev/shm: " << ec.message();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+  if (fd >= 0) {
+    ::close(fd);
+    fs::remove(path);
+    GTEST_SKIP() << "/dev/shm accepts O_DIRECT on this kernel";
+  }
+  const json g = Golden("tiny-coder");
+  const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
+  ::testing::internal::CaptureStderr();
+  GreedyRun r = Greedy(path, Cap(path, 0.75), g["greedy"]["prompt"].get<std::vector<int32_t>>(),
+                       static_cast<int>(want.size()));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  fs::remove(path);
+  fs::remove(path + ".crc32c.json", ec);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_TRUE(r.in_place);
+  EXPECT_FALSE(r.direct);
+  EXPECT_EQ(r.tokens, want);
+  EXPECT_NE(err.find("refuses O_DIRECT"), std::string::npos) << err;
+}
+
+// The same fallback on any file system: buffered reads, the warning, the golden continuation,
+// and (where the page cache can drop a file's pages: not tmpfs) no more of the file cached
+// afterwards than its header, so the cache does not grow with what is streamed.
+TEST_F(GgufInPlace, ODirectRefusedReadsBufferedAndDropsTheCache) {
+  const std::string src = Gguf("tiny-coder-bf16");
+  if (!fs::exists(src)) GTEST_SKIP() << "no fixture " << src;
+  const std::string path = StoreTestPath("no_direct.gguf");
+  fs::copy_file(src, path, fs::copy_options::overwrite_existing);
+  {
+    // The copy leaves the file in the page cache: written out and dropped first.
+    const int fd = ::open(path.c_str(), O_RDONLY);
+    ASSERT_GE(fd, 0);
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  const json g = Golden("tiny-coder");
+  const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
+  NoDirectEnv env;
+  ::testing::internal::CaptureStderr();
+  GreedyRun r = Greedy(path, Cap(path, 0.75), g["greedy"]["prompt"].get<std::vector<int32_t>>(),
+                       static_cast<int>(want.size()), nullptr, &env);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_TRUE(r.in_place);
+  EXPECT_FALSE(r.direct);
+  EXPECT_GT(r.streamed, 0);
+  EXPECT_EQ(r.tokens, want);
+  EXPECT_NE(err.find("refuses O_DIRECT"), std::string::npos) << err;
+  struct statfs sf {};
+  constexpr long kTmpfsMagic = 0x01021994;
+  if (::statfs(path.c_str(), &sf) == 0 && sf.f_type != kTmpfsMagic) {
+    const uint64_t weights = WeightBytes(path), cached = CachedBytes(path);
+    EXPECT_LT(cached, weights / 4) << cached << " of the file's bytes stayed in the page cache";
+  }
+  fs::remove(path);
+  fs::remove(path + ".crc32c.json");
 }
 
 }  // namespace
