@@ -147,7 +147,8 @@ constexpr const char* kUsage =
     "With --verify: generation runs through deferred verification (greedy, from an 8-token\n"
     "random prompt after the -p test); the JSON adds its counters.\n"
     "With --adaptive [--verifier ...] (see substrate run --help): generation runs the adaptive\n"
-    "runtime; the JSON adds the tier controller's counters.\n";
+    "runtime; the JSON adds the tier controller's counters.\n"
+    "--print-plan prints the plan the session chose (see substrate run --help) on stderr.\n";
 
 int RunBench(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-t", "--threads", "-r",
@@ -196,6 +197,7 @@ int RunBench(const std::vector<std::string>& args) {
   if (!engine.ok()) return PrintError("bench", engine.status());
   double load_s = Seconds(t_load);
   Engine& e = **engine;
+  PrintPlanIfAsked(f, e);
   Model& model = e.model();
   const int64_t n_vocab = model.hparams().n_vocab;
   ResidencyManager* rm = e.runtime();

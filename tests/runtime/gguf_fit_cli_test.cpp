@@ -2,7 +2,7 @@
 // the weights prints the resident run's text from the runtime (its stats say "source": "gguf"),
 // and `substrate fit` answers resident / out of core / impossible (exit 3, with the smallest
 // budget that runs, which then does run). `substrate split` writes parts that info, run, fit and
-// pack read as one model.
+// pack read as one model; --print-plan shows the plan a run chose.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -159,6 +159,29 @@ TEST_F(GgufCli, SplitRefusesBadArguments) {
   EXPECT_EQ(Cmd("split " + kModel + " x").rc, 2) << "neither --max-size nor --tensors";
   EXPECT_EQ(Cmd("split " + kModel + " x --max-size 1M --tensors 3").rc, 2);
   EXPECT_EQ(Cmd("split " + kModel + " x.gguf --tensors 3").rc, 2) << "a prefix, not a file name";
+}
+
+// Without a prompt, run prints the plan on stdout and exits; with one, the plan goes to stderr
+// and the run's output (here its JSON) follows on stdout.
+TEST_F(GgufCli, PrintPlan) {
+  Out plan = Cmd("run -m " + kModel + " --max-ram 26M -c 256 --print-plan");
+  ASSERT_EQ(plan.rc, 0) << plan.text;
+  for (const char* part : {"plan (automatic)", "read in place", "resident", "attention",
+                           "expert cache", "slots", "reserve", "per token", "read from disk"})
+    EXPECT_NE(plan.text.find(part), std::string::npos) << part << " in:\n" << plan.text;
+  EXPECT_EQ(plan.text.find('{'), std::string::npos) << "nothing generated:\n" << plan.text;
+
+  Out run = Cmd("run -m " + kModel + " -p 'x' -n 2 -c 256 --max-ram 26M --print-plan --json");
+  ASSERT_EQ(run.rc, 0) << run.text;
+  EXPECT_NE(run.text.find("plan (automatic)"), std::string::npos) << run.text;
+  EXPECT_TRUE(LastJson(run.text).contains("text")) << run.text;
+
+  Out resident = Cmd("run -m " + kModel + " -c 256 --print-plan");
+  ASSERT_EQ(resident.rc, 0) << resident.text;
+  EXPECT_NE(resident.text.find("plan: resident"), std::string::npos) << resident.text;
+
+  Out help = Cmd("run --help");
+  EXPECT_NE(help.text.find("--print-plan"), std::string::npos);
 }
 
 }  // namespace
