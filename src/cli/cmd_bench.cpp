@@ -151,7 +151,8 @@ constexpr const char* kUsage =
     "runtime; the JSON adds the tier controller's counters.\n"
     "With --sequences B: generation decodes B sequences at once, each with its own KV cache,\n"
     "in one multi-sequence pass per step (continuous batching, as serve's slots run); t/s is\n"
-    "all sequences together, and the limit counts the weights read once per step.\n";
+    "all sequences together, and the limit counts the weights read once per step.\n"
+    "--print-plan prints the plan the session chose (see substrate run --help) on stderr.\n";
 
 int RunBench(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-t", "--threads", "-r",
@@ -204,6 +205,7 @@ int RunBench(const std::vector<std::string>& args) {
   if (!engine.ok()) return PrintError("bench", engine.status());
   double load_s = Seconds(t_load);
   Engine& e = **engine;
+  PrintPlanIfAsked(f, e);
   Model& model = e.model();
   const int64_t n_vocab = model.hparams().n_vocab;
   ResidencyManager* rm = e.runtime();

@@ -25,7 +25,8 @@ constexpr const char* kUsage =
     "                      (as for substrate run)\n"
     "  --session F  keep the conversation in F (its KV cache) and F.messages.json, and go on\n"
     "               with it in a later run\n"
-    "  type a message and press enter; /reset starts over, /exit (or end of input) quits\n";
+    "  type a message and press enter; /reset starts over, /exit (or end of input) quits\n"
+    "  --print-plan  print the plan the session chose (see substrate run --help) on stderr\n";
 
 int RunChat(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue(GenerationFlagsWithValue({"--system", "--session"})),
@@ -48,6 +49,7 @@ int RunChat(const std::vector<std::string>& args) {
   auto loaded = LoadForGeneration(*gf, eo);
   if (!loaded.ok()) return PrintError("chat", loaded.status());
   auto& [engine, session] = *loaded;
+  PrintPlanIfAsked(f, *engine);
 
   std::vector<ChatMessage> messages;
   if (f.Has("--system")) messages.push_back({"system", f.Get({"--system"})});

@@ -52,8 +52,11 @@ json ValueJson(const MetaValue& v, size_t max_items) {
 
 std::string FormatLine(const ModelFile& m) {
   if (auto* g = dynamic_cast<const GgufFile*>(&m)) {
-    return "GGUF v" + std::to_string(g->version()) + " (alignment " + std::to_string(g->alignment()) +
-           ", data at offset " + std::to_string(g->data_offset()) + ")";
+    std::string s = "GGUF v" + std::to_string(g->version()) + " (alignment " +
+                    std::to_string(g->alignment()) + ", data at offset " +
+                    std::to_string(g->data_offset()) + ")";
+    if (g->n_files() > 1) s += ", split in " + std::to_string(g->n_files()) + " files";
+    return s;
   }
   if (auto* h = dynamic_cast<const HfModelFile*>(&m)) {
     return "Hugging Face folder (" + std::to_string(h->n_files()) + " safetensors file" +
@@ -65,7 +68,8 @@ std::string FormatLine(const ModelFile& m) {
 int RunInfo(const std::vector<std::string>& args) {
   constexpr const char* kUsage =
       "usage: substrate info FILE.gguf|HF_DIR [--json] [--max-items N]\n"
-      "  prints architecture, metadata, the tensor table and totals\n";
+      "  prints architecture, metadata, the tensor table and totals; a split GGUF\n"
+      "  (NAME-00001-of-0000N.gguf, any part named) as one model\n";
   Flags flags(args, {{"--max-items"}, {"--json"}, 1});
   if (!flags.status().ok()) return UsageError("info", flags.status(), kUsage);
   if (flags.help()) return std::fputs(kUsage, stdout), 0;
@@ -92,6 +96,11 @@ int RunInfo(const std::vector<std::string>& args) {
     json j;
     j["path"] = m.path();
     j["format"] = FormatLine(m);
+    if (m.n_files() > 1 && dynamic_cast<const GgufFile*>(&m)) {
+      json parts = json::array();
+      for (int i = 0; i < m.n_files(); ++i) parts.push_back(m.file(i).path());
+      j["split_parts"] = parts;
+    }
     j["architecture"] = md.GetString("general.architecture", "");
     json meta = json::object();
     for (const auto& k : md.keys()) meta[k] = ValueJson(*md.Find(k), static_cast<size_t>(*max_items));
@@ -109,6 +118,9 @@ int RunInfo(const std::vector<std::string>& args) {
 
   std::printf("file:          %s\n", m.path().c_str());
   std::printf("format:        %s\n", FormatLine(m).c_str());
+  if (dynamic_cast<const GgufFile*>(&m))
+    for (int i = 1; i < m.n_files(); ++i)
+      std::printf("               part %d: %s\n", i + 1, m.file(i).path().c_str());
   std::printf("architecture:  %s\n", md.GetString("general.architecture", "?").c_str());
   std::printf("\nmetadata (%zu keys):\n", md.keys().size());
   size_t w = 0;

@@ -72,6 +72,7 @@ int RunPerplexity(const std::vector<std::string>& args) {
   auto engine = Engine::Load(model_path, eo);
   if (!engine.ok()) return PrintError("perplexity", engine.status());
   Engine& e = **engine;
+  PrintPlanIfAsked(f, e);
   auto ids = EncodePlain(e, *text);
   if (!ids.ok()) return PrintError("perplexity", ids.status());
   const Tokenizer& tok = *e.tokenizer();

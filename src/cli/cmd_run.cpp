@@ -53,7 +53,13 @@ constexpr const char* kUsage =
     "                   within --escalation-pool bytes (default: 4 times the largest residual)\n"
     "  --cache-aware-routing DELTA  out of core (MoE): an expert already in memory gets DELTA\n"
     "                   added to its routing probability when experts are chosen (not to its\n"
-    "                   weight), so near-ties are read less; 0 (default) routes exactly\n";
+    "                   weight), so near-ties are read less; 0 (default) routes exactly\n"
+    "  --print-plan     print the plan the session chose on stderr before generating: what\n"
+    "                   stays resident by kind and bytes, what streams through how many slabs\n"
+    "                   read how far ahead, the expert cache's slots and the predicted bytes\n"
+    "                   read from disk per token (one line when every weight is resident).\n"
+    "                   Without -p/-f it prints the plan on stdout and exits, reading no\n"
+    "                   weight: `substrate run -m MODEL.gguf --max-ram 8G --print-plan`\n";
 
 int RunRun(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue(
@@ -72,16 +78,27 @@ int RunRun(const std::vector<std::string>& args) {
     if (!text.ok()) return PrintError("run", text.status());
     prompt = *text;
   }
-  if (prompt.empty()) return UsageError("run", InvalidArgument("no prompt (-p)"), kUsage);
+  const bool plan_only = f.Has("--print-plan") && !f.Has("-p") && !f.Has("--prompt") &&
+                         !f.Has("-f") && !f.Has("--file");
+  if (prompt.empty() && !plan_only)
+    return UsageError("run", InvalidArgument("no prompt (-p)"), kUsage);
 
   EngineOptions eo;
   eo.kv_type = gf->kv_type;
   eo.n_ctx = gf->n_ctx;
   if (Status st = ApplyStoreFlags(f, &eo); !st.ok()) return PrintError("run", st);
   KeepDraftTierResident(gf->generate.verify, &eo);
+  if (plan_only) {
+    eo.n_threads = gf->threads;
+    auto plan = Engine::Plan(gf->model, eo);
+    if (!plan.ok()) return PrintError("run", plan.status());
+    std::fputs(plan->c_str(), stdout);
+    return 0;
+  }
   auto loaded = LoadForGeneration(*gf, eo);
   if (!loaded.ok()) return PrintError("run", loaded.status());
   auto& [engine, session] = *loaded;
+  PrintPlanIfAsked(f, *engine);
 
   std::vector<ChatMessage> messages;
   if (f.Has("--system")) messages.push_back({"system", f.Get({"--system"})});

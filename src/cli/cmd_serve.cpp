@@ -55,7 +55,8 @@ const char* kUsage =
     "  --prompt-cache-size S   the most the prompt cache keeps (default 8G; oldest go first)\n"
     "  --max-ram SIZE  the RAM budget (weights, every slot's KV cache, scratch)\n"
     "  --store STORE/  run out of core: weights streamed from a packed store (substrate pack)\n"
-    "                inside --max-ram; /metrics adds the runtime's counters\n";
+    "                inside --max-ram; /metrics adds the runtime's counters\n"
+    "  --print-plan  print the plan the session chose (see substrate run --help) on stderr\n";
 
 int RunServe(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue({"-m", "--model", "--host", "--port", "--api-key", "-c",
@@ -160,6 +161,7 @@ int RunServe(const std::vector<std::string>& args) {
                model.empty() ? mo.engine.store.c_str() : model.c_str());
   auto backend = serve::ModelBackend::Load(mo);
   if (!backend.ok()) return PrintError("serve", backend.status());
+  PrintPlanIfAsked(f, (*backend)->engine());
 
   serve::ServerOptions so;
   so.host = f.Get({"--host"}, "127.0.0.1");

@@ -1,5 +1,6 @@
 #include "cli/store_flags.h"
 
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "core/file_io.h"
@@ -17,7 +18,14 @@ std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra) {
 
 std::vector<std::string> StoreSwitches(std::vector<std::string> extra) {
   extra.push_back("--adaptive");
+  extra.push_back("--print-plan");
   return extra;
+}
+
+void PrintPlanIfAsked(const Flags& f, const Engine& e) {
+  if (!f.Has("--print-plan")) return;
+  std::fputs(e.PlanText().c_str(), stderr);
+  std::fflush(stderr);
 }
 
 Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {

@@ -1,5 +1,8 @@
 #include "format/gguf_reader.h"
 
+#include "core/file_io.h"
+#include "format/gguf_split.h"
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -316,15 +319,107 @@ Status GgufParser::Parse(Metadata* md, std::vector<TensorInfo>* tensors, uint32_
   return Status::Ok();
 }
 
-Expected<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
-  ASSIGN_OR_RETURN(auto file, RandomAccessFile::Open(path));
-  std::unique_ptr<GgufFile> g(new GgufFile());
-  g->path_ = path;
-  FileSource src(*file);
+namespace {
+
+// One GGUF file's header, parsed.
+struct GgufPart {
+  std::unique_ptr<RandomAccessFile> file;
+  Metadata metadata;
+  std::vector<TensorInfo> tensors;
+  uint32_t version = 3, alignment = kGgufDefaultAlignment;
+  uint64_t data_offset = 0;
+};
+
+Expected<GgufPart> ParsePart(const std::string& path) {
+  GgufPart p;
+  ASSIGN_OR_RETURN(p.file, RandomAccessFile::Open(path));
+  FileSource src(*p.file);
   GgufParser parser(src, path);
-  RETURN_IF_ERROR(
-      parser.Parse(&g->metadata_, &g->tensors_, &g->version_, &g->alignment_, &g->data_offset_));
-  g->file_ = std::move(file);
+  RETURN_IF_ERROR(parser.Parse(&p.metadata, &p.tensors, &p.version, &p.alignment, &p.data_offset));
+  return p;
+}
+
+// split.count of a part (0 when absent).
+int64_t SplitCount(const GgufPart& p) { return p.metadata.GetInt(kGgufSplitCount, 0); }
+
+// The paths of all parts of the split `given` belongs to (it says it is part `index` of `count`),
+// from its name.
+Expected<std::vector<std::string>> SplitPaths(const std::string& given, const GgufPart& part) {
+  const int64_t count = SplitCount(part), index = part.metadata.GetInt(kGgufSplitNo, -1);
+  if (index < 0 || index >= count || count > 99999)
+    return Corruption("gguf '" + given + "': split.count " + std::to_string(count) + " with " +
+                      (index < 0 ? "no split.no" : "split.no " + std::to_string(index)) +
+                      ": not a part of a split GGUF");
+  const auto name = ParseGgufSplitPath(given);
+  if (!name || name->count != count || name->index != index)
+    return InvalidArgument("'" + given + "' is part " + std::to_string(index + 1) + " of a split GGUF of " +
+                           std::to_string(count) + " files, but its name does not end in " +
+                           GgufSplitPath("", static_cast<int>(index), static_cast<int>(count)) +
+                           ", so its other parts cannot be found (rename it as gguf-split named it)");
+  std::vector<std::string> paths;
+  for (int i = 0; i < name->count; ++i) paths.push_back(GgufSplitPath(name->prefix, i, name->count));
+  return paths;
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
+  ASSIGN_OR_RETURN(GgufPart given, ParsePart(path));
+  std::unique_ptr<GgufFile> g(new GgufFile());
+  auto take_first = [&](GgufPart& p, const std::string& p_path) {
+    g->path_ = p_path;
+    g->metadata_ = std::move(p.metadata);
+    g->version_ = p.version;
+    g->alignment_ = p.alignment;
+    g->data_offset_ = p.data_offset;
+  };
+  if (SplitCount(given) <= 1) {
+    take_first(given, path);
+    g->tensors_ = std::move(given.tensors);
+    g->files_.push_back(std::move(given.file));
+    return g;
+  }
+
+  ASSIGN_OR_RETURN(const std::vector<std::string> paths, SplitPaths(path, given));
+  const int64_t count = static_cast<int64_t>(paths.size());
+  const std::string what = "split GGUF '" + paths[0] + "'";
+  int64_t total = -1;  // split.tensors.count, as the first part says
+  std::set<std::string> names;
+  for (int64_t i = 0; i < count; ++i) {
+    GgufPart p;
+    if (paths[i] == path) {
+      p = std::move(given);
+    } else {
+      if (!FileExists(paths[i]))
+        return NotFound(what + ": part " + std::to_string(i + 1) + " of " + std::to_string(count) +
+                        ", '" + paths[i] + "', is missing");
+      ASSIGN_OR_RETURN(p, ParsePart(paths[i]));
+    }
+    // A part of another split (another model, or the same one split otherwise) must not mix in.
+    const int64_t no = p.metadata.GetInt(kGgufSplitNo, -1);
+    const int64_t tensors_count = p.metadata.GetInt(kGgufSplitTensorsCount, -1);
+    if (i == 0) total = tensors_count;
+    if (no != i || SplitCount(p) != count || tensors_count != total)
+      return Corruption(what + ": '" + paths[i] + "' is not part " + std::to_string(i + 1) +
+                        " of this split: it says part " + std::to_string(no + 1) + " of " +
+                        std::to_string(SplitCount(p)) + ", of a model of " +
+                        std::to_string(tensors_count) + " tensors (part 1 says " +
+                        std::to_string(total) + "); it belongs to another split");
+    for (TensorInfo& t : p.tensors) {
+      if (!names.insert(t.name).second)
+        return Corruption(what + ": tensor '" + t.name + "' is in two parts (again in '" +
+                          paths[i] + "'): a part of another split is mixed in");
+      t.parts[0].file = static_cast<int>(i);
+      g->tensors_.push_back(std::move(t));
+    }
+    if (i == 0) take_first(p, paths[0]);
+    g->files_.push_back(std::move(p.file));
+  }
+  if (total >= 0 && static_cast<int64_t>(g->tensors_.size()) != total)
+    return Corruption(what + ": its parts hold " + std::to_string(g->tensors_.size()) +
+                      " tensors, the split says " + std::to_string(total));
+  // One model now: its metadata no longer describes a split (what a writer copies from it).
+  for (const char* k : {kGgufSplitNo, kGgufSplitCount, kGgufSplitTensorsCount}) g->metadata_.Erase(k);
   return g;
 }
 
@@ -339,7 +434,7 @@ Status ParseGgufHeader(const std::string& bytes, Metadata* metadata,
 
 Status GgufFile::ReadTensor(const TensorInfo& info, void* dst) const {
   if (info.parts.size() != 1) return Internal("gguf: tensor '" + info.name + "' is not from this file");
-  return file_->Read(info.parts[0].offset, info.bytes, dst);
+  return files_[info.parts[0].file]->Read(info.parts[0].offset, info.bytes, dst);
 }
 
 Status GgufFile::ReadSlice(const TensorInfo& info, uint64_t index, void* dst) const {
@@ -349,7 +444,7 @@ Status GgufFile::ReadSlice(const TensorInfo& info, uint64_t index, void* dst) co
                            " out of range (outer dimension " + std::to_string(info.outer()) + ")");
   }
   uint64_t sb = info.slice_bytes();
-  return file_->Read(info.parts[0].offset + index * sb, sb, dst);
+  return files_[info.parts[0].file]->Read(info.parts[0].offset + index * sb, sb, dst);
 }
 
 }  // namespace substrate

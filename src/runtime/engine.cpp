@@ -33,8 +33,28 @@ size_t StopPrefixHold(const std::string& text, const std::vector<std::string>& s
   return hold;
 }
 
-Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
-                                               const EngineOptions& opt) {
+Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path, const EngineOptions& opt) {
+  return Open(path, opt, /*plan_only=*/false);
+}
+
+Expected<std::string> Engine::Plan(const std::string& path, const EngineOptions& opt) {
+  MemoryLedger ledger;  // a dry run charges nothing, but leaves the caller's cap alone
+  EngineOptions o = opt;
+  o.ledger = &ledger;
+  ASSIGN_OR_RETURN(auto e, Open(path, o, /*plan_only=*/true));
+  return e->PlanText();
+}
+
+std::string Engine::PlanText() const {
+  if (runtime_) return runtime_->PlanText();
+  uint64_t weights = 0;
+  for (const TensorInfo& t : file_->tensors()) weights += t.bytes;
+  return "plan: resident, every weight in memory (" + FormatBytes(weights) + ")" +
+         (ledger_->cap() ? ", budget " + FormatBytes(ledger_->cap()) : std::string()) + "\n";
+}
+
+Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const EngineOptions& opt,
+                                               bool plan_only) {
   std::unique_ptr<Engine> e(new Engine());
   e->ledger_ = opt.ledger ? opt.ledger : &MemoryLedger::Global();
   e->kv_type_ = opt.kv_type;
@@ -91,11 +111,14 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
     ro.budget_bytes = opt.max_ram;
     // Each session's KV cache, plus the scratch of one pass at a time.
     ro.reserve_bytes = reserve;
+    ro.dry_run = plan_only;
     auto m = in_place ? ResidencyManager::OpenGguf(path, e->ledger_, ro)
                       : ResidencyManager::Open(opt.store, e->ledger_, ro);
     if (!m.ok()) return m.status().WithContext(path);
     e->runtime_ = m->get();
     e->weights_ = std::move(m).value();
+  } else if (plan_only) {
+    return e;  // resident: nothing to choose
   } else {
     ResidentWeightSource::Options ro;
     ro.backend = e->backend_.get();
@@ -118,6 +141,7 @@ Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path_in,
       e->weights_ = std::move(weights).value();
     }
   }
+  if (plan_only) return e;
   auto model =
       Model::Create(e->file_->metadata(), e->weights_.get(), e->backend_.get(), e->ledger_);
   if (!model.ok()) return model.status().WithContext(path);

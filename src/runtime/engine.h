@@ -198,6 +198,12 @@ using TokenCallback = std::function<bool(int32_t token, const std::string& text)
 class Engine {
  public:
   static Expected<std::unique_ptr<Engine>> Load(const std::string& path, const EngineOptions& opt);
+  // The plan Load would choose (PlanText), reading no weight: out of core a dry run of the
+  // runtime (the same choice, nothing allocated or read), resident nothing loaded.
+  static Expected<std::string> Plan(const std::string& path, const EngineOptions& opt);
+  // The plan this engine runs: out of core ResidencyManager::PlanText, else one line saying
+  // every weight is resident.
+  std::string PlanText() const;
 
   const ModelFile& file() const { return *file_; }
   const Metadata& metadata() const { return file_->metadata(); }
@@ -238,6 +244,9 @@ class Engine {
 
  private:
   Engine() = default;
+  // Load; plan_only stops once the weight source is chosen (Plan).
+  static Expected<std::unique_ptr<Engine>> Open(const std::string& path, const EngineOptions& opt,
+                                                bool plan_only);
   Status SetUpAdaptive(const AdaptiveOptions& a);
   // `passes`, or when null the engine's own runner (each pass at once).
   PassRunner& PassesOf(PassRunner* passes);

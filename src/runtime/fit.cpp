@@ -203,7 +203,11 @@ Expected<FitReport> PredictFit(const std::string& path, const FitOptions& o) {
   }
 
   if (o.measure) {
-    auto disk = compiler::MeasureFileReadBandwidth(path, 256ull << 20);
+    // The largest file: a split GGUF's first part may hold little beside the metadata.
+    int largest = 0;
+    for (int i = 1; i < file->n_files(); ++i)
+      if (file->file(i).size() > file->file(largest).size()) largest = i;
+    auto disk = compiler::MeasureFileReadBandwidth(file->file(largest).path(), 256ull << 20);
     if (disk.ok()) {
       r.disk_bytes_per_s = disk->bytes_per_second;
       r.disk_direct = disk->direct_io;

@@ -62,6 +62,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   options_.prefetch_depth = std::clamp(options.prefetch_depth, 1, 64);
   const uint64_t budget = options.budget_bytes ? options.budget_bytes : ledger->cap();
   if (budget == 0) return InvalidArgument("a byte budget is needed (--max-ram, or a ledger cap)");
+  budget_ = budget;
   ASSIGN_OR_RETURN(hp_, ModelHParams::FromMetadata(index_->meta().metadata()));
   if (options.serve_tier < -1 || options.serve_tier >= index_->n_tiers())
     return InvalidArgument("tier " + std::to_string(options.serve_tier) +
@@ -83,6 +84,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     const int o = index_->FindOp(spec.id);
     if (o < 0) continue;  // every tensor it names lives in an earlier op
     st_[o].layer = spec.layer;
+    st_[o].kind = static_cast<int>(spec.kind);
     st_[o].lower_tier_fallback = options_.lower_tier_by_default;  // a plan may say otherwise
     if (spec.kind == OpKind::kMoeExpert) {
       st_[o].where = Where::kExpert;

@@ -139,6 +139,11 @@ class ResidencyManager : public WeightSource {
 
   ResidencyStats stats() const;
   std::string StatsJson() const;
+  // The plan chosen at open (also by a dry run), for --print-plan: what stays resident, by op
+  // kind and bytes; what streams, through how many slabs, read how far ahead; the expert cache;
+  // and the predicted bytes read from disk per decoded token (routed experts at the hit rate of
+  // uniform routing over the cache's slots, as `substrate fit` predicts it).
+  std::string PlanText() const;
   // The trace's buffered events reach the file (also done at destruction).
   Status FlushTrace();
   // Writes an adaptive-runtime event to the trace, if there is one (TraceWriter::Runtime).
@@ -149,6 +154,7 @@ class ResidencyManager : public WeightSource {
   enum class Where { kResident, kStreamed, kExpert };
   struct OpState {
     Where where = Where::kResident;
+    int kind = -1;  // its OpKind, -1 for an op the model's op list does not name (a store's misc)
     int seq = -1;  // position in seq_ (dense ops), -1 for experts and unsequenced ops
     int layer = -1;
     AlignedBuffer resident;
@@ -226,6 +232,7 @@ class ResidencyManager : public WeightSource {
   std::unique_ptr<TraceWriter> trace_;
   MemoryLedger* ledger_ = nullptr;
   ResidencyOptions options_;
+  uint64_t budget_ = 0;  // in effect: options_.budget_bytes, else the ledger's cap
   ModelHParams hp_;
   int serve_ = 0;
   int keep_ = 0;  // resident ops keep tiers 0..keep_ (ResidencyOptions::resident_max_tier)

@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <numeric>
 
 #include "core/aligned_buffer.h"
 #include "core/file_io.h"
@@ -32,19 +31,33 @@ std::string Hex(uint64_t v) {
   return buf;
 }
 
+// Size and modification time of the file (the first part of a split), and of the other parts.
 struct FileKey {
   uint64_t bytes = 0;
   int64_t mtime_ns = 0;
+  json parts = json::array();  // [[bytes, mtime_ns], ...] of parts 2..N
   std::string fingerprint;
+
+  bool operator==(const FileKey& o) const {
+    return bytes == o.bytes && mtime_ns == o.mtime_ns && parts == o.parts;
+  }
 };
 
 Expected<FileKey> KeyOf(const ModelFile& meta) {
-  struct stat st;
-  if (::stat(meta.path().c_str(), &st) != 0)
-    return IOError("cannot stat '" + meta.path() + "'");
   FileKey k;
-  k.bytes = static_cast<uint64_t>(st.st_size);
-  k.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  for (int i = 0; i < meta.n_files(); ++i) {
+    const std::string& path = meta.file(i).path();
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return IOError("cannot stat '" + path + "'");
+    const auto bytes = static_cast<uint64_t>(st.st_size);
+    const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    if (i == 0) {
+      k.bytes = bytes;
+      k.mtime_ns = mtime;
+    } else {
+      k.parts.push_back({bytes, mtime});
+    }
+  }
   ASSIGN_OR_RETURN(uint64_t fp, WeightFingerprint(meta));
   k.fingerprint = Hex(fp);
   return k;
@@ -69,14 +82,17 @@ bool ReadRecord(const std::string& rpath, const FileKey& key,
     const json j = json::parse(*text);
     if (j.value("format", "") != kFormat || j.at("bytes").get<uint64_t>() != key.bytes ||
         j.at("mtime_ns").get<int64_t>() != key.mtime_ns ||
+        j.value("parts", json::array()) != key.parts ||
         j.at("fingerprint").get<std::string>() != key.fingerprint)
       return false;
     const json& r = j.at("ranges");
     if (r.size() != ranges->size()) return false;
     std::vector<uint32_t> crc(ranges->size());
     for (size_t i = 0; i < ranges->size(); ++i) {
+      // [offset, bytes, crc] or, in a part after the first, [offset, bytes, crc, part].
+      const int file = r[i].size() > 3 ? r[i].at(3).get<int>() : 0;
       if (r[i].at(0).get<uint64_t>() != (*ranges)[i].offset ||
-          r[i].at(1).get<uint64_t>() != (*ranges)[i].bytes)
+          r[i].at(1).get<uint64_t>() != (*ranges)[i].bytes || file != (*ranges)[i].file)
         return false;
       crc[i] = r[i].at(2).get<uint32_t>();
     }
@@ -90,18 +106,24 @@ bool ReadRecord(const std::string& rpath, const FileKey& key,
 Status WriteRecord(const std::string& rpath, const FileKey& key,
                    const std::vector<GgufChecksumRange>& ranges, Env* env) {
   json r = json::array();
-  for (const GgufChecksumRange& g : ranges) r.push_back({g.offset, g.bytes, g.crc});
-  const json j{{"format", kFormat}, {"version", 1}, {"bytes", key.bytes},
-               {"mtime_ns", key.mtime_ns}, {"fingerprint", key.fingerprint}, {"ranges", r}};
+  for (const GgufChecksumRange& g : ranges) {
+    r.push_back({g.offset, g.bytes, g.crc});
+    if (g.file != 0) r.back().push_back(g.file);
+  }
+  json j{{"format", kFormat}, {"version", 1}, {"bytes", key.bytes},
+         {"mtime_ns", key.mtime_ns}, {"fingerprint", key.fingerprint}, {"ranges", r}};
+  if (!key.parts.empty()) j["parts"] = key.parts;
   ASSIGN_OR_RETURN(auto w, AtomicFileWriter::Create(rpath, env));
   RETURN_IF_ERROR(w->Append(j.dump()));
   return w->Commit();
 }
 
-// One sequential pass: every range's CRC32C, reading aligned chunks (ranges do not overlap).
-Status ComputeAll(const RandomAccessFile& f, std::vector<GgufChecksumRange>* ranges) {
-  std::vector<size_t> order(ranges->size());
-  std::iota(order.begin(), order.end(), 0);
+// One sequential pass over file `file`: the CRC32C of each of its ranges, reading aligned chunks
+// (ranges do not overlap).
+Status ComputeFile(const RandomAccessFile& f, int file, std::vector<GgufChecksumRange>* ranges) {
+  std::vector<size_t> order;
+  for (size_t i = 0; i < ranges->size(); ++i)
+    if ((*ranges)[i].file == file) order.push_back(i);
   std::sort(order.begin(), order.end(),
             [&](size_t a, size_t b) { return (*ranges)[a].offset < (*ranges)[b].offset; });
   if (order.empty()) return Status::Ok();
@@ -136,7 +158,7 @@ std::string GgufChecksumCacheDir() {
 }
 
 Expected<GgufChecksumResult> LoadOrComputeGgufChecksums(const ModelFile& meta,
-                                                       const RandomAccessFile& direct,
+                                                       const std::vector<const RandomAccessFile*>& direct,
                                                        std::vector<GgufChecksumRange>* ranges,
                                                        Env* env) {
   ASSIGN_OR_RETURN(FileKey key, KeyOf(meta));
@@ -151,12 +173,14 @@ Expected<GgufChecksumResult> LoadOrComputeGgufChecksums(const ModelFile& meta,
   LOG_WARN("%s: taking the checksums of its %zu weight ranges (once; kept in a record beside it "
            "or in %s)", meta.path().c_str(), ranges->size(), GgufChecksumCacheDir().c_str());
   const auto t0 = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(ComputeAll(direct, ranges).WithContext("checksumming '" + meta.path() + "'"));
+  for (size_t i = 0; i < direct.size(); ++i)
+    RETURN_IF_ERROR(ComputeFile(*direct[i], static_cast<int>(i), ranges)
+                        .WithContext("checksumming '" + direct[i]->path() + "'"));
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   res.computed = true;
   // The file may have changed while it was read: its key then differs and the record is not kept.
   ASSIGN_OR_RETURN(FileKey after, KeyOf(meta));
-  if (after.bytes != key.bytes || after.mtime_ns != key.mtime_ns)
+  if (!(after == key))
     return Corruption("'" + meta.path() + "' changed while its checksums were taken");
   for (const std::string& p : paths) {
     if (p != paths.front()) {

@@ -5,7 +5,8 @@
 // $XDG_CACHE_HOME/substrate, else $HOME/.cache/substrate). The record names the file's size,
 // modification time and sampled weight fingerprint (format/model_fingerprint.h): a file changed
 // since is noticed at open (and its checksums taken again); one changed under a running session
-// fails the next read of a changed range with a checksum mismatch.
+// fails the next read of a changed range with a checksum mismatch. A split GGUF has one record,
+// beside its first part, naming every part's size and modification time.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,8 @@
 namespace substrate {
 
 struct GgufChecksumRange {
-  uint64_t offset = 0;  // in the file
+  int file = 0;         // the part (ModelFile::file index)
+  uint64_t offset = 0;  // in that file
   uint64_t bytes = 0;
   uint32_t crc = 0;     // filled in
 };
@@ -30,12 +32,12 @@ struct GgufChecksumResult {
   double seconds = 0;     // the checksum pass's time (computed)
 };
 
-// Fills every range's crc: from a record of `file` (its size, mtime and fingerprint matching
-// `meta`, the same ranges), else by reading `direct` (the file, opened with O_DIRECT where
-// allowed) and writing the record. Errors: the file's reads; a record that cannot be written is
-// only a warning (the checksums are taken again next time).
+// Fills every range's crc: from a record of `meta`'s files (their sizes and mtimes, and the
+// fingerprint, matching; the same ranges), else by reading `direct` (the files, in meta's order,
+// opened with O_DIRECT where allowed) and writing the record. Errors: the files' reads; a record
+// that cannot be written is only a warning (the checksums are taken again next time).
 Expected<GgufChecksumResult> LoadOrComputeGgufChecksums(const ModelFile& meta,
-                                                       const RandomAccessFile& direct,
+                                                       const std::vector<const RandomAccessFile*>& direct,
                                                        std::vector<GgufChecksumRange>* ranges,
                                                        Env* env = nullptr);
 

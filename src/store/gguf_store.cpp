@@ -2,10 +2,12 @@
 // one expert slice of a 3-D expert tensor) is its own bytes in the file; units go to the op that
 // first acquires them, as pack groups them, so the runtime streams an op with one aligned read
 // per run of adjacent tensors and trims the unaligned head and tail through the ranges' slab
-// positions (StoreIndex::LayOutSpans).
+// positions (StoreIndex::LayOutSpans). A split GGUF is one store of several files: a unit's
+// range names the part that holds it.
 #include <set>
 
 #include "core/log.h"
+#include "format/gguf_reader.h"
 #include "model/hparams.h"
 #include "model/op_id.h"
 #include "store/gguf_checksums.h"
@@ -24,20 +26,14 @@ Expected<std::unique_ptr<StoreIndex>> StoreIndex::OpenGguf(const std::string& pa
   ix->n_tiers_ = 1;
   ASSIGN_OR_RETURN(ix->meta_, ModelFile::Open(path));
   const ModelFile& m = *ix->meta_;
-  if (m.n_files() != 1)
+  if (dynamic_cast<const GgufFile*>(&m) == nullptr)
     return InvalidArgument("'" + path + "': reading a model out of core in place needs a GGUF "
                            "file (pack a folder of safetensors into a store: substrate pack)");
   for (const TensorInfo& t : m.tensors())
     if (t.parts.size() != 1 || t.transform != TensorTransform::kNone || t.parts[0].bytes != t.bytes)
       return InvalidArgument("'" + path + "': tensor '" + t.name +
                              "' is not stored as one range; pack the model (substrate pack)");
-  Env* env = options.env ? options.env : Env::Default();
-  ASSIGN_OR_RETURN(auto f, env->NewRandomAccessFile(path, options.direct_io));
-  if (options.direct_io && !f->direct())
-    LOG_WARN("%s: the file system refuses O_DIRECT; reading through the page cache, dropping "
-             "each range once read (posix_fadvise) to keep the cache inside the budget",
-             path.c_str());
-  ix->files_.push_back(std::move(f));
+  for (int i = 0; i < m.n_files(); ++i) RETURN_IF_ERROR(ix->AddDataFile(m.file(i).path()));
 
   std::set<std::string> types;
   for (const TensorInfo& t : m.tensors()) {
@@ -50,7 +46,7 @@ Expected<std::unique_ptr<StoreIndex>> StoreIndex::OpenGguf(const std::string& pa
       r.type = t.type;
       r.bytes = st.sliced ? t.slice_bytes() : t.bytes;
       r.offset = t.parts[0].offset + (st.sliced ? t.slice_bytes() * s : 0);
-      r.file = 0;
+      r.file = t.parts[0].file;
       r.what = "tensor '" + t.name + "'" + (st.sliced ? " slice " + std::to_string(s) : "");
       st.units[s].n_tiers = 1;
     }
@@ -92,18 +88,23 @@ Expected<std::unique_ptr<StoreIndex>> StoreIndex::OpenGguf(const std::string& pa
   // Checksums (the file has none): from the record, or taken once now.
   std::vector<GgufChecksumRange> sums;
   for (const StoreTensor& t : ix->tensors_)
-    for (const StoreUnit& u : t.units) sums.push_back({u.tier[0].offset, u.tier[0].bytes, 0});
-  for (const GgufChecksumRange& g : sums)
-    if (g.offset > ix->files_[0]->size() || g.bytes > ix->files_[0]->size() - g.offset)
-      return Corruption("'" + path + "': a tensor's range [" + std::to_string(g.offset) + ", +" +
-                        std::to_string(g.bytes) + ") is past the end of the file (size " +
-                        std::to_string(ix->files_[0]->size()) + "): truncated");
+    for (const StoreUnit& u : t.units)
+      sums.push_back({u.tier[0].file, u.tier[0].offset, u.tier[0].bytes, 0});
+  for (const GgufChecksumRange& g : sums) {
+    const RandomAccessFile& f = *ix->files_[g.file];
+    if (g.offset > f.size() || g.bytes > f.size() - g.offset)
+      return Corruption("'" + f.path() + "': a tensor's range [" + std::to_string(g.offset) +
+                        ", +" + std::to_string(g.bytes) + ") is past the end of the file (size " +
+                        std::to_string(f.size()) + "): truncated");
+  }
   if (!options.checksums) {
     RETURN_IF_ERROR(ix->LayOutSpans());
     return ix;
   }
+  std::vector<const RandomAccessFile*> files;
+  for (const auto& f : ix->files_) files.push_back(f.get());
   ASSIGN_OR_RETURN(GgufChecksumResult res,
-                   LoadOrComputeGgufChecksums(m, *ix->files_[0], &sums, options.env));
+                   LoadOrComputeGgufChecksums(m, files, &sums, options.env));
   if (res.computed)
     LOG_INFO("%s: checksums taken in %.1f s, kept in %s", path.c_str(), res.seconds,
              res.record.empty() ? "(nowhere)" : res.record.c_str());

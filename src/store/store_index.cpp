@@ -1,10 +1,13 @@
 #include "store/store_index.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/log.h"
 #include "format/model_fingerprint.h"
 #include "model/hparams.h"
 #include "model/op_id.h"
@@ -154,9 +157,7 @@ Status StoreIndex::Parse(const std::string& text) {
 
     auto& fi = files[file];
     if (fi == 0) {
-      Env* env = options_.env ? options_.env : Env::Default();
-      ASSIGN_OR_RETURN(auto f, env->NewRandomAccessFile(dir_ + "/" + file, options_.direct_io));
-      files_.push_back(std::move(f));
+      RETURN_IF_ERROR(AddDataFile(dir_ + "/" + file));
       fi = static_cast<int>(files_.size());
     }
     const RandomAccessFile& f = *files_[fi - 1];
@@ -173,6 +174,21 @@ Status StoreIndex::Parse(const std::string& text) {
                           " has no data");
   RETURN_IF_ERROR(CheckMatchesModel());
   return LayOutSpans();
+}
+
+Status StoreIndex::AddDataFile(const std::string& path) {
+  Env* env = options_.env ? options_.env : Env::Default();
+  ASSIGN_OR_RETURN(auto f, env->NewRandomAccessFile(path, options_.direct_io));
+  if (options_.direct_io && !f->direct()) {
+    if (f->fd() >= 0) ::posix_fadvise(f->fd(), 0, 0, POSIX_FADV_RANDOM);
+    if (!warned_buffered_)
+      LOG_WARN("%s: the file system refuses O_DIRECT; reading through the page cache, without "
+               "read-ahead, dropping each range once read (posix_fadvise) to keep the cache "
+               "inside the budget", path.c_str());
+    warned_buffered_ = true;
+  }
+  files_.push_back(std::move(f));
+  return Status::Ok();
 }
 
 Status StoreIndex::LayOutSpans() {
@@ -349,7 +365,7 @@ Status StoreIndex::Verify(const StoreRange& r, const uint8_t* data) const {
   const uint32_t got = Crc32c(data, r.bytes);
   if (got == r.crc) return Status::Ok();
   if (!gguf_path_.empty())
-    return Corruption("'" + gguf_path_ + "': " + r.what + " at offset " + std::to_string(r.offset) +
+    return Corruption("'" + files_[r.file]->path() + "': " + r.what + " at offset " + std::to_string(r.offset) +
                       ": checksum mismatch (crc32c " + std::to_string(got) + ", " +
                       std::to_string(r.crc) + " when its checksums were taken): the file changed "
                       "under the running session; stopping rather than computing with mixed bytes");

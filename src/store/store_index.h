@@ -84,8 +84,9 @@ class StoreIndex {
   // tensor for a malformed manifest or a truncated data file.
   static Expected<std::unique_ptr<StoreIndex>> Open(const std::string& dir,
                                                     const StoreIndexOptions& options = {});
-  // A GGUF file read in place as a one-tier store (store/gguf_store.cpp): tier 0 of each unit is
-  // the tensor's (or expert slice's) own bytes in the file, grouped by op as pack would group
+  // A GGUF file (or a split GGUF: one data file per part) read in place as a one-tier store
+  // (store/gguf_store.cpp): tier 0 of each unit is the tensor's (or expert slice's) own bytes in
+  // the file, grouped by op as pack would group
   // them; each range's CRC32C comes from the file's checksum record (store/gguf_checksums.h),
   // computed on first use and recomputed when the file changed.
   static Expected<std::unique_ptr<StoreIndex>> OpenGguf(const std::string& path,
@@ -126,6 +127,11 @@ class StoreIndex {
   Status Parse(const std::string& text);
   Status CheckMatchesModel() const;
   Status VerifyModelFile(const std::string& name, uint64_t bytes, uint32_t crc) const;
+  // Opens a data file into files_ (with O_DIRECT when options_ ask). Where the file system
+  // refuses O_DIRECT: a warning (once), and read-ahead off (POSIX_FADV_RANDOM), because the readers
+  // drop each range from the page cache once read (posix_fadvise DONTNEED) and read-ahead would
+  // cache the bytes after it: the cache would grow past the budget.
+  Status AddDataFile(const std::string& path);
   // Lays out each op's tiers: its units' ranges grouped into aligned spans, and every range's
   // position in a slab. Corruption (naming the range) for one past the end of its file.
   Status LayOutSpans();
@@ -142,6 +148,7 @@ class StoreIndex {
   std::vector<std::string> tier_names_;  // manifest "tiers": a type per tier, or "plan"/"keep"
   std::string gguf_path_;
   std::string checksum_record_;
+  bool warned_buffered_ = false;
 };
 
 }  // namespace substrate

@@ -1,14 +1,17 @@
 // The command line over a GGUF read in place: `substrate run -m FILE.gguf --max-ram SIZE` below
 // the weights prints the resident run's text from the runtime (its stats say "source": "gguf"),
 // and `substrate fit` answers resident / out of core / impossible (exit 3, with the smallest
-// budget that runs, which then does run).
+// budget that runs, which then does run). `substrate split` writes parts that info, run, fit and
+// pack read as one model; --print-plan shows the plan a run chose.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "store/store_fixture.h"
 
@@ -106,6 +109,79 @@ TEST_F(GgufCli, FitMeasuresAndPredicts) {
   EXPECT_GT(j["predicted"]["tokens_per_s"].get<double>(), 0);
   const std::string bound = j["predicted"]["bound"];
   EXPECT_TRUE(bound == "disk" || bound == "compute") << bound;
+}
+
+TEST_F(GgufCli, SplitThenEveryCommandReadsOneModel) {
+  const std::string prefix = testing::StoreTestPath("cli_split");
+  Out split = Cmd("split " + kModel + " " + prefix + " --max-size 6M");
+  ASSERT_EQ(split.rc, 0) << split.text;
+  std::vector<std::string> parts;
+  std::istringstream lines(split.text);
+  for (std::string l; std::getline(lines, l);)
+    if (l.ends_with(".gguf")) parts.push_back(l);
+  ASSERT_GE(parts.size(), 2u) << split.text;
+  EXPECT_EQ(parts[0], prefix + "-00001-of-0000" + std::to_string(parts.size()) + ".gguf");
+  const std::string last = parts.back();
+
+  Out info = Cmd("info " + last);
+  ASSERT_EQ(info.rc, 0) << info.text;
+  EXPECT_NE(info.text.find("split in " + std::to_string(parts.size()) + " files"), std::string::npos)
+      << info.text;
+
+  const std::string args = " -p 'def fib(n):' -n 16 -c 256 --json";
+  Out resident = Cmd("run -m " + kModel + args);
+  ASSERT_EQ(resident.rc, 0) << resident.text;
+  const std::string want = LastJson(resident.text)["text"];
+  Out in_place = Cmd("run -m " + last + args + " --max-ram 26M");
+  ASSERT_EQ(in_place.rc, 0) << in_place.text;
+  const json b = LastJson(in_place.text);
+  EXPECT_EQ(b["store"]["source"], "gguf");
+  EXPECT_EQ(b["text"], want);
+
+  Out fit = Cmd("fit -m " + parts[0] + " --max-ram 26M -c 256 --json --no-measure");
+  ASSERT_EQ(fit.rc, 0) << fit.text;
+  EXPECT_EQ(LastJson(fit.text)["verdict"], "out_of_core");
+
+  const std::string store = testing::StoreTestPath("cli_split_store");
+  Out pack = Cmd("pack -m " + last + " -o " + store + " --skeleton keep");
+  ASSERT_EQ(pack.rc, 0) << pack.text;
+  Out packed = Cmd("run --store " + store + args + " --max-ram 26M");
+  ASSERT_EQ(packed.rc, 0) << packed.text;
+  EXPECT_EQ(LastJson(packed.text)["text"], want);
+
+  std::error_code ec;
+  fs::remove_all(store, ec);
+  for (const std::string& p : parts) fs::remove(p, ec);
+  fs::remove(parts[0] + ".crc32c.json", ec);
+}
+
+TEST_F(GgufCli, SplitRefusesBadArguments) {
+  EXPECT_EQ(Cmd("split " + kModel + " x").rc, 2) << "neither --max-size nor --tensors";
+  EXPECT_EQ(Cmd("split " + kModel + " x --max-size 1M --tensors 3").rc, 2);
+  EXPECT_EQ(Cmd("split " + kModel + " x.gguf --tensors 3").rc, 2) << "a prefix, not a file name";
+}
+
+// Without a prompt, run prints the plan on stdout and exits; with one, the plan goes to stderr
+// and the run's output (here its JSON) follows on stdout.
+TEST_F(GgufCli, PrintPlan) {
+  Out plan = Cmd("run -m " + kModel + " --max-ram 26M -c 256 --print-plan");
+  ASSERT_EQ(plan.rc, 0) << plan.text;
+  for (const char* part : {"plan (automatic)", "read in place", "resident", "attention",
+                           "expert cache", "slots", "reserve", "per token", "read from disk"})
+    EXPECT_NE(plan.text.find(part), std::string::npos) << part << " in:\n" << plan.text;
+  EXPECT_EQ(plan.text.find('{'), std::string::npos) << "nothing generated:\n" << plan.text;
+
+  Out run = Cmd("run -m " + kModel + " -p 'x' -n 2 -c 256 --max-ram 26M --print-plan --json");
+  ASSERT_EQ(run.rc, 0) << run.text;
+  EXPECT_NE(run.text.find("plan (automatic)"), std::string::npos) << run.text;
+  EXPECT_TRUE(LastJson(run.text).contains("text")) << run.text;
+
+  Out resident = Cmd("run -m " + kModel + " -c 256 --print-plan");
+  ASSERT_EQ(resident.rc, 0) << resident.text;
+  EXPECT_NE(resident.text.find("plan: resident"), std::string::npos) << resident.text;
+
+  Out help = Cmd("run --help");
+  EXPECT_NE(help.text.find("--print-plan"), std::string::npos);
 }
 
 }  // namespace
