@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -30,7 +31,15 @@ std::string Arg(int argc, char** argv, const std::string& name, const std::strin
   return fallback;
 }
 
-std::vector<LoadPrompt> MakePrompts(int max_tokens) {
+bool HasFlag(int argc, char** argv, const std::string& name) {
+  for (int i = 1; i < argc; ++i)
+    if (argv[i] == name) return true;
+  return false;
+}
+
+// Completions, and chat requests in both APIs when the model has a chat template (a synthetic
+// file may not).
+std::vector<LoadPrompt> MakePrompts(int max_tokens, bool chat) {
   const char* code[] = {"def fibonacci(n):", "import os\n\ndef list_files(path):",
                         "class Stack:\n    def __init__(self):", "def is_prime(n):\n"};
   const char* questions[] = {"Write a function that reverses a string.",
@@ -42,7 +51,7 @@ std::vector<LoadPrompt> MakePrompts(int max_tokens) {
     p.body = {{"prompt", c}, {"max_tokens", max_tokens}, {"temperature", 0}};
     out.push_back(p);
   }
-  for (const char* q : questions) {
+  for (const char* q : chat ? questions : std::span<const char* const>{}) {
     LoadPrompt p;
     p.api = Api::kOpenAIChat;
     p.body = {{"messages", {{{"role", "user"}, {"content", q}}}}, {"max_tokens", max_tokens},
@@ -63,7 +72,8 @@ int main(int argc, char** argv) {
   if (model.empty()) {
     std::fprintf(stderr,
                  "usage: bench_serve_load -m MODEL [--clients 16] [--seconds 60] [--parallel 4]\n"
-                 "                        [--max-tokens 48] [--disconnect-every 5] [-c 1024]\n");
+                 "                        [--max-tokens 48] [--disconnect-every 5] [-c 1024]\n"
+                 "                        [--batch-invariant]\n");
     return 2;
   }
   const int clients = std::atoi(Arg(argc, argv, "--clients", "16").c_str());
@@ -76,6 +86,9 @@ int main(int argc, char** argv) {
   ModelBackendOptions mo;
   mo.path = model;
   mo.context = ctx;
+  // Answers are compared with each request's answer alone: on AMX machines that needs prompts
+  // evaluated exactly (PassBatcherOptions::batch_invariant).
+  mo.batching.batch_invariant = HasFlag(argc, argv, "--batch-invariant");
   auto backend = ModelBackend::Load(mo);
   if (!backend.ok()) {
     std::fprintf(stderr, "bench_serve_load: %s\n", backend.status().ToString().c_str());
@@ -99,7 +112,9 @@ int main(int argc, char** argv) {
   lo.disconnect_every = disconnect_every;
 
   // Expected answers: each request alone. This also warms every slot.
-  std::vector<LoadPrompt> prompts = MakePrompts(max_tokens);
+  const nlohmann::json probe = nlohmann::json::array({{{"role", "user"}, {"content", "hi"}}});
+  const bool chat = (*backend)->EncodeChat(probe, nlohmann::ordered_json()).ok();
+  std::vector<LoadPrompt> prompts = MakePrompts(max_tokens, chat);
   for (auto& p : prompts) {
     auto a = FetchAnswer(lo, p);
     if (!a.ok()) {

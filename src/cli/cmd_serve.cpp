@@ -19,7 +19,7 @@ namespace {
 const char* kUsage =
     "usage: substrate serve -m MODEL [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
     "                       [-c CTX] [--parallel N] [-t THREADS] [--max-queue N]\n"
-    "                       [--batch-size N] [--ubatch-size N]\n"
+    "                       [--batch-size N] [--ubatch-size N] [--batch-invariant]\n"
     "                       [--max-body BYTES] [--alias NAME] [--kv-type f32|f16]\n"
     "                       [--draft-max K] [--device cpu|cuda] [--gpu N]\n"
     "                       [--chat-template-file F] [--reasoning-format auto|none]\n"
@@ -42,6 +42,9 @@ const char* kUsage =
     "                per token; a pass holds at most N tokens of all slots (default 512)\n"
     "  --ubatch-size N a new prompt joins the running pass N tokens at a time, so the others\n"
     "                wait at most one such chunk for their next token (default 512)\n"
+    "  --batch-invariant  prompts evaluated with exact rows too, so a greedy answer does not\n"
+    "                depend on what shared its batch or on a cached prefix; only CPUs with AMX\n"
+    "                differ without it (their prefill GEMM, which this gives up)\n"
     "  --kv-type T   KV cache rows: f32 (default, exact) or f16 (half the memory per slot)\n"
     "  --draft-max K speculative decoding: up to K tokens drafted from the context (prompt\n"
     "                lookup) and verified per model pass; same output (default 0: off)\n"
@@ -68,7 +71,7 @@ int RunServe(const std::vector<std::string>& args) {
                                       "--reasoning-format", "--slot-save-path",
                                       "--prompt-cache-dir", "--prompt-cache-size",
                                       "--batch-size", "-b", "--ubatch-size", "-ub"}),
-                 StoreSwitches()});
+                 StoreSwitches({"--batch-invariant"})});
   if (!f.status().ok()) return UsageError("serve", f.status(), kUsage);
   if (f.help()) {
     std::fputs(kUsage, stdout);
@@ -155,6 +158,7 @@ int RunServe(const std::vector<std::string>& args) {
   mo.slots = static_cast<int>(*parallel);
   mo.batching.batch_size = *batch_size;
   mo.batching.ubatch_size = *ubatch_size;
+  mo.batching.batch_invariant = f.Has("--batch-invariant");
   if (Status st = ApplyStoreFlags(f, &mo.engine); !st.ok()) return PrintError("serve", st);
   KeepDraftTierResident(mo.verify, &mo.engine);
   std::fprintf(stderr, "substrate serve: loading %s\n",

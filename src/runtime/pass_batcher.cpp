@@ -79,7 +79,7 @@ void PassBatcher::LeadStep(std::unique_lock<std::mutex>& lock) {
   Status st;
   {
     std::optional<ExactTokenRows> exact;
-    if (token_step) exact.emplace();
+    if (token_step || options_.batch_invariant) exact.emplace();
     st = engine_->model().ForwardSequences(passes_.data(), static_cast<int>(passes_.size()));
     if (st.ok()) engine_->AfterToken(token_step);
   }

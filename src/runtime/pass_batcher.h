@@ -15,7 +15,11 @@
 // With one session nothing is waited for, so a single client pays nothing for the batching.
 //
 // Rows of a token step are exact (ExactTokenRows): each sequence gets the bits it would get
-// decoding alone, so batched greedy output equals unbatched greedy output token for token.
+// decoding alone, so batched greedy output equals unbatched greedy output token for token. A
+// prompt row is exact too except on CPUs with AMX, whose prefill GEMM sums in another order:
+// there a prompt chunk's bits depend on whether decode rows shared its step (and a cached
+// prefix's on how it was split), unless `batch_invariant` makes every step exact, at the cost
+// of the AMX GEMM for prompts.
 #pragma once
 
 #include <chrono>
@@ -33,6 +37,7 @@ struct PassBatcherOptions {
   int64_t batch_size = Model::kMaxBatch;   // rows per step, all sequences (<= kMaxBatch)
   int64_t ubatch_size = Model::kMaxBatch;  // rows of one prompt per step
   std::chrono::microseconds gather_wait{2000};
+  bool batch_invariant = false;  // every step's rows exact, prompts included (see above)
 };
 
 struct PassBatcherStats {
