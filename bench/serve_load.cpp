@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: bench_serve_load -m MODEL [--clients 16] [--seconds 60] [--parallel 4]\n"
                  "                        [--max-tokens 48] [--disconnect-every 5] [-c 1024]\n"
-                 "                        [--batch-invariant]\n");
+                 "                        [--batch-invariant] [--device cpu|cuda]\n");
     return 2;
   }
   const int clients = std::atoi(Arg(argc, argv, "--clients", "16").c_str());
@@ -89,6 +89,7 @@ int main(int argc, char** argv) {
   // Answers are compared with each request's answer alone: on AMX machines that needs prompts
   // evaluated exactly (PassBatcherOptions::batch_invariant).
   mo.batching.batch_invariant = HasFlag(argc, argv, "--batch-invariant");
+  mo.engine.device = Arg(argc, argv, "--device", "cpu");
   auto backend = ModelBackend::Load(mo);
   if (!backend.ok()) {
     std::fprintf(stderr, "bench_serve_load: %s\n", backend.status().ToString().c_str());

@@ -33,6 +33,28 @@ size_t StopPrefixHold(const std::string& text, const std::vector<std::string>& s
   return hold;
 }
 
+namespace {
+
+// Each pass at once, on the calling thread.
+class DirectPasses : public PassRunner {
+ public:
+  explicit DirectPasses(Engine* e) : e_(e) {}
+  Status Forward(const int32_t* tokens, int64_t n, KvCache& cache, bool all_logits,
+                 std::vector<float>* logits, bool token_step) override {
+    std::optional<ExactTokenRows> exact;
+    if (token_step) exact.emplace();
+    RETURN_IF_ERROR(e_->model().Forward(tokens, n, cache, all_logits, logits));
+    e_->AfterToken(token_step);
+    return Status::Ok();
+  }
+  Status Exclusive(const std::function<Status()>& fn) override { return fn(); }
+
+ private:
+  Engine* e_;
+};
+
+}  // namespace
+
 Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path, const EngineOptions& opt) {
   return Open(path, opt, /*plan_only=*/false);
 }
@@ -146,6 +168,7 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
       Model::Create(e->file_->metadata(), e->weights_.get(), e->backend_.get(), e->ledger_);
   if (!model.ok()) return model.status().WithContext(path);
   e->model_ = std::move(model).value();
+  e->direct_passes_ = std::make_unique<DirectPasses>(e.get());
   e->model_->set_cache_aware_routing(opt.cache_aware_routing);
   if (opt.adaptive.on) RETURN_IF_ERROR(e->SetUpAdaptive(opt.adaptive).WithContext(path));
   auto tok = Tokenizer::FromMetadata(e->file_->metadata());
@@ -276,33 +299,8 @@ Expected<std::unique_ptr<Session>> Engine::NewSession(int64_t n_ctx) {
   return s;
 }
 
-namespace {
 
-// Each pass at once, on the calling thread.
-class DirectPasses : public PassRunner {
- public:
-  explicit DirectPasses(Engine* e) : e_(e) {}
-  Status Forward(const int32_t* tokens, int64_t n, KvCache& cache, bool all_logits,
-                 std::vector<float>* logits, bool token_step) override {
-    std::optional<ExactTokenRows> exact;
-    if (token_step) exact.emplace();
-    RETURN_IF_ERROR(e_->model().Forward(tokens, n, cache, all_logits, logits));
-    e_->AfterToken(token_step);
-    return Status::Ok();
-  }
-  Status Exclusive(const std::function<Status()>& fn) override { return fn(); }
-
- private:
-  Engine* e_;
-};
-
-}  // namespace
-
-PassRunner& Engine::PassesOf(PassRunner* passes) {
-  if (passes) return *passes;
-  if (!direct_passes_) direct_passes_ = std::make_unique<DirectPasses>(this);
-  return *direct_passes_;
-}
+PassRunner& Engine::PassesOf(PassRunner* passes) { return passes ? *passes : *direct_passes_; }
 
 Expected<int64_t> Engine::Prefill(Session& s, const std::vector<int32_t>& prompt,
                                   PassRunner* passes) {
