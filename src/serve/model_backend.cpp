@@ -97,7 +97,6 @@ std::string CallsAsText(const nlohmann::json& calls) {
 
 }  // namespace
 
-
 class ModelSession : public Session {
  public:
   ModelSession(ModelBackend* b, std::unique_ptr<substrate::Session> s) : b_(b), s_(std::move(s)) {}
