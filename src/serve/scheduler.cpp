@@ -175,6 +175,10 @@ void Scheduler::DispatchLocked() {
         best_prefix = p;
       }
     }
+    // A slot that has just answered and shares more of the prompt is free in a moment: it
+    // dispatches again when it is.
+    for (const auto& s : slots_)
+      if (s->answered && CommonPrefix(s->cached, job->prompt()) > best_prefix) return;
     if (best < 0) return;
     slots_[best]->job = std::move(job);
     slots_[best]->last_used = ++tick_;
@@ -240,6 +244,10 @@ void Scheduler::WorkerLoop(int index) {
       stats_.decode_seconds += r->decode_seconds;
       stats_.prefill_seconds += r->prefill_seconds;
     }
+    // The slot's cache is known now: a request arriving the moment the client has this answer
+    // (an agent's next turn) waits for this slot rather than take a cold one.
+    slot.cached = std::move(cached);
+    slot.answered = true;
     job->Finish(std::move(r));
     JobEnd end = job->end();
     if (end == JobEnd::kCancelled) ++stats_.cancelled;
@@ -252,7 +260,7 @@ void Scheduler::WorkerLoop(int index) {
     lock.unlock();
     slot.session->AfterAnswer();  // the client has its answer; the slot is still ours
     lock.lock();
-    slot.cached = std::move(cached);
+    slot.answered = false;
     slot.job.reset();
     --stats_.busy;
     idle_cv_.notify_all();

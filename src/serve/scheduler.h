@@ -126,6 +126,7 @@ class Scheduler {
     std::vector<int32_t> cached;   // mirror of session->CachedTokens(), read under mu_
     std::shared_ptr<Job> job;
     bool reserved = false;         // WithSlot holds it
+    bool answered = false;         // its job has its answer; the slot is freed in a moment
     uint64_t last_used = 0;
     std::thread thread;
   };
