@@ -303,7 +303,8 @@ int RunBench(const std::vector<std::string>& args) {
         verified.verify_bytes += st->verify_bytes;
       } else if (!seq_caches.empty()) {
         // Each step one token of every sequence, rows exact as serve's batched steps run.
-        const auto seq_tokens = RandomTokens(*n * *seqs, n_vocab, static_cast<uint32_t>(2000 + rep));
+        const auto seq_tokens =
+            RandomTokens(*n * *seqs, n_vocab, static_cast<uint32_t>(2000 + rep));
         for (KvCache& c : seq_caches) c.Clear();
         start = Clock::now();
         ExactTokenRows exact;
@@ -311,7 +312,8 @@ int RunBench(const std::vector<std::string>& args) {
           for (size_t b = 0; b < seq_caches.size(); ++b)
             seq_passes[b] = {&seq_tokens[i * *seqs + static_cast<int64_t>(b)], 1, &seq_caches[b],
                              false, seq_logits.data() + b * n_vocab};
-          Status st = model.ForwardSequences(seq_passes.data(), static_cast<int>(seq_passes.size()));
+          Status st =
+              model.ForwardSequences(seq_passes.data(), static_cast<int>(seq_passes.size()));
           if (!st.ok()) return PrintError("bench", st);
           e.AfterToken();
         }
@@ -330,7 +332,8 @@ int RunBench(const std::vector<std::string>& args) {
 
   const double limit = bw->bytes_per_second;
   // Weights are read once per step, for all --sequences.
-  const double step_bytes_per_token = static_cast<double>(w.per_token_bytes) / static_cast<double>(*seqs);
+  const double step_bytes_per_token =
+      static_cast<double>(w.per_token_bytes) / static_cast<double>(*seqs);
   const double achieved = tg.Mean() * step_bytes_per_token;
   nlohmann::json j;
   j["model"] = path;

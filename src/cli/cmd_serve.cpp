@@ -44,7 +44,7 @@ const char* kUsage =
     "                wait at most one such chunk for their next token (default 512)\n"
     "  --batch-invariant  prompts evaluated with exact rows too, so a greedy answer does not\n"
     "                depend on what shared its batch or on a cached prefix; only CPUs with AMX\n"
-    "                differ without it (their prefill GEMM, which this gives up)\n"
+    "                differ without it (their prefill GEMM, which this gives up); CPU only\n"
     "  --kv-type T   KV cache rows: f32 (default, exact) or f16 (half the memory per slot)\n"
     "  --draft-max K speculative decoding: up to K tokens drafted from the context (prompt\n"
     "                lookup) and verified per model pass; same output (default 0: off)\n"

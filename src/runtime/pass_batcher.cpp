@@ -61,8 +61,8 @@ void PassBatcher::LeadStep(std::unique_lock<std::mutex>& lock) {
   passes_.clear();
   for (const auto& [r, m] : pieces_) {
     const bool last = r->done + m == r->n;
-    float* out = r->all_logits ? r->logits->data() + r->done * V
-                               : (last ? r->logits->data() : nullptr);
+    float* out =
+        r->all_logits ? r->logits->data() + r->done * V : (last ? r->logits->data() : nullptr);
     passes_.push_back({r->tokens + r->done, m, r->cache, r->all_logits, out});
   }
   ++stats_.steps;

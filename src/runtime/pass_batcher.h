@@ -41,15 +41,15 @@ struct PassBatcherOptions {
 };
 
 struct PassBatcherStats {
-  uint64_t steps = 0;           // multi-sequence passes run
-  uint64_t rows = 0;            // tokens evaluated in them
-  uint64_t sequences = 0;       // sequences in them (summed over steps)
-  uint64_t max_sequences = 0;   // most sequences in one step
-  uint64_t token_steps = 0;     // steps that held at least one decode pass
-  uint64_t prompt_chunks = 0;   // prompt pieces that shared a step with decode passes
-  uint64_t exclusive = 0;       // passes run alone (Exclusive)
-  double gather_seconds = 0;    // spent waiting for sessions to queue their passes
-  double compute_seconds = 0;   // spent in the steps' passes
+  uint64_t steps = 0;          // multi-sequence passes run
+  uint64_t rows = 0;           // tokens evaluated in them
+  uint64_t sequences = 0;      // sequences in them (summed over steps)
+  uint64_t max_sequences = 0;  // most sequences in one step
+  uint64_t token_steps = 0;    // steps that held at least one decode pass
+  uint64_t prompt_chunks = 0;  // prompt pieces that shared a step with decode passes
+  uint64_t exclusive = 0;      // passes run alone (Exclusive)
+  double gather_seconds = 0;   // spent waiting for sessions to queue their passes
+  double compute_seconds = 0;  // spent in the steps' passes
 };
 
 class PassBatcher : public PassRunner {

@@ -20,7 +20,8 @@ struct Seq {
 
 std::vector<int32_t> Tokens(int64_t n, int64_t V, int salt) {
   std::vector<int32_t> t;
-  for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((i * 7919 + salt * 104729 + 13) % V));
+  for (int64_t i = 0; i < n; ++i)
+    t.push_back(static_cast<int32_t>((i * 7919 + salt * 104729 + 13) % V));
   return t;
 }
 
@@ -50,8 +51,8 @@ void CheckBatched(const std::string& path, const std::vector<Seq>& seqs) {
     next.push_back(Tokens(1, V, static_cast<int>(i) + 31));
     if (seqs[i].history > 0) {
       for (auto* caches : {&alone, &together}) {
-        ASSERT_TRUE(model.Forward(history[i].data(), seqs[i].history, (*caches)[i], false,
-                                  &scratch).ok());
+        ASSERT_TRUE(
+            model.Forward(history[i].data(), seqs[i].history, (*caches)[i], false, &scratch).ok());
       }
     }
   }
@@ -59,8 +60,8 @@ void CheckBatched(const std::string& path, const std::vector<Seq>& seqs) {
   std::vector<std::vector<float>> want(seqs.size()), got(seqs.size());
   std::vector<Model::SequencePass> passes;
   for (size_t i = 0; i < seqs.size(); ++i) {
-    ASSERT_TRUE(model.Forward(pass[i].data(), seqs[i].n, alone[i], seqs[i].all_logits,
-                              &want[i]).ok());
+    ASSERT_TRUE(
+        model.Forward(pass[i].data(), seqs[i].n, alone[i], seqs[i].all_logits, &want[i]).ok());
     got[i].assign(want[i].size(), -1.0f);
     passes.push_back({pass[i].data(), seqs[i].n, &together[i], seqs[i].all_logits, got[i].data()});
   }
@@ -71,8 +72,8 @@ void CheckBatched(const std::string& path, const std::vector<Seq>& seqs) {
     return RelError(a.data(), b.data(), a.size()) < 1e-5;
   };
   for (size_t i = 0; i < seqs.size(); ++i) {
-    EXPECT_TRUE(same(want[i], got[i])) << "sequence " << i << " (history " << seqs[i].history
-                                       << ", " << seqs[i].n << " tokens)";
+    EXPECT_TRUE(same(want[i], got[i]))
+        << "sequence " << i << " (history " << seqs[i].history << ", " << seqs[i].n << " tokens)";
     EXPECT_EQ(together[i].tokens(), alone[i].tokens()) << "sequence " << i;
     std::vector<float> a, b;
     ASSERT_TRUE(model.Forward(next[i].data(), 1, alone[i], false, &a).ok());
@@ -83,8 +84,8 @@ void CheckBatched(const std::string& path, const std::vector<Seq>& seqs) {
 
 const std::vector<Seq>& Mix() {
   // Decode rows at different positions, a prompt chunk, a drafted batch wanting every row.
-  static const std::vector<Seq> mix = {{5, 1, false}, {0, 9, false}, {11, 1, false},
-                                       {3, 4, true},  {1, 1, true}};
+  static const std::vector<Seq> mix = {
+      {5, 1, false}, {0, 9, false}, {11, 1, false}, {3, 4, true}, {1, 1, true}};
   return mix;
 }
 

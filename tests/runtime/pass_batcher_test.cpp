@@ -5,6 +5,8 @@
 // (what deferred verification and the server's statistics use) never shares a step.
 // Batch-invariant batchers throughout, so that the comparison holds on CPUs with AMX too (whose
 // prompt GEMM rows differ from exact ones); elsewhere the option changes nothing.
+#include "runtime/pass_batcher.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,7 +14,6 @@
 
 #include "model/model_test_util.h"
 #include "runtime/engine.h"
-#include "runtime/pass_batcher.h"
 
 namespace substrate::testing {
 namespace {
@@ -30,9 +31,9 @@ struct Outcome {
 class PassBatcherTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    const std::string path = GetParam() == "dense"
-                                 ? std::string(SUBSTRATE_SOURCE_DIR) + "/models/tiny-coder-Q8_0.gguf"
-                                 : SharedDir() + "/gguf/tiny-coder-moe-Q8_0.gguf";
+    const std::string path =
+        GetParam() == "dense" ? std::string(SUBSTRATE_SOURCE_DIR) + "/models/tiny-coder-Q8_0.gguf"
+                              : SharedDir() + "/gguf/tiny-coder-moe-Q8_0.gguf";
     if (!Exists(path)) GTEST_SKIP() << "no model " << path;
     EngineOptions eo;
     eo.ledger = &ledger_;
@@ -77,9 +78,12 @@ class PassBatcherTest : public ::testing::TestWithParam<std::string> {
 };
 
 std::vector<Job> Jobs() {
-  const char* prompts[] = {"def fibonacci(n):", "import os\nimport sys\n\n",
-                           "class Stack:\n    def __init__(self):", "# sort a list\ndef sort(xs):",
-                           "for i in range(10):", "def add(a, b):\n    return a + b\n\ndef sub(a, b):"};
+  const char* prompts[] = {"def fibonacci(n):",
+                           "import os\nimport sys\n\n",
+                           "class Stack:\n    def __init__(self):",
+                           "# sort a list\ndef sort(xs):",
+                           "for i in range(10):",
+                           "def add(a, b):\n    return a + b\n\ndef sub(a, b):"};
   std::vector<Job> jobs;
   for (int i = 0; i < 6; ++i) {
     Job j{prompts[i], {}};
@@ -133,7 +137,8 @@ TEST_P(PassBatcherTest, ALongPromptJoinsRunningDecodesInChunks) {
   decoding.opt.stop_at_eog = false;
   decoding.opt.sampling.temperature = 0.0f;
   Job joining{"", {}};
-  for (int i = 0; i < 12; ++i) joining.prompt += "def f" + std::to_string(i) + "(x):\n    return x\n";
+  for (int i = 0; i < 12; ++i)
+    joining.prompt += "def f" + std::to_string(i) + "(x):\n    return x\n";
   joining.opt.max_tokens = 8;
   joining.opt.sampling.temperature = 0.0f;
   PassBatcher solo(engine_.get(), Invariant());
