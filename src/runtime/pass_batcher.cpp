@@ -23,7 +23,8 @@ Status PassBatcher::Forward(const int32_t* tokens, int64_t n, KvCache& cache, bo
   queue_.push_back(&r);
   cv_.notify_all();
   while (!r.finished) {
-    if (!leading_ && exclusive_waiting_ == 0) {
+    // Exclusive passes go first, but not twice in a row while steps wait.
+    if (!leading_ && (exclusive_waiting_ == 0 || exclusive_ran_last_)) {
       LeadStep(lock);
     } else {
       cv_.wait(lock);
@@ -95,6 +96,7 @@ void PassBatcher::LeadStep(std::unique_lock<std::mutex>& lock) {
   queue_.erase(std::remove_if(queue_.begin(), queue_.end(), [](Request* r) { return r->finished; }),
                queue_.end());
   leading_ = false;
+  exclusive_ran_last_ = false;
   cv_.notify_all();
 }
 
@@ -102,7 +104,7 @@ Status PassBatcher::Exclusive(const std::function<Status()>& fn) {
   std::unique_lock<std::mutex> lock(mu_);
   ++exclusive_waiting_;
   cv_.notify_all();  // a leader gathering a step stops waiting
-  cv_.wait(lock, [&] { return !leading_; });
+  cv_.wait(lock, [&] { return !leading_ && !(exclusive_ran_last_ && !queue_.empty()); });
   --exclusive_waiting_;
   leading_ = true;
   ++stats_.exclusive;
@@ -110,6 +112,7 @@ Status PassBatcher::Exclusive(const std::function<Status()>& fn) {
   const Status st = fn();
   lock.lock();
   leading_ = false;
+  exclusive_ran_last_ = true;
   cv_.notify_all();
   return st;
 }

@@ -88,7 +88,8 @@ class PassBatcher : public PassRunner {
   std::condition_variable cv_;
   std::vector<Request*> queue_;  // unfinished requests, oldest first
   bool leading_ = false;         // a step (or an exclusive pass) is running
-  int exclusive_waiting_ = 0;    // Exclusive callers waiting for their turn (they go first)
+  int exclusive_waiting_ = 0;        // Exclusive callers waiting: they go first, except that
+  bool exclusive_ran_last_ = false;  // an exclusive pass and a waiting step take turns
   int generations_ = 0;          // generations under way
   PassBatcherStats stats_;
   // Per step, grow-only.
