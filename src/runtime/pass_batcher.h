@@ -14,8 +14,9 @@
 // thread (the compute runs on the engine's pool as ever) and the others wait for their results.
 // With one session nothing is waited for, so a single client pays nothing for the batching.
 //
-// Rows of a token step are exact (ExactTokenRows): each sequence gets the bits it would get
-// decoding alone, so batched greedy output equals unbatched greedy output token for token. A
+// On the CPU, rows of a token step are exact (ExactTokenRows; the CUDA kernels do not honour
+// it): each sequence gets the bits it would get decoding alone, so batched greedy output equals
+// unbatched greedy output token for token. A
 // prompt row is exact too except on CPUs with AMX, whose prefill GEMM sums in another order:
 // there a prompt chunk's bits depend on whether decode rows shared its step (and a cached
 // prefix's on how it was split), unless `batch_invariant` makes every step exact, at the cost
