@@ -344,6 +344,23 @@ std::string HttpServer::MetricsText() const {
     o << "substrate_constraint_mask_seconds_total " << rt["constraint"].value("mask_seconds", 0.0)
       << '\n';
   }
+  if (rt.contains("batching")) {
+    // Continuous batching: sequences per step = sequences_total / steps_total.
+    const nlohmann::json& b = rt["batching"];
+    metric("substrate_batch_steps_total", "counter", "Model passes run for the slots together.");
+    o << "substrate_batch_steps_total " << b.value("steps", uint64_t{0}) << '\n';
+    metric("substrate_batch_sequences_total", "counter", "Sequences in those passes, summed.");
+    o << "substrate_batch_sequences_total " << b.value("sequences", uint64_t{0}) << '\n';
+    metric("substrate_batch_rows_total", "counter", "Tokens evaluated in those passes.");
+    o << "substrate_batch_rows_total " << b.value("rows", uint64_t{0}) << '\n';
+    metric("substrate_batch_max_sequences", "gauge", "Most sequences one pass has held.");
+    o << "substrate_batch_max_sequences " << b.value("max_sequences", uint64_t{0}) << '\n';
+    metric("substrate_batch_compute_seconds_total", "counter", "Time in those passes.");
+    o << "substrate_batch_compute_seconds_total " << b.value("compute_seconds", 0.0) << '\n';
+    metric("substrate_batch_gather_seconds_total", "counter",
+           "Time passes waited for the slots to queue their tokens.");
+    o << "substrate_batch_gather_seconds_total " << b.value("gather_seconds", 0.0) << '\n';
+  }
   if (rt.contains("prompt_cache")) {
     const nlohmann::json& pc = rt["prompt_cache"];
     metric("substrate_prompt_cache_disk_hits_total", "counter",

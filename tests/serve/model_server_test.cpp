@@ -279,6 +279,10 @@ TEST_F(ModelServerTest, ConcurrentRequestsShareStepsAndGetTheirOwnAnswers) {
   EXPECT_EQ(b["max_sequences"], 2) << b.dump();
   // Two slots decoding together: about half the 6 x 24 passes the requests take one by one.
   EXPECT_LT(b["steps"].get<uint64_t>() - steps0, prompts.size() * 18) << b.dump();
+  httplib::Client c("127.0.0.1", server_->port());
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_NE(m->body.find("substrate_batch_max_sequences 2"), std::string::npos) << m->body;
 }
 
 TEST_F(ModelServerTest, ContextOverflowIs400) {
