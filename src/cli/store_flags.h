@@ -23,13 +23,6 @@ std::vector<std::string> StoreSwitches(std::vector<std::string> extra = {});
 // --print-plan: the engine's plan (Engine::PlanText) on stderr, where it does not mix with the
 // command's output on stdout.
 void PrintPlanIfAsked(const Flags& f, const Engine& e);
-// The help line of --print-plan shared by the commands' usages.
-inline constexpr const char* kPrintPlanHelp =
-    "  --print-plan     print the plan the session chose on stderr before it runs: what stays\n"
-    "                   resident by kind and bytes, what streams through how many slabs read\n"
-    "                   how far ahead, the expert cache's slots and the predicted bytes read\n"
-    "                   from disk per token (one line when every weight is resident)\n";
-
 // Reads the flags into opt (device, gpu, max_ram, store, residency, adaptive).
 Status ApplyStoreFlags(const Flags& f, EngineOptions* opt);
 // `--adaptive [--verifier residual|linear|scripted] [--probes P] [--verifier-script F]

@@ -62,8 +62,12 @@ Expected<double> MeasureGemv(DType type, int64_t cols) {
 }
 
 // The out-of-core plan for `budget` (a dry run of the runtime), or its error.
-Expected<ResidencyStats> PlanOutOfCore(const std::string& path, uint64_t budget, uint64_t reserve,
-                                       int depth) {
+struct OutOfCorePlan {
+  ResidencyStats stats;
+  ResidencyManager::ReadPrediction reads;
+};
+Expected<OutOfCorePlan> PlanOutOfCore(const std::string& path, uint64_t budget, uint64_t reserve,
+                                      int depth) {
   MemoryLedger ledger;
   ResidencyOptions ro;
   ro.budget_bytes = budget;
@@ -71,7 +75,7 @@ Expected<ResidencyStats> PlanOutOfCore(const std::string& path, uint64_t budget,
   ro.prefetch_depth = depth;
   ro.dry_run = true;
   ASSIGN_OR_RETURN(auto m, ResidencyManager::OpenGguf(path, &ledger, ro));
-  return m->stats();
+  return OutOfCorePlan{m->stats(), m->PredictReads()};
 }
 
 // The smallest budget in [lo, hi] whose plan succeeds (hi must succeed), to 256 KiB.
@@ -124,7 +128,7 @@ Expected<FitReport> PredictFit(const std::string& path, const FitOptions& o) {
   io.max_tier = 0;
   io.checksums = false;
   ASSIGN_OR_RETURN(auto index, StoreIndex::OpenGguf(path, io));
-  uint64_t dense = 0, expert_total = 0, embd = 0;
+  uint64_t dense = 0, expert_total = 0;
   int n_expert_ops = 0;
   std::map<DType, uint64_t> by_type;
   for (const StoreTensor& t : index->tensors()) {
@@ -136,9 +140,7 @@ Expected<FitReport> PredictFit(const std::string& path, const FitOptions& o) {
     if (op.id.find(".moe.expert_") != std::string::npos) {
       expert_total += b;
       ++n_expert_ops;
-    } else if (op.id == "token_embd") {
-      embd = b;
-    } else {
+    } else if (op.id != "token_embd") {  // a decoded token reads one row of the embedding
       dense += b;
     }
   }
@@ -160,20 +162,18 @@ Expected<FitReport> PredictFit(const std::string& path, const FitOptions& o) {
     auto plan = PlanOutOfCore(path, r.budget, reserve, o.prefetch_depth);
     if (plan.ok()) {
       r.verdict = FitReport::Verdict::kOutOfCore;
-      r.resident_weights = plan->resident_bytes;
-      r.n_slabs = plan->n_slabs;
-      r.slab_bytes = plan->slab_bytes;
-      r.expert_slots = plan->expert_slots;
-      r.expert_slot_bytes = plan->expert_slot_bytes;
-      r.n_ops_streamed = plan->n_ops_streamed;
+      const ResidencyStats& st = plan->stats;
+      r.resident_weights = st.resident_bytes;
+      r.n_slabs = st.n_slabs;
+      r.slab_bytes = st.slab_bytes;
+      r.expert_slots = st.expert_slots;
+      r.expert_slot_bytes = st.expert_slot_bytes;
+      r.n_ops_streamed = st.n_ops_streamed;
       r.total = r.resident_weights + r.slab_bytes * r.n_slabs +
                 r.expert_slot_bytes * r.expert_slots + reserve;
-      r.expert_hit_rate = n_expert_ops ? std::min(1.0, static_cast<double>(r.expert_slots) / n_expert_ops) : 0;
-      // Streamed dense ops are read every token; routed experts when the cache misses them.
-      const uint64_t dense_all = dense + embd;
-      const uint64_t streamed_dense = dense_all > r.resident_weights ? dense_all - r.resident_weights : 0;
-      r.disk_bytes = streamed_dense +
-                     static_cast<uint64_t>(experts_per_token * expert_avg * (1 - r.expert_hit_rate));
+      // The runtime's own prediction for the plan (what --print-plan shows).
+      r.expert_hit_rate = plan->reads.expert_hit_rate;
+      r.disk_bytes = plan->reads.bytes_per_token;
       r.command = base + " --max-ram " + Flag(r.budget);
     } else {
       r.verdict = FitReport::Verdict::kImpossible;

@@ -139,10 +139,16 @@ class ResidencyManager : public WeightSource {
 
   ResidencyStats stats() const;
   std::string StatsJson() const;
-  // The plan chosen at open (also by a dry run), for --print-plan: what stays resident, by op
-  // kind and bytes; what streams, through how many slabs, read how far ahead; the expert cache;
-  // and the predicted bytes read from disk per decoded token (routed experts at the hit rate of
-  // uniform routing over the cache's slots, as `substrate fit` predicts it).
+  // What a decoded token is predicted to read from disk under the plan chosen at open (also by
+  // a dry run): every streamed dense op (and a resident op's tiers above those it keeps), and
+  // the routed experts the cache misses at the hit rate of uniform routing over its slots.
+  struct ReadPrediction {
+    uint64_t bytes_per_token = 0;
+    double expert_hit_rate = 0;
+  };
+  ReadPrediction PredictReads() const;
+  // That plan, for --print-plan: what stays resident, by op kind and bytes; what streams,
+  // through how many slabs, read how far ahead; the expert cache; and PredictReads.
   std::string PlanText() const;
   // The trace's buffered events reach the file (also done at destruction).
   Status FlushTrace();

@@ -43,21 +43,42 @@ std::string KindList(const std::map<int, KindBytes>& kinds) {
 
 }  // namespace
 
-std::string ResidencyManager::PlanText() const {
-  std::map<int, KindBytes> resident, streamed;
-  uint64_t resident_bytes = 0, streamed_bytes = 0, per_token = 0, expert_bytes = 0;
+ResidencyManager::ReadPrediction ResidencyManager::PredictReads() const {
+  ReadPrediction r;
+  uint64_t expert_bytes = 0;
   int n_expert = 0;
   std::set<int> moe_layers;
+  for (size_t i = 0; i < st_.size(); ++i) {
+    const OpState& s = st_[i];
+    if (s.where == Where::kExpert) {
+      expert_bytes += OpBytes(static_cast<int>(i));
+      ++n_expert;
+      moe_layers.insert(s.layer);
+    } else if (serve_ > s.resident_top) {
+      // Every dense op runs every token: a streamed one (or a resident one's higher tiers) is read.
+      r.bytes_per_token += StreamedBytes(static_cast<int>(i));
+    }
+  }
+  if (n_expert > 0) {
+    r.expert_hit_rate = std::min(1.0, static_cast<double>(stats_.expert_slots) / n_expert);
+    const double used = static_cast<double>(moe_layers.size()) * std::max(hp_.n_expert_used, 1);
+    r.bytes_per_token += static_cast<uint64_t>(used * (static_cast<double>(expert_bytes) / n_expert) *
+                                               (1 - r.expert_hit_rate));
+  }
+  return r;
+}
+
+std::string ResidencyManager::PlanText() const {
+  std::map<int, KindBytes> resident, streamed;
+  uint64_t resident_bytes = 0, streamed_bytes = 0, expert_bytes = 0;
+  int n_expert = 0;
   for (size_t i = 0; i < st_.size(); ++i) {
     const int o = static_cast<int>(i);
     const OpState& s = st_[i];
     if (s.where == Where::kExpert) {
       expert_bytes += OpBytes(o);
       ++n_expert;
-      moe_layers.insert(s.layer);
-      continue;
-    }
-    if (s.where == Where::kResident) {
+    } else if (s.where == Where::kResident) {
       KindBytes& k = resident[s.kind];
       ++k.ops;
       k.bytes += ResidentBytes(o);
@@ -68,14 +89,8 @@ std::string ResidencyManager::PlanText() const {
       k.bytes += StreamedBytes(o);
       streamed_bytes += StreamedBytes(o);
     }
-    // Every dense op runs every token: a streamed one (or a resident one's higher tiers) is read.
-    if (serve_ > s.resident_top) per_token += StreamedBytes(o);
   }
-  const double hit = n_expert ? std::min(1.0, static_cast<double>(stats_.expert_slots) / n_expert) : 0;
-  if (n_expert > 0) {
-    const double used = static_cast<double>(moe_layers.size()) * std::max(hp_.n_expert_used, 1);
-    per_token += static_cast<uint64_t>(used * (static_cast<double>(expert_bytes) / n_expert) * (1 - hit));
-  }
+  const ReadPrediction reads = PredictReads();
 
   std::string source;
   if (index_->gguf_path().empty()) {
@@ -108,8 +123,9 @@ std::string ResidencyManager::PlanText() const {
   }
   t += "  reserve         " + FormatBytes(options_.reserve_bytes) + " (KV cache and scratch)\n";
   std::snprintf(b, sizeof b, "  per token       %s read from disk (predicted%s)\n",
-                FormatBytes(per_token).c_str(),
-                n_expert > 0 ? (", expert cache hit rate " + std::to_string(static_cast<int>(100 * hit)) +
+                FormatBytes(reads.bytes_per_token).c_str(),
+                n_expert > 0 ? (", expert cache hit rate " +
+                                std::to_string(static_cast<int>(100 * reads.expert_hit_rate)) +
                                 "% under uniform routing").c_str()
                              : "");
   t += b;

@@ -86,8 +86,7 @@ class StoreIndex {
                                                     const StoreIndexOptions& options = {});
   // A GGUF file (or a split GGUF: one data file per part) read in place as a one-tier store
   // (store/gguf_store.cpp): tier 0 of each unit is the tensor's (or expert slice's) own bytes in
-  // the file, grouped by op as pack would group
-  // them; each range's CRC32C comes from the file's checksum record (store/gguf_checksums.h),
+  // the file, grouped by op as pack would group them; each range's CRC32C comes from the file's checksum record (store/gguf_checksums.h),
   // computed on first use and recomputed when the file changed.
   static Expected<std::unique_ptr<StoreIndex>> OpenGguf(const std::string& path,
                                                         const StoreIndexOptions& options = {});
