@@ -7,8 +7,8 @@
 //   bench_matmul_kernels [--threads N] [--rows 14336] [--cols 4096] [--tokens 64]
 //     [--isa best|all|scalar|avx2|avx512|prefill (avx512 dot kernels vs the amx GEMM)]
 //     [--types Q4_K,Q6_K,Q8_0,Q4_0] [--seconds S] [--layout rows|decode]
-// --layout decode lays out the weights as the CPU backend does at load (interleaved Q8_0 and
-// Q4_0 on AVX-512). "vnni_peak_gops_per_core": one core issuing nothing but independent 512-bit dpbusd
+// --layout decode lays out the weights as the CPU backend does at load (interleaved Q8_0,
+// Q4_0 and Q4_K on AVX-512). "vnni_peak_gops_per_core": one core issuing nothing but independent 512-bit dpbusd
 // (64 multiply-adds each, 2 operations per multiply-add), the ceiling of any int8 kernel here.
 // GCC 12's 512-bit reduce intrinsics pass an "undefined" vector that its own -Wuninitialized
 // then flags; the warning is about the header, not this code.
@@ -30,8 +30,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
-#include "kernels/interleaved_q4_0.h"
-#include "kernels/interleaved_q8_0.h"
+#include "kernels/interleaved.h"
 #include "kernels/matmul.h"
 #include "kernels/membw.h"
 #include "quant/quant.h"
@@ -145,14 +144,8 @@ int main(int argc, char** argv) {
       }
     }
     WeightView view;
-    if (layout == "decode" && DetectedIsa() >= Isa::kAvx512 && CanInterleaveQ8_0(*type, rows, cols)) {
-      InterleaveQ8_0(w.data(), rows, cols, &pool);
-      view.layout = WeightLayout::kQ8_0Interleaved;
-    }
-    if (layout == "decode" && DetectedIsa() >= Isa::kAvx512 && CanInterleaveQ4_0(*type, rows, cols)) {
-      InterleaveQ4_0(w.data(), rows, cols, &pool);
-      view.layout = WeightLayout::kQ4_0Interleaved;
-    }
+    if (layout == "decode" && DetectedIsa() >= Isa::kAvx512)
+      view.layout = InterleaveForDecode(*type, rows, cols, w.data(), &pool);
     view.type = *type;
     view.data = w.data();
     view.bytes = w.size();

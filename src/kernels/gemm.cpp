@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "kernels/gemm_amx.h"
-#include "kernels/interleaved_q4_0.h"
+#include "kernels/interleaved.h"
 #include "kernels/interleaved_q8_0.h"
 #include "kernels/scratch_buffer.h"
 #include "kernels/vec_dot.h"
@@ -153,10 +153,7 @@ void GemmQuantized(DType type, WeightLayout layout, const uint8_t* w, size_t row
         auto* q = reinterpret_cast<int8_t*>(base);
         const uint8_t* rows_at = w + static_cast<size_t>(r0) * row_bytes;
         if (interleaved) {  // whole groups: rows is a multiple of 16 (CanInterleave*)
-          if (layout == WeightLayout::kQ4_0Interleaved)
-            DeinterleaveQ4_0Group(w, cols, r0 / kTile, plain);
-          else
-            DeinterleaveQ8_0Group(w, cols, r0 / kTile, plain);
+          DeinterleaveGroup(layout, w, cols, r0 / kTile, plain);
           rows_at = plain;
         }
         amx::UnpackTile(f.weight, rows_at, row_bytes,

@@ -32,7 +32,7 @@ DType GemmActType(DType type);
 // y[t * rows + r] = dot(row r of w, activation row t) for r < rows, t < n_tokens. w is `rows`
 // rows of `row_bytes` bytes in format `type`; act holds n_tokens rows of GemmActType(type),
 // act_stride bytes apart (ActRowBytes). Needs Isa::kAmx and a supported type; any n_tokens >= 1.
-// With layout kQ8_0Interleaved, each 16-row tile is put back into plain rows before unpacking.
+// With an interleaved layout, each 16-row tile is put back into plain rows before unpacking.
 void GemmQuantized(DType type, WeightLayout layout, const uint8_t* w, size_t row_bytes, int64_t rows, int64_t cols,
                    const uint8_t* act, size_t act_stride, int64_t n_tokens, float* y,
                    ThreadPool& pool);

@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "kernels/gemm.h"
+#include "kernels/interleaved.h"
 #include "kernels/interleaved_q4_0.h"
+#include "kernels/interleaved_q4_k.h"
 #include "kernels/interleaved_q8_0.h"
 #include "kernels/profile.h"
 #include "kernels/scratch_buffer.h"
@@ -18,24 +20,13 @@ namespace {
 
 // ---------------------------------------------------------------- reference
 
-// Plain rows of 16-row group g of an interleaved skeleton (16 rows of its row bytes).
-void DeinterleaveGroup(const WeightView& w, int64_t g, uint8_t* out) {
-  if (w.layout == WeightLayout::kQ4_0Interleaved)
-    DeinterleaveQ4_0Group(w.data, w.cols, g, out);
-  else
-    DeinterleaveQ8_0Group(w.data, w.cols, g, out);
-}
-
 // Dequantizes row r of the view (skeleton plus residuals) into out[0..cols).
 void DequantizeViewRow(const WeightView& w, int64_t r, float* out, std::vector<float>& tmp) {
   uint64_t row_bytes = *RowBytes(w.type, static_cast<uint64_t>(w.cols));
   if (w.layout != WeightLayout::kRows) {
     static thread_local std::vector<uint8_t> plain;
     plain.resize(row_bytes);
-    if (w.layout == WeightLayout::kQ4_0Interleaved)
-      DeinterleaveQ4_0Row(w.data, w.cols, r, plain.data());
-    else
-      DeinterleaveQ8_0Row(w.data, w.cols, r, plain.data());
+    DeinterleaveRow(w.layout, w.data, w.cols, r, plain.data());
     DequantizeRow(w.type, plain.data(), out, w.cols);
   } else {
     DequantizeRow(w.type, w.data + r * row_bytes, out, w.cols);
@@ -136,7 +127,8 @@ enum class Path : uint8_t {
   kReference,      // no dot kernel for a tier (or an odd shape): the scalar reference
   kGemm,           // prefill: AMX tiles over panels of unpacked rows (gemm.h), alone
   kRows,           // the row kernels (FastRows), in the shared ParallelFor
-  kInterleaved,    // interleaved Q8_0 / Q4_0 on AVX-512 (interleaved_q*.h), 16 rows per step
+  kInterleaved,    // interleaved Q8_0 / Q4_0 / Q4_K on AVX-512 (interleaved_q*.h), 16 rows
+                   // per step
   kDeinterleaved,  // interleaved weights where the tier has no such kernel (or with residual
                    // tiers): each group put back into plain rows in scratch, then FastRows
 };
@@ -214,7 +206,8 @@ void PlanJob(BatchState& st, const MatMulJob& job, JobPlan& p) {
   p.items = interleaved ? w.rows / kInterleavedRows : (w.rows + kItemRows - 1) / kItemRows;
   for (int k = 0; k < p.n_parts; ++k)
     p.parts[k].act_set = FindOrAddSet(st, job, w.cols, p.parts[k].kernel->act_type,
-                                      k == 0 && p.path == Path::kInterleaved);
+                                      k == 0 && p.path == Path::kInterleaved &&
+                                          w.layout != WeightLayout::kQ4_KInterleaved);
 }
 
 // Activation rows [a, b) of all sets together (set after set).
@@ -282,10 +275,26 @@ void RunItems(const JobPlan& p, int64_t a, int64_t b) {
       // pass over them in register tiles: each weight byte comes from DRAM once per token
       // block, each activation byte from L3 once per panel.
       const Part& part = p.parts[0];
-      const int64_t nb = w.cols / kQK8_0;
-      const bool q4 = w.layout == WeightLayout::kQ4_0Interleaved;
-      constexpr int tile = 8;  // tokens per register tile (both kernels take 1..8)
-      const auto gemv = q4 ? avx512::GemvQ4_0Interleaved : avx512::GemvQ8_0Interleaved;
+      const int64_t nb = w.cols / kQK8_0;  // Q8_0 activation blocks (ActBlockSums per token)
+      constexpr int tile = 8;  // tokens per register tile (every kernel takes 1..8)
+      auto gemv = [&](int64_t g, int64_t t0, int nt) {
+        const uint8_t* act = part.act + t0 * part.act_stride;
+        float* yt = y + t0 * w.rows;
+        switch (w.layout) {
+          case WeightLayout::kQ4_KInterleaved:
+            avx512::GemvQ4_KInterleaved(w.data, w.cols, g, g + 1, act, part.act_stride, nt, yt,
+                                        w.rows);
+            break;
+          case WeightLayout::kQ4_0Interleaved:
+            avx512::GemvQ4_0Interleaved(w.data, w.cols, g, g + 1, act, part.act_stride,
+                                        p.sums + t0 * nb, nt, yt, w.rows);
+            break;
+          default:
+            avx512::GemvQ8_0Interleaved(w.data, w.cols, g, g + 1, act, part.act_stride,
+                                        p.sums + t0 * nb, nt, yt, w.rows);
+            break;
+        }
+      };
       const int64_t group_bytes = kInterleavedRows * static_cast<int64_t>(part.row_bytes);
       const int64_t panel = std::max<int64_t>(1, kPanelBytes / group_bytes);
       for (int64_t g0 = a; g0 < b; g0 += panel) {
@@ -294,9 +303,7 @@ void RunItems(const JobPlan& p, int64_t a, int64_t b) {
           const int64_t te = std::min(n_tokens, tb + kPanelTokens);
           for (int64_t g = g0; g < g1; ++g)
             for (int64_t t0 = tb; t0 < te; t0 += tile)
-              gemv(w.data, w.cols, g, g + 1, part.act + t0 * part.act_stride, part.act_stride,
-                   p.sums + t0 * nb, static_cast<int>(std::min<int64_t>(tile, te - t0)),
-                   y + t0 * w.rows, w.rows);
+              gemv(g, t0, static_cast<int>(std::min<int64_t>(tile, te - t0)));
         }
       }
       break;
@@ -308,7 +315,7 @@ void RunItems(const JobPlan& p, int64_t a, int64_t b) {
       for (int k = 0; k < p.n_parts; ++k) local[k] = p.parts[k];
       for (int64_t g = a; g < b; ++g) {
         const int64_t r0 = g * kInterleavedRows;
-        DeinterleaveGroup(w, g, plain);
+        DeinterleaveGroup(w.layout, w.data, w.cols, g, plain);
         local[0].data = plain;
         for (int k = 1; k < p.n_parts; ++k)
           local[k].data = p.parts[k].data + r0 * p.parts[k].row_bytes;

@@ -1,5 +1,5 @@
 // A token's row of a multi-token MatMul (prefill, verification, speculation) has exactly the
-// bits the one-token MatMul (decode) gives it: for every weight type, interleaved Q8_0 and
+// bits the one-token MatMul (decode) gives it: for every weight type, the interleaved layouts and
 // residual tiers, 2..70 tokens (every remainder of the kernels' token tiles), at every ISA tier
 // the CPU has, under ExactTokenRows (which keeps the AMX GEMM out). Deferred verification and
 // prompt-lookup speculation promise the tokens plain decoding shows; a 1e-7 difference in one
@@ -12,8 +12,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
-#include "kernels/interleaved_q4_0.h"
-#include "kernels/interleaved_q8_0.h"
+#include "kernels/interleaved.h"
 #include "kernels/matmul.h"
 #include "kernels/random_matrix.h"
 #include "quant/quant.h"
@@ -47,13 +46,11 @@ struct Case {
 // Runs one case at the active tier; returns the number of rows compared.
 int CheckCase(const Case& c, std::mt19937& rng, ThreadPool& pool) {
   std::vector<uint8_t> skel = Quantized(c.type, c.rows, c.cols, rng), res[2];
-  if (c.interleave && c.type == DType::kQ4_0) InterleaveQ4_0(skel.data(), c.rows, c.cols);
-  if (c.interleave && c.type == DType::kQ8_0) InterleaveQ8_0(skel.data(), c.rows, c.cols);
   WeightView w;
   w.type = c.type;
-  w.layout = !c.interleave            ? WeightLayout::kRows
-             : c.type == DType::kQ4_0 ? WeightLayout::kQ4_0Interleaved
-                                      : WeightLayout::kQ8_0Interleaved;
+  w.layout = c.interleave ? InterleaveForDecode(c.type, c.rows, c.cols, skel.data(), nullptr)
+                          : WeightLayout::kRows;
+  EXPECT_EQ(c.interleave, w.layout != WeightLayout::kRows) << c.what;
   w.data = skel.data();
   w.bytes = skel.size();
   w.rows = c.rows;
@@ -109,6 +106,8 @@ TEST(TokenRows, MultiTokenRowsEqualOneTokenRowsBitForBit) {
   cases.push_back({"interleaved+residual", DType::kQ8_0, 32, 256, true, 1});
   cases.push_back({"interleaved", DType::kQ4_0, 48, 512, true, 0});
   cases.push_back({"interleaved+residual", DType::kQ4_0, 32, 256, true, 1});
+  cases.push_back({"interleaved", DType::kQ4_K, 48, 768, true, 0});
+  cases.push_back({"interleaved+residual", DType::kQ4_K, 32, 512, true, 1});
   cases.push_back({"residuals", DType::kQ4_K, 23, 512, false, 2});
   const Isa saved = ActiveIsa();
   for (int tier = 0; tier <= static_cast<int>(DetectedIsa()); ++tier) {

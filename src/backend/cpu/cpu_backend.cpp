@@ -7,8 +7,7 @@
 #include "core/aligned_buffer.h"
 #include "kernels/attention.h"
 #include "kernels/cpu_features.h"
-#include "kernels/interleaved_q4_0.h"
-#include "kernels/interleaved_q8_0.h"
+#include "kernels/interleaved.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "kernels/routing.h"
@@ -59,15 +58,7 @@ void CpuBackend::Upload(const float* host, const Tensor& dst) {
 WeightLayout CpuBackend::AdoptResidentWeight(DType type, int64_t rows, int64_t cols,
                                              uint8_t* bytes) {
   if (!options_.decode_layout || ActiveIsa() < Isa::kAvx512) return WeightLayout::kRows;
-  if (CanInterleaveQ8_0(type, rows, cols)) {
-    InterleaveQ8_0(bytes, rows, cols, pool_);
-    return WeightLayout::kQ8_0Interleaved;
-  }
-  if (CanInterleaveQ4_0(type, rows, cols)) {
-    InterleaveQ4_0(bytes, rows, cols, pool_);
-    return WeightLayout::kQ4_0Interleaved;
-  }
-  return WeightLayout::kRows;
+  return InterleaveForDecode(type, rows, cols, bytes, pool_);
 }
 
 void CpuBackend::EmbedRows(const WeightView& table, const int32_t* ids, int64_t n,

@@ -1,0 +1,148 @@
+// The interleaved Q4_K product (interleaved_q4_k.h) in AVX-512 VNNI, decode and prefill.
+// GCC 12's 512-bit reduce/extract intrinsics pass an "undefined" vector that its own
+// -Wuninitialized then flags; the warning is about the header, not this code.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/interleaved_q4_k.h"
+#include "quant/blocks.h"
+
+namespace substrate::avx512 {
+namespace {
+
+constexpr int kBlockBytes = kQ4KInterleaved_BlockBytes;
+constexpr int kD = kQ4KInterleaved_QuantBytes, kDmin = kD + 32, kLow = kDmin + 32,
+              kHigh = kLow + 128;
+
+inline __m512i Word(const int8_t* p) {  // 4 activation quants, broadcast to 16 lanes
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+inline __m512i Bytes16(const uint8_t* p) {  // 16 rows' bytes, one per 32-bit lane
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Sub-block s's scale (6 bits) for the 16 rows of block `m`'s metadata, one per 32-bit lane
+// with a zero high word, as dpwssd wants it.
+inline __m512i Scale(const uint8_t* m, int s) {
+  const __m512i low = _mm512_and_si512(Bytes16(m + kLow + 16 * s), _mm512_set1_epi32(15));
+  const __m512i high = _mm512_srli_epi32(Bytes16(m + kHigh + 16 * (s / 2)), 4 * (s % 2));
+  return _mm512_or_si512(low, _mm512_slli_epi32(_mm512_and_si512(high, _mm512_set1_epi32(3)), 4));
+}
+
+// Mins of sub-blocks 2p and 2p + 1 as the two words of each lane.
+inline __m512i MinPair(const uint8_t* m, int p) {
+  const __m512i high = Bytes16(m + kHigh + 16 * p);
+  const __m512i three = _mm512_set1_epi32(3);
+  const __m512i m0 = _mm512_or_si512(
+      _mm512_srli_epi32(Bytes16(m + kLow + 16 * (2 * p)), 4),
+      _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high, 2), three), 4));
+  const __m512i m1 = _mm512_or_si512(
+      _mm512_srli_epi32(Bytes16(m + kLow + 16 * (2 * p + 1)), 4),
+      _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high, 6), three), 4));
+  return _mm512_or_si512(m0, _mm512_slli_epi32(m1, 16));
+}
+
+// One group (16 rows) against NT tokens. Per half chunk (16 elements of two sub-blocks), 4
+// weight words give 4 low-nibble and 4 high-nibble vectors; per token each set meets broadcast
+// activation words in a dpbusd chain, and a dpwssd adds the chain times its sub-block's scales
+// to the token's integer sum. Per block the mins come from the activation's sub-block sums
+// (4 dpwssd), and two fmas turn the integer sums into floats. Token t's float operations are the
+// same for every NT.
+template <int NT>
+void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float* const* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = group + b * kBlockBytes;
+    // Decode reads every weight once per token: keep enough lines in flight to cover DRAM
+    // latency (into L1 2 KiB ahead, into L2 8 KiB ahead).
+    for (int o = 0; o < kBlockBytes; o += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(p) + o + 2048, _MM_HINT_T0);
+      if constexpr (NT == 1) _mm_prefetch(reinterpret_cast<const char*>(p) + o + 8192, _MM_HINT_T1);
+    }
+    __m512i isum[NT];
+    for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
+    for (int j = 0; j < 4; ++j) {
+      const __m512i sc_lo = Scale(p, 2 * j), sc_hi = Scale(p, 2 * j + 1);
+      for (int h = 0; h < 2; ++h) {
+        __m512i lo[4], hi[4];
+        for (int k = 0; k < 4; ++k) {
+          const __m512i w = _mm512_loadu_si512(p + 64 * (8 * j + 4 * h + k));
+          lo[k] = _mm512_and_si512(w, m4);
+          hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+        }
+        for (int t = 0; t < NT; ++t) {
+          const int8_t* a = y[t][b].qs + 64 * j + 16 * h;
+          __m512i cl = _mm512_setzero_si512(), ch = _mm512_setzero_si512();
+          for (int k = 0; k < 4; ++k) {
+            cl = _mm512_dpbusd_epi32(cl, lo[k], Word(a + 4 * k));
+            ch = _mm512_dpbusd_epi32(ch, hi[k], Word(a + 32 + 4 * k));
+          }
+          // |cl|, |ch| <= 16 * 15 * 127: the low word is the whole value, the scale's high
+          // word is zero, so each dpwssd adds exactly chain * scale.
+          isum[t] = _mm512_dpwssd_epi32(isum[t], cl, sc_lo);
+          isum[t] = _mm512_dpwssd_epi32(isum[t], ch, sc_hi);
+        }
+      }
+    }
+    const __m512i mins[4] = {MinPair(p, 0), MinPair(p, 1), MinPair(p, 2), MinPair(p, 3)};
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kD)));
+    const __m512 dmin =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kDmin)));
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_K& yb = y[t][b];
+      // Sub-block sums of the activation (pairs of its 16-element bsums), as word pairs
+      // (sums 2p, 2p + 1) in 32-bit elements 0, 1, 4, 5 of `pairs`.
+      const __m256i s32 = _mm256_madd_epi16(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb.bsums)), _mm256_set1_epi16(1));
+      alignas(32) int32_t pairs[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs), _mm256_packs_epi32(s32, s32));
+      __m512i im = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mins[0], _mm512_set1_epi32(pairs[0]));
+      im = _mm512_dpwssd_epi32(im, mins[1], _mm512_set1_epi32(pairs[1]));
+      im = _mm512_dpwssd_epi32(im, mins[2], _mm512_set1_epi32(pairs[4]));
+      im = _mm512_dpwssd_epi32(im, mins[3], _mm512_set1_epi32(pairs[5]));
+      const __m512 yd = _mm512_set1_ps(yb.d);
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, yd), _mm512_cvtepi32_ps(isum[t]), acc[t]);
+      acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, yd), _mm512_cvtepi32_ps(im), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out[t], acc[t]);
+}
+
+}  // namespace
+
+void GemvQ4_KInterleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t g1,
+                         const uint8_t* act, size_t act_stride, int nt, float* y,
+                         int64_t y_stride) {
+  constexpr int kMaxTokens = 8;
+  const int64_t nb = cols / kQK_K;
+  const size_t group_bytes = static_cast<size_t>(nb) * kBlockBytes;
+  const BlockQ8_K* ys[kMaxTokens];
+  float* outs[kMaxTokens];
+  for (int t = 0; t < nt; ++t)
+    ys[t] = reinterpret_cast<const BlockQ8_K*>(act + static_cast<size_t>(t) * act_stride);
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* group = data + static_cast<size_t>(g) * group_bytes;
+    for (int t = 0; t < nt; ++t) outs[t] = y + t * y_stride + g * kInterleavedRows;
+    switch (nt) {
+      case 1: GroupDot<1>(group, nb, ys, outs); break;
+      case 2: GroupDot<2>(group, nb, ys, outs); break;
+      case 3: GroupDot<3>(group, nb, ys, outs); break;
+      case 4: GroupDot<4>(group, nb, ys, outs); break;
+      case 5: GroupDot<5>(group, nb, ys, outs); break;
+      case 6: GroupDot<6>(group, nb, ys, outs); break;
+      case 7: GroupDot<7>(group, nb, ys, outs); break;
+      default: GroupDot<8>(group, nb, ys, outs); break;
+    }
+  }
+}
+
+}  // namespace substrate::avx512
