@@ -416,7 +416,7 @@ int RunBench(const std::vector<std::string>& args) {
     j["bw_ratio"] = achieved / limit;
   }
   if (profile && *n > 0)
-    j["decode_profile"] = ProfileJson(KernelProfile(), 1.0 / tg.tps.back(), *n);
+    j["decode_profile"] = ProfileJson(KernelProfile(), 1.0 / tg.tps.back(), *n * *seqs);
   if (profile && *p > 0) j["prefill_profile"] = prefill_profile;
   if (json) {
     std::printf("%s\n", j.dump(2).c_str());

@@ -8,6 +8,7 @@
 #include "kernels/interleaved.h"
 #include "kernels/interleaved_q4_0.h"
 #include "kernels/interleaved_q4_k.h"
+#include "kernels/interleaved_q6_k.h"
 #include "kernels/interleaved_q8_0.h"
 #include "kernels/profile.h"
 #include "kernels/scratch_buffer.h"
@@ -127,7 +128,7 @@ enum class Path : uint8_t {
   kReference,      // no dot kernel for a tier (or an odd shape): the scalar reference
   kGemm,           // prefill: AMX tiles over panels of unpacked rows (gemm.h), alone
   kRows,           // the row kernels (FastRows), in the shared ParallelFor
-  kInterleaved,    // interleaved Q8_0 / Q4_0 / Q4_K on AVX-512 (interleaved_q*.h), 16 rows
+  kInterleaved,    // interleaved Q8_0 / Q4_0 / Q4_K / Q6_K on AVX-512 (interleaved_q*.h), 16 rows
                    // per step
   kDeinterleaved,  // interleaved weights where the tier has no such kernel (or with residual
                    // tiers): each group put back into plain rows in scratch, then FastRows
@@ -207,7 +208,8 @@ void PlanJob(BatchState& st, const MatMulJob& job, JobPlan& p) {
   for (int k = 0; k < p.n_parts; ++k)
     p.parts[k].act_set = FindOrAddSet(st, job, w.cols, p.parts[k].kernel->act_type,
                                       k == 0 && p.path == Path::kInterleaved &&
-                                          w.layout != WeightLayout::kQ4_KInterleaved);
+                                          (w.layout == WeightLayout::kQ8_0Interleaved ||
+                                           w.layout == WeightLayout::kQ4_0Interleaved));
 }
 
 // Activation rows [a, b) of all sets together (set after set).
@@ -283,6 +285,10 @@ void RunItems(const JobPlan& p, int64_t a, int64_t b) {
         switch (w.layout) {
           case WeightLayout::kQ4_KInterleaved:
             avx512::GemvQ4_KInterleaved(w.data, w.cols, g, g + 1, act, part.act_stride, nt, yt,
+                                        w.rows);
+            break;
+          case WeightLayout::kQ6_KInterleaved:
+            avx512::GemvQ6_KInterleaved(w.data, w.cols, g, g + 1, act, part.act_stride, nt, yt,
                                         w.rows);
             break;
           case WeightLayout::kQ4_0Interleaved:

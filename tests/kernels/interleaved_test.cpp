@@ -1,5 +1,5 @@
 // The interleaved decode layouts (kernels/interleaved_q8_0.h, interleaved_q4_0.h,
-// interleaved_q4_k.h; decode and prefill): the in-place rearrangement round-trips to the
+// interleaved_q4_k.h, interleaved_q6_k.h; decode and prefill): the in-place rearrangement round-trips to the
 // original bytes (every bit pattern of quants and packed scales), and MatMul over an
 // interleaved view equals MatMul over the plain rows (same quantized activations, integer
 // sums exact, so only float order differs) at every ISA tier the CPU has, for decode, short
@@ -18,6 +18,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/interleaved_q4_0.h"
 #include "kernels/interleaved_q4_k.h"
+#include "kernels/interleaved_q6_k.h"
 #include "kernels/interleaved_q8_0.h"
 #include "kernels/matmul.h"
 #include "kernels/random_matrix.h"
@@ -47,7 +48,7 @@ TEST_P(Interleaved, ShapesThatQualify) {
     EXPECT_EQ(InterleaveForDecode(l.type, 16, 3 * l.cols_step / 2, m.data(), nullptr),
               WeightLayout::kRows);
   }
-  EXPECT_EQ(InterleaveForDecode(DType::kQ6_K, 16, 1024, m.data(), nullptr), WeightLayout::kRows);
+  EXPECT_EQ(InterleaveForDecode(DType::kQ5_K, 16, 1024, m.data(), nullptr), WeightLayout::kRows);
 }
 
 TEST_P(Interleaved, RoundTripsToThePlainRows) {
@@ -134,7 +135,8 @@ TEST_P(Interleaved, MatMulEqualsPlainRowsAtEveryTier) {
 INSTANTIATE_TEST_SUITE_P(Layouts, Interleaved,
                          ::testing::Values(Layout{DType::kQ8_0, WeightLayout::kQ8_0Interleaved, 64},
                                            Layout{DType::kQ4_0, WeightLayout::kQ4_0Interleaved, 64},
-                                           Layout{DType::kQ4_K, WeightLayout::kQ4_KInterleaved, 256}),
+                                           Layout{DType::kQ4_K, WeightLayout::kQ4_KInterleaved, 256},
+                                           Layout{DType::kQ6_K, WeightLayout::kQ6_KInterleaved, 256}),
                          [](const auto& info) { return std::string(DTypeName(info.param.type)); });
 
 }  // namespace

@@ -108,6 +108,8 @@ TEST(TokenRows, MultiTokenRowsEqualOneTokenRowsBitForBit) {
   cases.push_back({"interleaved+residual", DType::kQ4_0, 32, 256, true, 1});
   cases.push_back({"interleaved", DType::kQ4_K, 48, 768, true, 0});
   cases.push_back({"interleaved+residual", DType::kQ4_K, 32, 512, true, 1});
+  cases.push_back({"interleaved", DType::kQ6_K, 48, 768, true, 0});
+  cases.push_back({"interleaved+residual", DType::kQ6_K, 32, 512, true, 1});
   cases.push_back({"residuals", DType::kQ4_K, 23, 512, false, 2});
   const Isa saved = ActiveIsa();
   for (int tier = 0; tier <= static_cast<int>(DetectedIsa()); ++tier) {
