@@ -63,16 +63,24 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = group + b * kBlockBytes;
     // Decode reads every weight once per token: keep enough lines in flight to cover DRAM
-    // latency (into L1 2 KiB ahead, into L2 8 KiB ahead).
-    for (int o = 0; o < kBlockBytes; o += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(p) + o + 2048, _MM_HINT_T0);
-      if constexpr (NT == 1) _mm_prefetch(reinterpret_cast<const char*>(p) + o + 8192, _MM_HINT_T1);
+    // latency (into L1 2 KiB ahead, into L2 8 KiB ahead). A tile of tokens computes long enough
+    // per block for the block after next to arrive meanwhile: its lines are requested a few per
+    // step below, not in one burst that would wait for the core's line fill buffers.
+    if constexpr (NT == 1) {
+      for (int o = 0; o < kBlockBytes; o += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(p) + o + 2048, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p) + o + 8192, _MM_HINT_T1);
+      }
     }
     __m512i isum[NT];
     for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j) {
       const __m512i sc_lo = Scale(p, 2 * j), sc_hi = Scale(p, 2 * j + 1);
       for (int h = 0; h < 2; ++h) {
+        if constexpr (NT > 1) {
+          const char* next = reinterpret_cast<const char*>(p) + 2 * kBlockBytes + 320 * (2 * j + h);
+          for (int o = 0; o < 320; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+        }
         __m512i lo[4], hi[4];
         for (int k = 0; k < 4; ++k) {
           const __m512i w = _mm512_loadu_si512(p + 64 * (8 * j + 4 * h + k));

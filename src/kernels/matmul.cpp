@@ -233,8 +233,10 @@ void QuantizeSetRows(const BatchState& st, int64_t a, int64_t b) {
 void QuantizeSets(BatchState& st, ThreadPool& pool) {
   auto align = [](size_t n) { return (n + 63) & ~size_t{63}; };
   size_t total = 0;
+  int64_t elements = 0;
   st.act_rows = 0;
   for (ActSet& s : st.sets) {
+    elements += s.n_tokens * s.cols;
     s.stride = ActRowBytes(s.type, s.cols);
     s.offset = total;
     total += align(s.stride * static_cast<size_t>(s.n_tokens));
@@ -245,8 +247,9 @@ void QuantizeSets(BatchState& st, ThreadPool& pool) {
   }
   st.act_buf = st.act_scratch.Reserve(std::max<size_t>(total, 64));
   BatchState* sp = &st;
-  if (st.act_rows >= 16) {
-    pool.ParallelFor(st.act_rows, 4,
+  // A decode row stays on the caller; several rows (a batched step, a prompt) are split.
+  if (st.act_rows >= 2 && elements >= 16384) {
+    pool.ParallelFor(st.act_rows, 1,
                      [sp](int64_t a, int64_t b, int) { QuantizeSetRows(*sp, a, b); });
   } else {
     QuantizeSetRows(st, 0, st.act_rows);

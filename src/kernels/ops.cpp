@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace substrate {
 
@@ -44,11 +45,14 @@ void Rope(float* x, int64_t n_rows, int n_heads, int head_dim, const int32_t* po
                        std::ceil(YarnCorrDim(p.n_rot, p.yarn_orig_ctx, p.yarn_beta_slow,
                                              p.freq_base)));
   }
+  static thread_local std::vector<double> inv_freq;
+  inv_freq.resize(static_cast<size_t>(half));
+  for (int i = 0; i < half; ++i)
+    inv_freq[static_cast<size_t>(i)] = std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
   for (int64_t t = 0; t < n_rows; ++t) {
     const double position = pos[t];
     for (int i = 0; i < half; ++i) {
-      const double inv_freq = std::pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
-      double theta = position * inv_freq;
+      double theta = position * inv_freq[static_cast<size_t>(i)];
       float mscale = p.attn_factor;
       if (yarn) {
         // Interpolated angle for low frequencies, extrapolated for high; linear ramp between.

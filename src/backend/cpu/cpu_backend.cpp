@@ -35,6 +35,12 @@ void StoreValues(const float* src, int64_t n, DType type, uint8_t* dst) {
   for (int64_t i = 0; i < n; ++i) h[i] = Fp32ToFp16(src[i]);
 }
 
+// Element-wise work on at least this many values is split over the pool: a step of several
+// sequences (or a prompt) norms and gates rows whose serial cost would rival the step's
+// matmuls on a many-core machine, while one decode row stays on the caller. Rows and elements
+// are computed as they are alone, so the split changes no bit.
+constexpr int64_t kParallelElements = 16384;
+
 }  // namespace
 
 Expected<Buffer> CpuBackend::Allocate(size_t bytes, const std::string& account) {
@@ -85,7 +91,15 @@ const float* CpuBackend::VectorOf(const WeightView& w, int64_t n) {
 }
 
 void CpuBackend::RmsNorm(const Tensor& x, const WeightView& w, float eps, const Tensor& y) {
-  substrate::RmsNorm(x.data, VectorOf(w, x.cols), eps, x.cols, x.rows, y.data);
+  const float* wv = VectorOf(w, x.cols);
+  if (x.size() < kParallelElements) {
+    substrate::RmsNorm(x.data, wv, eps, x.cols, x.rows, y.data);
+    return;
+  }
+  const Tensor xs = x, ys = y;
+  pool_->ParallelFor(x.rows, 1, [&](int64_t r0, int64_t r1, int) {
+    substrate::RmsNorm(xs.data + r0 * xs.cols, wv, eps, xs.cols, r1 - r0, ys.data + r0 * ys.cols);
+  });
 }
 
 void CpuBackend::AddBias(const Tensor& y, const WeightView& b) {
@@ -99,7 +113,14 @@ void CpuBackend::Fill(const Tensor& y, float value) {
 void CpuBackend::Add(const Tensor& y, const Tensor& x) { AddInPlace(y.data, x.data, y.size()); }
 
 void CpuBackend::SwiGlu(const Tensor& gate, const Tensor& up, const Tensor& out) {
-  substrate::SwiGlu(gate.data, up.data, out.size(), out.data);
+  const int64_t n = out.size();
+  if (n < kParallelElements) {
+    substrate::SwiGlu(gate.data, up.data, n, out.data);
+    return;
+  }
+  pool_->ParallelFor(n, kParallelElements / 4, [&](int64_t i0, int64_t i1, int) {
+    substrate::SwiGlu(gate.data + i0, up.data + i0, i1 - i0, out.data + i0);
+  });
 }
 
 void CpuBackend::ScaleRowsBySigmoid(const Tensor& y, const Tensor& g) {
