@@ -39,9 +39,9 @@ uint64_t MemAvailable() {
 // Decode's matrix products per token, timed at the model's own shapes on the pool a run uses:
 // every 2-D weight of every op a token runs, one GEMV each (a routed expert's op counts
 // n_expert_used / experts-in-its-layer times, as the router picks that many of them). Each
-// distinct (type, rows, cols) is timed once, best of 3: a matrix above kRotate on a slice of its
-// rows (time scaled by rows), a smaller one cycling through copies that together pass kRotate,
-// so that, as in decode, its bytes come from memory and not from the cache of the previous call.
+// distinct (type, rows, cols) is timed, best of 5 sweeps over all of them: a matrix above kRotate
+// on a slice of its rows (time scaled by rows), a smaller one cycling through copies that together
+// fill kRotate, so that, as in decode, its bytes come from memory and not from the cache.
 struct ComputeProbe {
   double seconds = 0;  // per token
   uint64_t bytes = 0;  // weight bytes those products read
@@ -79,37 +79,62 @@ Expected<ComputeProbe> MeasureTokenCompute(const StoreIndex& index, const ModelH
       count[{t.type, static_cast<int64_t>(t.ne[1]), static_cast<int64_t>(t.ne[0])}] += times;
     }
   }
-  ComputeProbe p;
+  // One buffer, filled once, that every shape's copies are laid over.
+  // Not zeros: a block whose scale is 0 could take a shorter path than real weights do.
+  ASSIGN_OR_RETURN(AlignedBuffer w, AlignedBuffer::Allocate(kRotate));
+  std::memset(w.data(), 0x11, kRotate);
+  struct Timed {
+    double n = 0;           // products per token
+    uint64_t bytes = 0;     // of one product
+    int64_t rows = 0;       // rows timed (a slice of a matrix above kRotate)
+    std::vector<WeightView> copies;
+    double best = 1e30;     // seconds per product of `rows` rows
+  };
+  std::vector<Timed> timed;
+  size_t widest = 0, tallest = 0;
   for (const auto& [shape, n] : count) {
     auto row = RowBytes(shape.type, static_cast<uint64_t>(shape.cols));
     if (!row || *row == 0) continue;  // no kernel for it: not priced
-    const uint64_t bytes = *row * static_cast<uint64_t>(shape.rows);
-    const int64_t rows = bytes > kRotate ? std::max<int64_t>(1, kRotate / *row) : shape.rows;
-    const uint64_t used = *row * static_cast<uint64_t>(rows);
-    const int copies = static_cast<int>(std::max<uint64_t>(1, kRotate / used));
-    ASSIGN_OR_RETURN(AlignedBuffer w, AlignedBuffer::Allocate(used * copies));
-    // Not zeros: a block whose scale is 0 could take a shorter path than real weights do.
-    std::memset(w.data(), 0x11, used * copies);
-    std::vector<WeightView> v(static_cast<size_t>(copies));
-    for (int c = 0; c < copies; ++c) {
-      v[c].type = shape.type;
-      v[c].data = w.data() + used * c;
-      v[c].bytes = used;
-      v[c].rows = rows;
-      v[c].cols = shape.cols;
+    Timed t;
+    t.n = n;
+    t.bytes = *row * static_cast<uint64_t>(shape.rows);
+    t.rows = t.bytes > kRotate ? std::max<int64_t>(1, kRotate / *row) : shape.rows;
+    const uint64_t used = *row * static_cast<uint64_t>(t.rows);
+    const uint64_t copies = std::max<uint64_t>(1, kRotate / used);
+    for (uint64_t c = 0; c < copies; ++c) {
+      WeightView v;
+      v.type = shape.type;
+      v.data = w.data() + used * c;
+      v.bytes = used;
+      v.rows = t.rows;
+      v.cols = shape.cols;
+      t.copies.push_back(v);
     }
-    std::vector<float> x(static_cast<size_t>(shape.cols), 0.5f), y(static_cast<size_t>(rows));
-    double best = 1e30;
-    for (int rep = 0; rep < 4; ++rep) {  // the first warms the pages and the pool
+    widest = std::max(widest, static_cast<size_t>(shape.cols));
+    tallest = std::max(tallest, static_cast<size_t>(t.rows));
+    timed.push_back(std::move(t));
+  }
+  std::vector<float> x(widest, 0.5f), y(tallest);
+  // Sweeps over every shape, best per shape: samples spread over time, so a moment another
+  // process (or the VM's host) takes the CPU spoils one sample, not a shape's every one.
+  constexpr int kSweeps = 5;
+  for (int sweep = 0; sweep < kSweeps; ++sweep) {
+    for (Timed& t : timed) {
+      if (sweep == 0)  // warms the pages and the pool
+        for (const WeightView& v : t.copies) MatMul(v, x.data(), 1, y.data(), pool);
       const auto t0 = std::chrono::steady_clock::now();
-      for (const WeightView& wv : v) MatMul(wv, x.data(), 1, y.data(), pool);
-      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (rep > 0) best = std::min(best, t / copies);
+      for (const WeightView& v : t.copies) MatMul(v, x.data(), 1, y.data(), pool);
+      const double e = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      t.best = std::min(t.best, e / static_cast<double>(t.copies.size()));
     }
-    const double per = best * static_cast<double>(shape.rows) / static_cast<double>(rows);
-    p.seconds += per * n;
-    p.bytes += static_cast<uint64_t>(static_cast<double>(bytes) * n);
-    p.products += n;
+  }
+  ComputeProbe p;
+  for (const Timed& t : timed) {
+    // (a slice's time scaled to the whole matrix)
+    const double per = t.best * static_cast<double>(t.bytes) / static_cast<double>(t.copies[0].bytes);
+    p.seconds += per * t.n;
+    p.bytes += static_cast<uint64_t>(static_cast<double>(t.bytes) * t.n);
+    p.products += t.n;
     ++p.shapes;
   }
   if (p.shapes == 0) return InvalidArgument("no matrix product to time");
@@ -292,7 +317,7 @@ Expected<FitReport> PredictFit(const std::string& path, const FitOptions& o) {
       std::shuffle(expert_ops.begin(), expert_ops.end(), std::mt19937(14));
       constexpr uint64_t kBuffer = 64ull << 20;
       if (r.dense_disk_bytes > 0 && !dense_ops.empty()) {
-        auto d = ProbeOpReads(*index, dense_ops, 1ull << 30, 2.0, 4ull << 30, kBuffer,
+        auto d = ProbeOpReads(*index, dense_ops, 1.0, 1ull << 30, 2.0, 6ull << 30, kBuffer,
                               IoMode::kAuto, nullptr);
         if (d.ok()) {
           r.dense_read_bytes_per_s = d->bytes_per_s;
@@ -301,7 +326,7 @@ Expected<FitReport> PredictFit(const std::string& path, const FitOptions& o) {
         }
       }
       if (r.expert_disk_bytes > 0 && !expert_ops.empty()) {
-        auto e = ProbeOpReads(*index, expert_ops, 256ull << 20, 1.0, 1ull << 30, kBuffer,
+        auto e = ProbeOpReads(*index, expert_ops, 0.5, 256ull << 20, 1.0, 1ull << 30, kBuffer,
                               IoMode::kAuto, nullptr);
         if (e.ok()) {
           r.expert_read_bytes_per_s = e->bytes_per_s;
@@ -317,9 +342,11 @@ Expected<FitReport> PredictFit(const std::string& path, const FitOptions& o) {
           r.expert_disk_bytes > 0 && r.expert_read_bytes_per_s > 0 ? r.expert_disk_bytes / r.expert_read_bytes_per_s : 0;
       r.disk_seconds = dense_s + expert_s;
       if (r.disk_seconds > 0) r.disk_bytes_per_s = r.disk_bytes / r.disk_seconds;
-      // Dense reads run ahead of need, during the compute of the ops before them; an expert's read
-      // starts when its layer's router has picked it, and its products wait for it.
-      const double token_s = std::max(r.compute_seconds, dense_s) + expert_s;
+      // One read worker serves both kinds, and both run ahead of the compute: dense ops
+      // prefetch_depth ops ahead, routed experts once their layer's router has picked them and,
+      // while experts stream, on the look-ahead's guess one layer ahead. So a token takes the
+      // longer of its compute and its reads.
+      const double token_s = std::max(r.compute_seconds, r.disk_seconds);
       r.bound = dense_s + expert_s > r.compute_seconds ? "disk" : "compute";
       r.predicted_tokens_per_s = 1.0 / token_s;
     }
@@ -361,15 +388,18 @@ std::string FitToJson(const FitReport& r) {
                    {"disk_direct", r.disk_direct},
                    {"disk_bytes_per_s", r.disk_bytes_per_s},
                    {"method",
-                    "compute: one GEMV per weight of a token at its shape, on the run's threads; "
-                    "disk: the plan's streamed ops in order and routed experts in no order, "
-                    "O_DIRECT through the runtime's reader, CRC32C after each op as its worker"}};
+                    "compute: one GEMV per weight of a token at its shape, on the run's threads, "
+                    "best of 5 sweeps; disk: the plan's streamed ops in order (1 s warm-up, then "
+                    "at least 1 GiB and 2 s) and routed experts in no order (0.5 s, then 256 MiB "
+                    "and 1 s), O_DIRECT through the runtime's reader, CRC32C after each op as "
+                    "its worker does"}};
   j["predicted"] = {{"tokens_per_s", r.predicted_tokens_per_s},
                     {"bound", r.bound},
                     {"compute_seconds", r.compute_seconds},
                     {"disk_seconds", r.disk_seconds},
-                    {"model", "max(compute, dense reads) + expert reads: dense reads run ahead "
-                              "during compute, a routed expert's products wait for its read"}};
+                    {"model", "max(compute, dense reads + expert reads): one read worker, "
+                              "reading ahead of the compute (prefetch depth, routing hints, "
+                              "the look-ahead's guess of the next layer's experts)"}};
   j["minimum_budget"] = r.minimum_budget;
   j["resident_budget"] = r.resident_budget;
   json relax = json::array();

@@ -42,8 +42,9 @@ Expected<ReadProbe> ProbeStoreRead(const StoreIndex& index, uint64_t max_bytes,
 }
 
 Expected<OpReadProbe> ProbeOpReads(const StoreIndex& index, const std::vector<int>& ops,
-                                   uint64_t min_bytes, double min_seconds, uint64_t max_bytes,
-                                   uint64_t max_buffer, IoMode mode, MemoryLedger* ledger) {
+                                   double warmup_seconds, uint64_t min_bytes, double min_seconds,
+                                   uint64_t max_bytes, uint64_t max_buffer, IoMode mode,
+                                   MemoryLedger* ledger) {
   constexpr uint64_t kAlign = 4096;
   uint64_t largest_span = 0;
   std::vector<std::unique_ptr<RandomAccessFile>> files(index.n_files());
@@ -66,10 +67,14 @@ Expected<OpReadProbe> ProbeOpReads(const StoreIndex& index, const std::vector<in
   OpReadProbe p;
   p.direct = true;
   uint32_t crc = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
   };
+  bool warm = warmup_seconds <= 0;
+  auto t0 = start;  // start of the counted reads
+  double check = 0;
   for (size_t i = 0;; i = (i + 1) % ops.size()) {
     const StoreOp& op = index.ops()[ops[i]];
     uint64_t op_bytes = 0;
@@ -83,16 +88,32 @@ Expected<OpReadProbe> ProbeOpReads(const StoreIndex& index, const std::vector<in
       op_bytes += s.bytes;
     }
     // The worker checks an op's ranges once they are all in: as many bytes, from memory.
-    const auto c0 = std::chrono::steady_clock::now();
+    const auto c0 = Clock::now();
     for (uint64_t at = 0; at < op_bytes; at += buf_bytes)
       crc = Crc32c(buf.data(), std::min(buf_bytes, op_bytes - at), crc);
-    p.check_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
-    p.bytes += op_bytes;
+    check += since(c0);
     ++p.n_ops;
-    const double t = elapsed();
-    if ((p.bytes >= min_bytes && t >= min_seconds) || p.bytes >= max_bytes) break;
+    if (!warm) {
+      p.warmup_bytes += op_bytes;
+      if (since(start) >= warmup_seconds) {
+        warm = true;
+        t0 = Clock::now();
+        check = 0;
+      }
+      if (p.warmup_bytes >= max_bytes) break;
+      continue;
+    }
+    p.bytes += op_bytes;
+    const double t = since(t0);
+    if ((p.bytes >= min_bytes && t >= min_seconds) || p.bytes + p.warmup_bytes >= max_bytes) break;
   }
-  p.seconds = elapsed();
+  if (p.bytes == 0) {  // stopped in the warm-up: what it read is all there is
+    p.bytes = p.warmup_bytes;
+    p.warmup_bytes = 0;
+    t0 = start;
+  }
+  p.seconds = since(t0);
+  p.check_seconds = check;
   p.bytes_per_s = p.seconds > 0 ? static_cast<double>(p.bytes) / p.seconds : 0;
   p.uring = io->uring();
   g_probe_crc = crc;

@@ -34,20 +34,24 @@ Expected<ReadProbe> ProbeStoreRead(const StoreIndex& index, uint64_t max_bytes,
 // reads them: each op of `ops` in turn (cycling through the list), every span of its tier 0 read
 // with O_DIRECT through one IoReader (io_uring with requests in flight, or pread), then CRC32C
 // over the op's bytes before the next op's reads start (PrefetchScheduler::Execute: the disk
-// idles while the worker checks). Reads go on until both min_bytes and min_seconds are passed
-// (past a burst the VM's disk may allow at first), or max_bytes. A span larger than the buffer
-// (max_buffer, rounded to 4096; ledger account "read_probe") is read in buffer-sized parts.
+// idles while the worker checks). The reads of the first warmup_seconds are not counted (a VM's
+// disk may take a moment to reach its sustained rate, which a decode then keeps); counted reads
+// go on until both min_bytes and min_seconds are passed, or max_bytes (warm-up included) are
+// read. A span larger than the buffer (max_buffer, rounded to 4096; ledger account
+// "read_probe") is read in buffer-sized parts.
 struct OpReadProbe {
-  uint64_t bytes = 0;
-  int n_ops = 0;             // op reads done (an op read again counts again)
-  double seconds = 0;        // all of it: reads and checks
-  double check_seconds = 0;  // of which CRC32C
-  double bytes_per_s = 0;    // bytes / seconds: the worker's rate, checks included
+  uint64_t bytes = 0;         // counted (after the warm-up)
+  uint64_t warmup_bytes = 0;  // read during the warm-up
+  int n_ops = 0;              // op reads done, warm-up included (an op read again counts again)
+  double seconds = 0;         // counted reads and checks
+  double check_seconds = 0;   // of which CRC32C
+  double bytes_per_s = 0;     // bytes / seconds: the worker's rate, checks included
   bool direct = false;
   bool uring = false;
 };
 Expected<OpReadProbe> ProbeOpReads(const StoreIndex& index, const std::vector<int>& ops,
-                                   uint64_t min_bytes, double min_seconds, uint64_t max_bytes,
-                                   uint64_t max_buffer, IoMode mode, MemoryLedger* ledger);
+                                   double warmup_seconds, uint64_t min_bytes, double min_seconds,
+                                   uint64_t max_bytes, uint64_t max_buffer, IoMode mode,
+                                   MemoryLedger* ledger);
 
 }  // namespace substrate

@@ -1,7 +1,8 @@
 // What `substrate fit` predicts from: the plan's reads split into streamed dense ops and routed
 // expert misses (ResidencyManager::PredictReads, from a dry run), and ProbeOpReads reading a list
 // of ops the way the prefetch worker does (every span of each op, in turn, cycling through the
-// list until its byte and time minimums are passed or its maximum is reached).
+// list past a warm-up that is not counted, until its byte and time minimums are passed or its
+// maximum is reached).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -115,20 +116,20 @@ TEST_F(FitProbe, ReadsEachOpsSpansInTurnUntilItsMinimum) {
   const uint64_t first = SpanBytes(index->ops()[ops[0]]);
   MemoryLedger ledger;
   // No minimum: one op.
-  auto one = ProbeOpReads(*index, ops, 0, 0, 1ull << 40, 1 << 20, IoMode::kAuto, &ledger);
+  auto one = ProbeOpReads(*index, ops, 0, 0, 0, 1ull << 40, 1 << 20, IoMode::kAuto, &ledger);
   ASSERT_TRUE(one.ok()) << one.status().ToString();
   EXPECT_EQ(one->n_ops, 1);
   EXPECT_EQ(one->bytes, first);
   EXPECT_GT(one->seconds, 0);
   EXPECT_GE(one->seconds, one->check_seconds);
   // A minimum past the list: around it, and on to the first op again.
-  auto wrap = ProbeOpReads(*index, ops, total + 1, 0, 1ull << 40, 4096, IoMode::kAuto, &ledger);
+  auto wrap = ProbeOpReads(*index, ops, 0, total + 1, 0, 1ull << 40, 4096, IoMode::kAuto, &ledger);
   ASSERT_TRUE(wrap.ok()) << wrap.status().ToString();
   EXPECT_EQ(wrap->n_ops, 4);
   EXPECT_EQ(wrap->bytes, total + first);
   EXPECT_NEAR(wrap->bytes_per_s, wrap->bytes / wrap->seconds, 1e-6 * wrap->bytes_per_s);
   // The maximum stops it though the minimum is not reached.
-  auto capped = ProbeOpReads(*index, ops, 1ull << 40, 0, first, 1 << 20, IoMode::kAuto, &ledger);
+  auto capped = ProbeOpReads(*index, ops, 0, 1ull << 40, 0, first, 1 << 20, IoMode::kAuto, &ledger);
   ASSERT_TRUE(capped.ok()) << capped.status().ToString();
   EXPECT_EQ(capped->n_ops, 1);
   // Its buffer was charged and given back.
@@ -136,15 +137,39 @@ TEST_F(FitProbe, ReadsEachOpsSpansInTurnUntilItsMinimum) {
   EXPECT_EQ(ledger.current(), 0u);
 }
 
+TEST_F(FitProbe, TheWarmUpsReadsAreNotCounted) {
+  auto index = Index();
+  ASSERT_TRUE(index);
+  std::vector<int> ops;
+  for (int o = 0; o < static_cast<int>(index->ops().size()) && ops.size() < 3; ++o)
+    if (SpanBytes(index->ops()[o]) > 0) ops.push_back(o);
+  ASSERT_EQ(ops.size(), 3u);
+  const uint64_t a = SpanBytes(index->ops()[ops[0]]), b = SpanBytes(index->ops()[ops[1]]),
+                 c = SpanBytes(index->ops()[ops[2]]);
+  // A warm-up over as soon as one op is read: that op is the warm-up, the next one counted.
+  auto p = ProbeOpReads(*index, ops, 1e-9, 0, 0, 1ull << 40, 1 << 20, IoMode::kAuto, nullptr);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(p->n_ops, 2);
+  EXPECT_EQ(p->warmup_bytes, a);
+  EXPECT_EQ(p->bytes, b);
+  // A warm-up the maximum cuts short: what was read is counted, there is nothing else.
+  auto cut = ProbeOpReads(*index, ops, 1e6, 0, 0, a + b + c, 1 << 20, IoMode::kAuto, nullptr);
+  ASSERT_TRUE(cut.ok()) << cut.status().ToString();
+  EXPECT_EQ(cut->n_ops, 3);
+  EXPECT_EQ(cut->warmup_bytes, 0u);
+  EXPECT_EQ(cut->bytes, a + b + c);
+  EXPECT_GT(cut->bytes_per_s, 0);
+}
+
 TEST_F(FitProbe, RefusesOpsNotInTheIndexAndAnEmptyList) {
   auto index = Index();
   ASSERT_TRUE(index);
   const int n = static_cast<int>(index->ops().size());
-  EXPECT_EQ(ProbeOpReads(*index, {n}, 0, 0, 1 << 20, 1 << 20, IoMode::kAuto, nullptr)
+  EXPECT_EQ(ProbeOpReads(*index, {n}, 0, 0, 0, 1 << 20, 1 << 20, IoMode::kAuto, nullptr)
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(ProbeOpReads(*index, {}, 0, 0, 1 << 20, 1 << 20, IoMode::kAuto, nullptr)
+  EXPECT_EQ(ProbeOpReads(*index, {}, 0, 0, 0, 1 << 20, 1 << 20, IoMode::kAuto, nullptr)
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);
