@@ -63,7 +63,7 @@ struct FitReport {
   bool disk_direct = false;
   double disk_seconds = 0;             // per token: dense and expert bytes at those rates
   double disk_bytes_per_s = 0;         // disk_bytes / disk_seconds
-  double predicted_tokens_per_s = 0;   // 1 / max(compute, disk)
+  double predicted_tokens_per_s = 0;   // 1 / (max(compute, dense reads) + expert reads)
   std::string bound;                   // "compute" or "disk"
   // Relaxing.
   uint64_t minimum_budget = 0;     // the smallest budget that runs out of core (0: none found)

@@ -127,7 +127,7 @@ TEST_F(GgufCli, FitMeasuresAndPredicts) {
   const double expert_s = t["expert_disk_bytes"].get<double>() / expert_rate;
   const json& p = j["predicted"];
   EXPECT_NEAR(p["disk_seconds"].get<double>(), dense_s + expert_s, 1e-9 + 1e-6 * (dense_s + expert_s));
-  const double tps = 1 / std::max(compute, dense_s + expert_s);
+  const double tps = 1 / (std::max(compute, dense_s) + expert_s);
   EXPECT_NEAR(p["tokens_per_s"].get<double>(), tps, 1e-6 * tps);
   const std::string bound = p["bound"];
   EXPECT_EQ(bound, dense_s + expert_s > compute ? "disk" : "compute");
