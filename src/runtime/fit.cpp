@@ -6,9 +6,10 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <random>
 #include <nlohmann/json.hpp>
 
-#include "compiler/hardware.h"
 #include "core/aligned_buffer.h"
 #include "core/memory_ledger.h"
 #include "core/thread_pool.h"
@@ -17,6 +18,7 @@
 #include "model/hparams.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
+#include "runtime/read_probe.h"
 #include "runtime/residency_manager.h"
 
 namespace substrate {
@@ -34,37 +36,120 @@ uint64_t MemAvailable() {
   return 0;
 }
 
-// Decode's GEMV over `type` rows of n_embd columns, ~64 MiB of weights, on the default pool:
-// the weight bytes per second the CPU turns into outputs (decode's compute bound).
-Expected<double> MeasureGemv(DType type, int64_t cols) {
-  auto row = RowBytes(type, static_cast<uint64_t>(cols));
-  if (!row || *row == 0) return InvalidArgument("no GEMV probe for this type");
-  const int64_t rows = std::max<int64_t>(1, static_cast<int64_t>((64ull << 20) / *row));
-  ASSIGN_OR_RETURN(AlignedBuffer w, AlignedBuffer::Allocate(*row * rows));
-  // Not zeros: a block whose scale is 0 could take a shorter path than real weights do.
-  std::memset(w.data(), 0x11, *row * rows);
-  WeightView v;
-  v.type = type;
-  v.data = w.data();
-  v.bytes = *row * rows;
-  v.rows = rows;
-  v.cols = cols;
-  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
-  ThreadPool& pool = ThreadPool::Default();
-  MatMul(v, x.data(), 1, y.data(), pool);  // warm
-  double best = 1e30;
-  for (int i = 0; i < 5; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    MatMul(v, x.data(), 1, y.data(), pool);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+// Decode's matrix products per token, timed at the model's own shapes on the pool a run uses:
+// every 2-D weight of every op a token runs, one GEMV each (a routed expert's op counts
+// n_expert_used / experts-in-its-layer times, as the router picks that many of them). Each
+// distinct (type, rows, cols) is timed, the median of 5 sweeps over all of them: a matrix above kRotate
+// on a slice of its rows (time scaled by rows), a smaller one cycling through copies that together
+// fill kRotate, so that, as in decode, its bytes come from memory and not from the cache.
+struct ComputeProbe {
+  double seconds = 0;  // per token
+  uint64_t bytes = 0;  // weight bytes those products read
+  int shapes = 0;      // distinct shapes timed
+  double products = 0; // GEMVs per token
+};
+Expected<ComputeProbe> MeasureTokenCompute(const StoreIndex& index, const ModelHParams& hp,
+                                           ThreadPool& pool) {
+  constexpr uint64_t kRotate = 128ull << 20;  // well past a server's last-level cache
+  struct Shape {
+    DType type;
+    int64_t rows, cols;
+    auto operator<=>(const Shape&) const = default;
+  };
+  std::map<Shape, double> count;  // products per token
+  const bool tied = index.FindOp("output") < 0;  // the head reads token_embd (tied embeddings)
+  std::map<int, int> experts_in_layer;
+  std::vector<int> expert_layer(index.ops().size(), -1);
+  for (size_t o = 0; o < index.ops().size(); ++o) {
+    const std::string& id = index.ops()[o].id;
+    if (id.find(".moe.expert_") == std::string::npos) continue;
+    const int layer = std::atoi(id.c_str() + id.find('_') + 1);  // block_L.moe.expert_E
+    expert_layer[o] = layer;
+    ++experts_in_layer[layer];
   }
-  return static_cast<double>(v.bytes) / best;
+  for (size_t o = 0; o < index.ops().size(); ++o) {
+    const StoreOp& op = index.ops()[o];
+    if (op.id == "token_embd" && !tied) continue;  // a token reads one row of it
+    const double times = expert_layer[o] >= 0 ? static_cast<double>(std::max(hp.n_expert_used, 1)) /
+                                                    experts_in_layer[expert_layer[o]]
+                                              : 1.0;
+    for (const auto& [id, slice] : op.units) {
+      const TensorInfo& t = index.tensors()[id].info;
+      if (t.ne.size() < 2) continue;
+      count[{t.type, static_cast<int64_t>(t.ne[1]), static_cast<int64_t>(t.ne[0])}] += times;
+    }
+  }
+  // One buffer, filled once, that every shape's copies are laid over.
+  // Not zeros: a block whose scale is 0 could take a shorter path than real weights do.
+  ASSIGN_OR_RETURN(AlignedBuffer w, AlignedBuffer::Allocate(kRotate));
+  std::memset(w.data(), 0x11, kRotate);
+  struct Timed {
+    double n = 0;           // products per token
+    uint64_t bytes = 0;     // of one product
+    int64_t rows = 0;       // rows timed (a slice of a matrix above kRotate)
+    std::vector<WeightView> copies;
+    std::vector<double> samples;  // seconds per product of `rows` rows, one per sweep
+  };
+  std::vector<Timed> timed;
+  size_t widest = 0, tallest = 0;
+  for (const auto& [shape, n] : count) {
+    auto row = RowBytes(shape.type, static_cast<uint64_t>(shape.cols));
+    if (!row || *row == 0) continue;  // no kernel for it: not priced
+    Timed t;
+    t.n = n;
+    t.bytes = *row * static_cast<uint64_t>(shape.rows);
+    t.rows = t.bytes > kRotate ? std::max<int64_t>(1, kRotate / *row) : shape.rows;
+    const uint64_t used = *row * static_cast<uint64_t>(t.rows);
+    const uint64_t copies = std::max<uint64_t>(1, kRotate / used);
+    for (uint64_t c = 0; c < copies; ++c) {
+      WeightView v;
+      v.type = shape.type;
+      v.data = w.data() + used * c;
+      v.bytes = used;
+      v.rows = t.rows;
+      v.cols = shape.cols;
+      t.copies.push_back(v);
+    }
+    widest = std::max(widest, static_cast<size_t>(shape.cols));
+    tallest = std::max(tallest, static_cast<size_t>(t.rows));
+    timed.push_back(std::move(t));
+  }
+  std::vector<float> x(widest, 0.5f), y(tallest);
+  // Sweeps over every shape, the median per shape: samples spread over time, as a decode's
+  // products are, so the figure is the CPU a decode typically gets, not its best moment (the
+  // best of them was 1.2-1.3x optimistic on a VM whose host takes some of its time).
+  constexpr int kSweeps = 5;
+  for (int sweep = 0; sweep < kSweeps; ++sweep) {
+    for (Timed& t : timed) {
+      if (sweep == 0)  // warms the pages and the pool
+        for (const WeightView& v : t.copies) MatMul(v, x.data(), 1, y.data(), pool);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (const WeightView& v : t.copies) MatMul(v, x.data(), 1, y.data(), pool);
+      const double e = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      t.samples.push_back(e / static_cast<double>(t.copies.size()));
+    }
+  }
+  ComputeProbe p;
+  for (Timed& t : timed) {
+    // (a slice's time scaled to the whole matrix)
+    std::vector<double>& v = t.samples;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    const double per =
+        v[v.size() / 2] * static_cast<double>(t.bytes) / static_cast<double>(t.copies[0].bytes);
+    p.seconds += per * t.n;
+    p.bytes += static_cast<uint64_t>(static_cast<double>(t.bytes) * t.n);
+    p.products += t.n;
+    ++p.shapes;
+  }
+  if (p.shapes == 0) return InvalidArgument("no matrix product to time");
+  return p;
 }
 
 // The out-of-core plan for `budget` (a dry run of the runtime), or its error.
 struct OutOfCorePlan {
   ResidencyStats stats;
   ResidencyManager::ReadPrediction reads;
+  std::vector<std::string> streamed_ops, expert_ops;  // reads' ops by id
 };
 Expected<OutOfCorePlan> PlanOutOfCore(const std::string& path, uint64_t budget, uint64_t reserve,
                                       int depth) {
@@ -75,7 +160,10 @@ Expected<OutOfCorePlan> PlanOutOfCore(const std::string& path, uint64_t budget, 
   ro.prefetch_depth = depth;
   ro.dry_run = true;
   ASSIGN_OR_RETURN(auto m, ResidencyManager::OpenGguf(path, &ledger, ro));
-  return OutOfCorePlan{m->stats(), m->PredictReads()};
+  OutOfCorePlan p{m->stats(), m->PredictReads(), {}, {}};
+  for (int o : p.reads.streamed_ops) p.streamed_ops.push_back(m->index().ops()[o].id);
+  for (int o : p.reads.expert_ops) p.expert_ops.push_back(m->index().ops()[o].id);
+  return p;
 }
 
 // The smallest budget in [lo, hi] whose plan succeeds (hi must succeed), to 256 KiB.
@@ -128,12 +216,11 @@ Expected<FitReport> PredictFit(const std::string& path, const FitOptions& o) {
   io.max_tier = 0;
   io.checksums = false;
   ASSIGN_OR_RETURN(auto index, StoreIndex::OpenGguf(path, io));
+  std::vector<std::string> streamed_ids, expert_ids;  // the out-of-core plan's reads
   uint64_t dense = 0, expert_total = 0;
   int n_expert_ops = 0;
-  std::map<DType, uint64_t> by_type;
   for (const StoreTensor& t : index->tensors()) {
     r.weights += t.info.bytes;
-    if (t.info.ne.size() >= 2) by_type[t.info.type] += t.info.bytes;
   }
   for (const StoreOp& op : index->ops()) {
     const uint64_t b = op.SlabBytes(0);
@@ -174,6 +261,17 @@ Expected<FitReport> PredictFit(const std::string& path, const FitOptions& o) {
       // The runtime's own prediction for the plan (what --print-plan shows).
       r.expert_hit_rate = plan->reads.expert_hit_rate;
       r.disk_bytes = plan->reads.bytes_per_token;
+      r.dense_disk_bytes = plan->reads.dense_bytes_per_token;
+      r.expert_disk_bytes = plan->reads.expert_bytes_per_token;
+      if (o.expert_hit_rate >= 0 && plan->reads.routed_bytes_per_token > 0) {
+        r.hit_rate_given = true;
+        r.expert_hit_rate = std::min(1.0, o.expert_hit_rate);
+        r.expert_disk_bytes = static_cast<uint64_t>(
+            static_cast<double>(plan->reads.routed_bytes_per_token) * (1 - r.expert_hit_rate));
+        r.disk_bytes = r.dense_disk_bytes + r.expert_disk_bytes;
+      }
+      streamed_ids = plan->streamed_ops;
+      expert_ids = plan->expert_ops;
       r.command = base + " --max-ram " + Flag(r.budget);
     } else {
       r.verdict = FitReport::Verdict::kImpossible;
@@ -203,26 +301,59 @@ Expected<FitReport> PredictFit(const std::string& path, const FitOptions& o) {
   }
 
   if (o.measure) {
-    // The largest file: a split GGUF's first part may hold little beside the metadata.
-    int largest = 0;
-    for (int i = 1; i < file->n_files(); ++i)
-      if (file->file(i).size() > file->file(largest).size()) largest = i;
-    auto disk = compiler::MeasureFileReadBandwidth(file->file(largest).path(), 256ull << 20);
-    if (disk.ok()) {
-      r.disk_bytes_per_s = disk->bytes_per_second;
-      r.disk_direct = disk->direct_io;
+    std::unique_ptr<ThreadPool> own;
+    if (o.threads > 0) own = std::make_unique<ThreadPool>(o.threads);
+    ThreadPool& pool = own ? *own : ThreadPool::Default();
+    r.threads = pool.size();
+    auto compute = MeasureTokenCompute(*index, hp, pool);
+    if (compute.ok()) {
+      r.compute_seconds = compute->seconds;
+      r.compute_bytes_per_s = compute->bytes / compute->seconds;
     }
-    DType main = DType::kF32;
-    uint64_t most = 0;
-    for (const auto& [t, b] : by_type)
-      if (b > most) most = b, main = t;
-    auto gemv = MeasureGemv(main, hp.n_embd);
-    if (gemv.ok()) r.compute_bytes_per_s = *gemv;
-    if (r.verdict != FitReport::Verdict::kImpossible && r.compute_bytes_per_s > 0 && r.touched_bytes > 0) {
-      const double compute_s = r.touched_bytes / r.compute_bytes_per_s;
-      const double disk_s = r.disk_bytes > 0 && r.disk_bytes_per_s > 0 ? r.disk_bytes / r.disk_bytes_per_s : 0;
-      r.bound = disk_s > compute_s ? "disk" : "compute";
-      r.predicted_tokens_per_s = 1.0 / std::max(compute_s, disk_s);
+    // The disk as the runtime's read worker meets it: the plan's streamed ops in forward order,
+    // and routed experts one at a time in no order (misses land anywhere in the file).
+    if (r.verdict == FitReport::Verdict::kOutOfCore) {
+      std::vector<int> dense_ops, expert_ops;
+      for (const std::string& id : streamed_ids)
+        if (int op = index->FindOp(id); op >= 0) dense_ops.push_back(op);
+      for (const std::string& id : expert_ids)
+        if (int op = index->FindOp(id); op >= 0) expert_ops.push_back(op);
+      std::shuffle(expert_ops.begin(), expert_ops.end(), std::mt19937(14));
+      constexpr uint64_t kBuffer = 64ull << 20;
+      if (r.dense_disk_bytes > 0 && !dense_ops.empty()) {
+        auto d = ProbeOpReads(*index, dense_ops, 1.0, 1ull << 30, 2.0, 6ull << 30, kBuffer,
+                              IoMode::kAuto, nullptr);
+        if (d.ok()) {
+          r.dense_read_bytes_per_s = d->bytes_per_s;
+          r.disk_direct = d->direct;
+          r.disk_probe_bytes += d->bytes;
+        }
+      }
+      if (r.expert_disk_bytes > 0 && !expert_ops.empty()) {
+        auto e = ProbeOpReads(*index, expert_ops, 0.5, 256ull << 20, 1.0, 1ull << 30, kBuffer,
+                              IoMode::kAuto, nullptr);
+        if (e.ok()) {
+          r.expert_read_bytes_per_s = e->bytes_per_s;
+          r.disk_direct = e->direct;
+          r.disk_probe_bytes += e->bytes;
+        }
+      }
+    }
+    if (r.verdict != FitReport::Verdict::kImpossible && r.compute_seconds > 0) {
+      const double dense_s =
+          r.dense_disk_bytes > 0 && r.dense_read_bytes_per_s > 0 ? r.dense_disk_bytes / r.dense_read_bytes_per_s : 0;
+      const double expert_s =
+          r.expert_disk_bytes > 0 && r.expert_read_bytes_per_s > 0 ? r.expert_disk_bytes / r.expert_read_bytes_per_s : 0;
+      r.disk_seconds = dense_s + expert_s;
+      if (r.disk_seconds > 0) r.disk_bytes_per_s = r.disk_bytes / r.disk_seconds;
+      // Dense ops are read prefetch_depth ops ahead, during the compute of the ops before them.
+      // A routed expert's read starts once its layer's router (or the look-ahead's guess one
+      // layer ahead) picks it, and the layer's products wait for it: on the MoE out of core
+      // the decode took compute + expert reads at the probe's rate (0.78-1.17x of it in five
+      // runs), where max(compute, reads) was 1.2-2x optimistic.
+      const double token_s = std::max(r.compute_seconds, dense_s) + expert_s;
+      r.bound = dense_s + expert_s > r.compute_seconds ? "disk" : "compute";
+      r.predicted_tokens_per_s = 1.0 / token_s;
     }
   }
   return r;
@@ -243,11 +374,37 @@ std::string FitToJson(const FitReport& r) {
                  {"kv_cache", r.kv_cache},
                  {"scratch", r.scratch},
                  {"total", r.total}};
-  j["per_token"] = {{"weight_bytes", r.touched_bytes}, {"disk_bytes", r.disk_bytes},
+  j["per_token"] = {{"weight_bytes", r.touched_bytes},
+                    {"disk_bytes", r.disk_bytes},
+                    {"dense_disk_bytes", r.dense_disk_bytes},
+                    {"expert_disk_bytes", r.expert_disk_bytes},
                     {"expert_hit_rate", r.expert_hit_rate}};
-  j["measured"] = {{"disk_bytes_per_s", r.disk_bytes_per_s}, {"disk_direct", r.disk_direct},
-                   {"compute_bytes_per_s", r.compute_bytes_per_s}};
-  j["predicted"] = {{"tokens_per_s", r.predicted_tokens_per_s}, {"bound", r.bound}};
+  if (r.hit_rate_given)
+    j["per_token"]["assumption"] = "expert cache hit rate given (--expert-hit-rate)";
+  else if (r.expert_disk_bytes > 0 || r.expert_hit_rate > 0)
+    j["per_token"]["assumption"] =
+        "uniform routing: each routed expert is in the cache with probability slots / experts";
+  j["measured"] = {{"threads", r.threads},
+                   {"compute_seconds_per_token", r.compute_seconds},
+                   {"compute_bytes_per_s", r.compute_bytes_per_s},
+                   {"dense_read_bytes_per_s", r.dense_read_bytes_per_s},
+                   {"expert_read_bytes_per_s", r.expert_read_bytes_per_s},
+                   {"disk_probe_bytes", r.disk_probe_bytes},
+                   {"disk_direct", r.disk_direct},
+                   {"disk_bytes_per_s", r.disk_bytes_per_s},
+                   {"method",
+                    "compute: one GEMV per weight of a token at its shape, on the run's threads, "
+                    "median of 5 sweeps; disk: the plan's streamed ops in order (1 s warm-up, then "
+                    "at least 1 GiB and 2 s) and routed experts in no order (0.5 s, then 256 MiB "
+                    "and 1 s), O_DIRECT through the runtime's reader, CRC32C after each op as "
+                    "its worker does"}};
+  j["predicted"] = {{"tokens_per_s", r.predicted_tokens_per_s},
+                    {"bound", r.bound},
+                    {"compute_seconds", r.compute_seconds},
+                    {"disk_seconds", r.disk_seconds},
+                    {"model", "max(compute, dense reads) + expert reads: dense reads run "
+                              "ahead during compute, a routed expert's products wait for its "
+                              "read"}};
   j["minimum_budget"] = r.minimum_budget;
   j["resident_budget"] = r.resident_budget;
   json relax = json::array();
@@ -284,10 +441,23 @@ std::string FitToText(const FitReport& r) {
   }
   if (r.predicted_tokens_per_s > 0) {
     std::snprintf(b, sizeof b,
-                  "  predicted decode: %.2f tokens/s, bound by %s (disk %.2f GB/s%s, compute %.2f GB/s of weights)\n",
-                  r.predicted_tokens_per_s, r.bound.c_str(), r.disk_bytes_per_s / 1e9,
-                  r.disk_direct ? " O_DIRECT" : " buffered", r.compute_bytes_per_s / 1e9);
+                  "  predicted decode: %.2f tokens/s, bound by %s (compute %.0f ms/token on %d "
+                  "threads, %.1f GB/s of weights; disk %.0f ms/token",
+                  r.predicted_tokens_per_s, r.bound.c_str(), 1e3 * r.compute_seconds, r.threads,
+                  r.compute_bytes_per_s / 1e9, 1e3 * r.disk_seconds);
     s += b;
+    if (r.dense_read_bytes_per_s > 0) {
+      std::snprintf(b, sizeof b, ", streamed ops read at %.2f GB/s", r.dense_read_bytes_per_s / 1e9);
+      s += b;
+    }
+    if (r.expert_read_bytes_per_s > 0) {
+      std::snprintf(b, sizeof b, ", experts read at %.2f GB/s", r.expert_read_bytes_per_s / 1e9);
+      s += b;
+    }
+    s += ")\n";
+    if (r.expert_disk_bytes > 0 && !r.hit_rate_given)
+      s += "  assumes uniform routing (expert hits = cache slots / experts); a router that keeps "
+           "to a few experts reads less and runs faster\n";
   }
   if (!r.command.empty()) s += "  run it: " + r.command + "\n";
   return s;

@@ -21,6 +21,10 @@ struct FitOptions {
   DType kv_type = DType::kF32;
   int prefetch_depth = 2;
   bool measure = true;   // false: no bandwidth probes (no prediction of tokens/s)
+  int threads = 0;       // compute threads the run will use (0: the default pool's)
+  // The expert cache's hit rate, when known (a run's stats): replaces uniform routing's
+  // slots / experts. < 0: uniform routing.
+  double expert_hit_rate = -1;
 };
 
 struct FitReport {
@@ -45,13 +49,22 @@ struct FitReport {
   // Per decoded token.
   uint64_t touched_bytes = 0;     // weight bytes the forward pass reads (routed experts: the used ones)
   uint64_t disk_bytes = 0;        // of which read from disk (expected, experts at the cache's hit rate)
-  double expert_hit_rate = 0;     // expected (uniform routing)
+  uint64_t dense_disk_bytes = 0;  // of which streamed dense ops (read ahead of need)
+  uint64_t expert_disk_bytes = 0; // of which routed experts the cache misses (read once routed)
+  double expert_hit_rate = 0;     // expected (uniform routing: slots / routed experts, or given)
+  bool hit_rate_given = false;    // FitOptions::expert_hit_rate replaced uniform routing's
   // Measured and predicted (measure).
-  double disk_bytes_per_s = 0;
+  int threads = 0;
+  double compute_seconds = 0;          // per token: the products at the model's shapes
+  double compute_bytes_per_s = 0;      // the weight bytes those read over that time
+  double dense_read_bytes_per_s = 0;   // the read worker's rate on the streamed ops (checks included)
+  double expert_read_bytes_per_s = 0;  // ... on routed experts, one at a time, in no order
+  uint64_t disk_probe_bytes = 0;       // read by those two probes
   bool disk_direct = false;
-  double compute_bytes_per_s = 0;  // decode GEMV over the file's main weight type
-  double predicted_tokens_per_s = 0;
-  std::string bound;               // "compute" or "disk"
+  double disk_seconds = 0;             // per token: dense and expert bytes at those rates
+  double disk_bytes_per_s = 0;         // disk_bytes / disk_seconds
+  double predicted_tokens_per_s = 0;   // 1 / (max(compute, dense reads) + expert reads)
+  std::string bound;                   // "compute" or "disk"
   // Relaxing.
   uint64_t minimum_budget = 0;     // the smallest budget that runs out of core (0: none found)
   uint64_t resident_budget = 0;    // weights + reserve

@@ -4,8 +4,13 @@
 #include <chrono>
 
 #include "core/aligned_buffer.h"
+#include "store/crc32c.h"
 
 namespace substrate {
+namespace {
+// The probe's checks' result goes somewhere, so they cannot be optimised away.
+volatile uint32_t g_probe_crc = 0;
+}  // namespace
 
 Expected<ReadProbe> ProbeStoreRead(const StoreIndex& index, uint64_t max_bytes,
                                    uint64_t chunk_bytes, IoMode mode, MemoryLedger* ledger) {
@@ -33,6 +38,85 @@ Expected<ReadProbe> ProbeStoreRead(const StoreIndex& index, uint64_t max_bytes,
   p.bytes_per_s = p.seconds > 0 ? static_cast<double>(limit) / p.seconds : 0;
   p.direct = f->direct();
   p.uring = io->uring();
+  return p;
+}
+
+Expected<OpReadProbe> ProbeOpReads(const StoreIndex& index, const std::vector<int>& ops,
+                                   double warmup_seconds, uint64_t min_bytes, double min_seconds,
+                                   uint64_t max_bytes, uint64_t max_buffer, IoMode mode,
+                                   MemoryLedger* ledger) {
+  constexpr uint64_t kAlign = 4096;
+  uint64_t largest_span = 0;
+  std::vector<std::unique_ptr<RandomAccessFile>> files(index.n_files());
+  for (int o : ops) {
+    if (o < 0 || o >= static_cast<int>(index.ops().size()))
+      return InvalidArgument("read probe: op " + std::to_string(o) + " is not in the index");
+    for (const StoreOp::Span& s : index.ops()[o].spans[0]) {
+      largest_span = std::max(largest_span, s.bytes);
+      // Opened again with O_DIRECT: the index may have been opened without it.
+      if (!files[s.file]) {
+        ASSIGN_OR_RETURN(files[s.file], RandomAccessFile::Open(index.file(s.file).path(), true));
+      }
+    }
+  }
+  if (largest_span == 0) return InvalidArgument("read probe: no op bytes to read");
+  const uint64_t buf_bytes = std::max<uint64_t>(
+      kAlign, (std::min(largest_span, max_buffer) + kAlign - 1) / kAlign * kAlign);
+  ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::Allocate(buf_bytes, ledger, "read_probe"));
+  auto io = IoReader::Create(mode);
+  OpReadProbe p;
+  p.direct = true;
+  uint32_t crc = 0;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  bool warm = warmup_seconds <= 0;
+  auto t0 = start;  // start of the counted reads
+  double check = 0;
+  for (size_t i = 0;; i = (i + 1) % ops.size()) {
+    const StoreOp& op = index.ops()[ops[i]];
+    uint64_t op_bytes = 0;
+    for (const StoreOp::Span& s : op.spans[0]) {
+      const RandomAccessFile& f = *files[s.file];
+      p.direct = p.direct && f.direct();
+      for (uint64_t at = 0; at < s.bytes; at += buf_bytes) {
+        const uint64_t n = std::min(buf_bytes, s.bytes - at);
+        RETURN_IF_ERROR(io->Read(f, s.offset + at, n, buf.data()));
+      }
+      op_bytes += s.bytes;
+    }
+    // The worker checks an op's ranges once they are all in: as many bytes, from memory.
+    const auto c0 = Clock::now();
+    for (uint64_t at = 0; at < op_bytes; at += buf_bytes)
+      crc = Crc32c(buf.data(), std::min(buf_bytes, op_bytes - at), crc);
+    check += since(c0);
+    ++p.n_ops;
+    if (!warm) {
+      p.warmup_bytes += op_bytes;
+      if (since(start) >= warmup_seconds) {
+        warm = true;
+        t0 = Clock::now();
+        check = 0;
+      }
+      if (p.warmup_bytes >= max_bytes) break;
+      continue;
+    }
+    p.bytes += op_bytes;
+    const double t = since(t0);
+    if ((p.bytes >= min_bytes && t >= min_seconds) || p.bytes + p.warmup_bytes >= max_bytes) break;
+  }
+  if (p.bytes == 0) {  // stopped in the warm-up: what it read is all there is
+    p.bytes = p.warmup_bytes;
+    p.warmup_bytes = 0;
+    t0 = start;
+  }
+  p.seconds = since(t0);
+  p.check_seconds = check;
+  p.bytes_per_s = p.seconds > 0 ? static_cast<double>(p.bytes) / p.seconds : 0;
+  p.uring = io->uring();
+  g_probe_crc = crc;
   return p;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/env.h"
 #include "core/memory_ledger.h"
@@ -28,5 +29,29 @@ struct ReadProbe {
 // 4096) charged to `ledger` (account "read_probe"). NotFound when the store has no data file.
 Expected<ReadProbe> ProbeStoreRead(const StoreIndex& index, uint64_t max_bytes,
                                    uint64_t chunk_bytes, IoMode mode, MemoryLedger* ledger);
+
+// The rate at which the prefetch scheduler's worker gets an op's bytes ready, measured the way it
+// reads them: each op of `ops` in turn (cycling through the list), every span of its tier 0 read
+// with O_DIRECT through one IoReader (io_uring with requests in flight, or pread), then CRC32C
+// over the op's bytes before the next op's reads start (PrefetchScheduler::Execute: the disk
+// idles while the worker checks). The reads of the first warmup_seconds are not counted (a VM's
+// disk may take a moment to reach its sustained rate, which a decode then keeps); counted reads
+// go on until both min_bytes and min_seconds are passed, or max_bytes (warm-up included) are
+// read. A span larger than the buffer (max_buffer, rounded to 4096; ledger account
+// "read_probe") is read in buffer-sized parts.
+struct OpReadProbe {
+  uint64_t bytes = 0;         // counted (after the warm-up)
+  uint64_t warmup_bytes = 0;  // read during the warm-up
+  int n_ops = 0;              // op reads done, warm-up included (an op read again counts again)
+  double seconds = 0;         // counted reads and checks
+  double check_seconds = 0;   // of which CRC32C
+  double bytes_per_s = 0;     // bytes / seconds: the worker's rate, checks included
+  bool direct = false;
+  bool uring = false;
+};
+Expected<OpReadProbe> ProbeOpReads(const StoreIndex& index, const std::vector<int>& ops,
+                                   double warmup_seconds, uint64_t min_bytes, double min_seconds,
+                                   uint64_t max_bytes, uint64_t max_buffer, IoMode mode,
+                                   MemoryLedger* ledger);
 
 }  // namespace substrate

@@ -143,8 +143,15 @@ class ResidencyManager : public WeightSource {
   // a dry run): every streamed dense op (and a resident op's tiers above those it keeps), and
   // the routed experts the cache misses at the hit rate of uniform routing over its slots.
   struct ReadPrediction {
-    uint64_t bytes_per_token = 0;
+    uint64_t bytes_per_token = 0;  // dense + expert
     double expert_hit_rate = 0;
+    // The two kinds of read, which the runtime issues differently: dense ops streamed ahead
+    // of need (prefetch depth), routed experts read once the router picks them (misses).
+    uint64_t dense_bytes_per_token = 0;
+    uint64_t expert_bytes_per_token = 0;  // routed_bytes_per_token * (1 - expert_hit_rate)
+    uint64_t routed_bytes_per_token = 0;  // the routed experts a token uses, cached or not
+    std::vector<int> streamed_ops;  // index ops a token reads into slabs, in forward order
+    std::vector<int> expert_ops;    // index ops of the routed experts
   };
   ReadPrediction PredictReads() const;
   // That plan, for --print-plan: what stays resident, by op kind and bytes; what streams,

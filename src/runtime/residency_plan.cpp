@@ -54,17 +54,22 @@ ResidencyManager::ReadPrediction ResidencyManager::PredictReads() const {
       expert_bytes += OpBytes(static_cast<int>(i));
       ++n_expert;
       moe_layers.insert(s.layer);
+      r.expert_ops.push_back(static_cast<int>(i));
     } else if (serve_ > s.resident_top) {
       // Every dense op runs every token: a streamed one (or a resident one's higher tiers) is read.
-      r.bytes_per_token += StreamedBytes(static_cast<int>(i));
+      r.dense_bytes_per_token += StreamedBytes(static_cast<int>(i));
     }
   }
+  for (int o : seq_)
+    if (serve_ > st_[o].resident_top) r.streamed_ops.push_back(o);
   if (n_expert > 0) {
     r.expert_hit_rate = std::min(1.0, static_cast<double>(stats_.expert_slots) / n_expert);
     const double used = static_cast<double>(moe_layers.size()) * std::max(hp_.n_expert_used, 1);
-    r.bytes_per_token += static_cast<uint64_t>(used * (static_cast<double>(expert_bytes) / n_expert) *
-                                               (1 - r.expert_hit_rate));
+    const double routed = used * (static_cast<double>(expert_bytes) / n_expert);
+    r.routed_bytes_per_token = static_cast<uint64_t>(routed);
+    r.expert_bytes_per_token = static_cast<uint64_t>(routed * (1 - r.expert_hit_rate));
   }
+  r.bytes_per_token = r.dense_bytes_per_token + r.expert_bytes_per_token;
   return r;
 }
 

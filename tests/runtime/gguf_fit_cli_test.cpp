@@ -5,6 +5,7 @@
 // pack read as one model; --print-plan shows the plan a run chose.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -101,14 +102,79 @@ TEST_F(GgufCli, FitSaysResidentOutOfCoreOrImpossible) {
 }
 
 TEST_F(GgufCli, FitMeasuresAndPredicts) {
-  Out o = Cmd("fit -m " + kModel + " --max-ram 26M -c 256 --json");
+  Out o = Cmd("fit -m " + kModel + " --max-ram 23M -c 256 --json -t 1");
   ASSERT_EQ(o.rc, 0) << o.text;
   const json j = LastJson(o.text);
-  EXPECT_GT(j["measured"]["disk_bytes_per_s"].get<double>(), 0);
-  EXPECT_GT(j["measured"]["compute_bytes_per_s"].get<double>(), 0);
-  EXPECT_GT(j["predicted"]["tokens_per_s"].get<double>(), 0);
-  const std::string bound = j["predicted"]["bound"];
-  EXPECT_TRUE(bound == "disk" || bound == "compute") << bound;
+  const json& m = j["measured"];
+  const json& t = j["per_token"];
+  EXPECT_EQ(m["threads"].get<int>(), 1);
+  // The plan streams dense ops and misses experts: both kinds of read were probed.
+  ASSERT_GT(t["dense_disk_bytes"].get<double>(), 0);
+  ASSERT_GT(t["expert_disk_bytes"].get<double>(), 0);
+  EXPECT_EQ(t["dense_disk_bytes"].get<uint64_t>() + t["expert_disk_bytes"].get<uint64_t>(),
+            t["disk_bytes"].get<uint64_t>());
+  EXPECT_TRUE(t.contains("assumption"));
+  const double dense_rate = m["dense_read_bytes_per_s"], expert_rate = m["expert_read_bytes_per_s"];
+  ASSERT_GT(dense_rate, 0);
+  ASSERT_GT(expert_rate, 0);
+  EXPECT_GT(m["disk_bytes_per_s"].get<double>(), 0);
+  EXPECT_GT(m["disk_probe_bytes"].get<double>(), 0);
+  const double compute = m["compute_seconds_per_token"];
+  ASSERT_GT(compute, 0);
+  EXPECT_GT(m["compute_bytes_per_s"].get<double>(), 0);
+  // The prediction is the stated model over the measured figures.
+  const double dense_s = t["dense_disk_bytes"].get<double>() / dense_rate;
+  const double expert_s = t["expert_disk_bytes"].get<double>() / expert_rate;
+  const json& p = j["predicted"];
+  EXPECT_NEAR(p["disk_seconds"].get<double>(), dense_s + expert_s, 1e-9 + 1e-6 * (dense_s + expert_s));
+  const double tps = 1 / (std::max(compute, dense_s) + expert_s);
+  EXPECT_NEAR(p["tokens_per_s"].get<double>(), tps, 1e-6 * tps);
+  const std::string bound = p["bound"];
+  EXPECT_EQ(bound, dense_s + expert_s > compute ? "disk" : "compute");
+}
+
+TEST_F(GgufCli, FitPredictsAResidentRunFromComputeAlone) {
+  Out o = Cmd("fit -m " + kModel + " --max-ram 1G -c 256 --json");
+  ASSERT_EQ(o.rc, 0) << o.text;
+  const json j = LastJson(o.text);
+  EXPECT_EQ(j["verdict"], "resident");
+  EXPECT_EQ(j["predicted"]["bound"], "compute");
+  EXPECT_EQ(j["measured"]["disk_probe_bytes"].get<uint64_t>(), 0u);  // nothing read per token
+  const double compute = j["measured"]["compute_seconds_per_token"];
+  ASSERT_GT(compute, 0);
+  EXPECT_NEAR(j["predicted"]["tokens_per_s"].get<double>(), 1 / compute, 1e-6 / compute);
+}
+
+TEST_F(GgufCli, FitTakesAGivenExpertHitRateForUniformRouting) {
+  const std::string base = "fit -m " + kModel + " --max-ram 23M -c 256 --json --no-measure";
+  const json uniform = LastJson(Cmd(base).text);
+  const json none = LastJson(Cmd(base + " --expert-hit-rate 0").text);
+  const json all = LastJson(Cmd(base + " --expert-hit-rate 1").text);
+  const json half = LastJson(Cmd(base + " --expert-hit-rate 0.5").text);
+  const uint64_t dense = uniform["per_token"]["dense_disk_bytes"];
+  const double u = uniform["per_token"]["expert_hit_rate"];
+  ASSERT_GT(u, 0);
+  ASSERT_LT(u, 1);
+  EXPECT_NE(uniform["per_token"]["assumption"].get<std::string>().find("uniform"), std::string::npos);
+  EXPECT_NE(half["per_token"]["assumption"].get<std::string>().find("given"), std::string::npos);
+  // Every routed expert read, none, half of them; the dense part does not change.
+  const double routed = none["per_token"]["expert_disk_bytes"].get<double>();
+  EXPECT_NEAR(uniform["per_token"]["expert_disk_bytes"].get<double>(), routed * (1 - u), 1.0);
+  EXPECT_EQ(all["per_token"]["expert_disk_bytes"].get<uint64_t>(), 0u);
+  EXPECT_NEAR(half["per_token"]["expert_disk_bytes"].get<double>(), routed / 2, 1.0);
+  EXPECT_EQ(all["per_token"]["disk_bytes"].get<uint64_t>(), dense);
+  EXPECT_EQ(half["per_token"]["dense_disk_bytes"].get<uint64_t>(), dense);
+  for (const char* bad : {"1.5", "nan", "x", "0.5x"}) {
+    Out o = Cmd(base + " --expert-hit-rate " + bad);
+    EXPECT_NE(o.rc, 0) << bad;
+    EXPECT_NE(o.text.find("--expert-hit-rate must be"), std::string::npos) << o.text;
+  }
+}
+
+TEST_F(GgufCli, FitRefusesABadThreadCount) {
+  Out o = Cmd("fit -m " + kModel + " -t -1 --no-measure");
+  EXPECT_NE(o.rc, 0);
+  EXPECT_NE(o.text.find("-t must be"), std::string::npos) << o.text;
 }
 
 TEST_F(GgufCli, SplitThenEveryCommandReadsOneModel) {
