@@ -9,6 +9,7 @@
 #include "backend/backend_factory.h"
 #include "kernels/matmul.h"
 #include "model/prompt_lookup.h"
+#include "runtime/routing_record.h"
 #include "runtime/token_emitter.h"
 
 namespace substrate {
@@ -57,6 +58,17 @@ class DirectPasses : public PassRunner {
 
 Expected<std::unique_ptr<Engine>> Engine::Load(const std::string& path, const EngineOptions& opt) {
   return Open(path, opt, /*plan_only=*/false);
+}
+
+Engine::~Engine() {
+  if (!runtime_ || in_place_path_.empty()) return;
+  const ResidencyStats st = runtime_->stats();
+  const uint64_t uses = st.expert_hits + st.expert_late + st.expert_misses;
+  if (uses == 0) return;
+  // A use found its expert without a read of its own unless it missed or took a hinted read.
+  const double read = static_cast<double>(st.expert_misses + st.expert_hint_used);
+  SaveRoutingRecord(in_place_path_,
+                    {st.expert_slots, uses, std::clamp(1.0 - read / static_cast<double>(uses), 0.0, 1.0)});
 }
 
 Expected<std::string> Engine::Plan(const std::string& path, const EngineOptions& opt) {
@@ -139,6 +151,7 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
     if (!m.ok()) return m.status().WithContext(path);
     e->runtime_ = m->get();
     e->weights_ = std::move(m).value();
+    if (in_place && !plan_only) e->in_place_path_ = path;
   } else if (plan_only) {
     return e;  // resident: nothing to choose
   } else {
@@ -157,6 +170,7 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
       if (!m.ok()) return m.status().WithContext(path);
       e->runtime_ = m->get();
       e->weights_ = std::move(m).value();
+      e->in_place_path_ = path;
     } else if (!weights.ok()) {
       return weights.status().WithContext(path);
     } else {

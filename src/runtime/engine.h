@@ -198,6 +198,8 @@ using TokenCallback = std::function<bool(int32_t token, const std::string& text)
 class Engine {
  public:
   static Expected<std::unique_ptr<Engine>> Load(const std::string& path, const EngineOptions& opt);
+  // A MoE read in place from its GGUF leaves what its routing did for `fit` (routing_record.h).
+  ~Engine();
   // The plan Load would choose (PlanText), reading no weight: out of core a dry run of the
   // runtime (the same choice, nothing allocated or read), resident nothing loaded.
   static Expected<std::string> Plan(const std::string& path, const EngineOptions& opt);
@@ -257,6 +259,7 @@ class Engine {
   std::unique_ptr<ModelFile> file_;
   std::unique_ptr<WeightSource> weights_;
   ResidencyManager* runtime_ = nullptr;  // weights_, when it streams a store
+  std::string in_place_path_;            // the GGUF runtime_ reads in place, if it does
   std::unique_ptr<ThreadPool> own_pool_;
   ThreadPool* pool_ = nullptr;
   MemoryLedger* ledger_ = nullptr;

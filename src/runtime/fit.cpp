@@ -19,6 +19,7 @@
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "runtime/read_probe.h"
+#include "runtime/routing_record.h"
 #include "runtime/residency_manager.h"
 
 namespace substrate {
@@ -263,9 +264,16 @@ Expected<FitReport> PredictFit(const std::string& path, const FitOptions& o) {
       r.disk_bytes = plan->reads.bytes_per_token;
       r.dense_disk_bytes = plan->reads.dense_bytes_per_token;
       r.expert_disk_bytes = plan->reads.expert_bytes_per_token;
-      if (o.expert_hit_rate >= 0 && plan->reads.routed_bytes_per_token > 0) {
-        r.hit_rate_given = true;
-        r.expert_hit_rate = std::min(1.0, o.expert_hit_rate);
+      double known = o.expert_hit_rate;
+      if (known >= 0) {
+        r.hit_rate_source = "given (--expert-hit-rate)";
+      } else if (auto rec = LoadRoutingRecord(path, st.expert_slots)) {
+        known = rec->hit_rate;
+        r.hit_rate_source = "measured by a previous run of this file (" + std::to_string(rec->uses) +
+                            " expert uses, " + std::to_string(rec->expert_slots) + " slots)";
+      }
+      if (known >= 0 && plan->reads.routed_bytes_per_token > 0) {
+        r.expert_hit_rate = std::min(1.0, known);
         r.expert_disk_bytes = static_cast<uint64_t>(
             static_cast<double>(plan->reads.routed_bytes_per_token) * (1 - r.expert_hit_rate));
         r.disk_bytes = r.dense_disk_bytes + r.expert_disk_bytes;
@@ -379,8 +387,8 @@ std::string FitToJson(const FitReport& r) {
                     {"dense_disk_bytes", r.dense_disk_bytes},
                     {"expert_disk_bytes", r.expert_disk_bytes},
                     {"expert_hit_rate", r.expert_hit_rate}};
-  if (r.hit_rate_given)
-    j["per_token"]["assumption"] = "expert cache hit rate given (--expert-hit-rate)";
+  if (!r.hit_rate_source.empty())
+    j["per_token"]["assumption"] = "expert cache hit rate " + r.hit_rate_source;
   else if (r.expert_disk_bytes > 0 || r.expert_hit_rate > 0)
     j["per_token"]["assumption"] =
         "uniform routing: each routed expert is in the cache with probability slots / experts";
@@ -455,9 +463,12 @@ std::string FitToText(const FitReport& r) {
       s += b;
     }
     s += ")\n";
-    if (r.expert_disk_bytes > 0 && !r.hit_rate_given)
+    if (r.expert_disk_bytes > 0 && r.hit_rate_source.empty())
       s += "  assumes uniform routing (expert hits = cache slots / experts); a router that keeps "
-           "to a few experts reads less and runs faster\n";
+           "to a few experts reads less and runs faster (a run of the file measures it for the "
+           "next answer)\n";
+    else if (!r.hit_rate_source.empty())
+      s += "  expert cache hit rate " + r.hit_rate_source + "\n";
   }
   if (!r.command.empty()) s += "  run it: " + r.command + "\n";
   return s;

@@ -23,7 +23,8 @@ struct FitOptions {
   bool measure = true;   // false: no bandwidth probes (no prediction of tokens/s)
   int threads = 0;       // compute threads the run will use (0: the default pool's)
   // The expert cache's hit rate, when known (a run's stats): replaces uniform routing's
-  // slots / experts. < 0: uniform routing.
+  // slots / experts. < 0: a previous run's routing record for the same slot count if there is
+  // one, else uniform routing.
   double expert_hit_rate = -1;
 };
 
@@ -51,8 +52,10 @@ struct FitReport {
   uint64_t disk_bytes = 0;        // of which read from disk (expected, experts at the cache's hit rate)
   uint64_t dense_disk_bytes = 0;  // of which streamed dense ops (read ahead of need)
   uint64_t expert_disk_bytes = 0; // of which routed experts the cache misses (read once routed)
-  double expert_hit_rate = 0;     // expected (uniform routing: slots / routed experts, or given)
-  bool hit_rate_given = false;    // FitOptions::expert_hit_rate replaced uniform routing's
+  double expert_hit_rate = 0;     // expected (uniform routing: slots / routed experts, or known)
+  // Where a known hit rate came from ("" = uniform routing): FitOptions::expert_hit_rate, or
+  // the routing record a previous run of the file left (runtime/routing_record.h).
+  std::string hit_rate_source;
   // Measured and predicted (measure).
   int threads = 0;
   double compute_seconds = 0;          // per token: the products at the model's shapes

@@ -27,8 +27,8 @@ struct Out {
   std::string text;
 };
 
-Out Cmd(const std::string& args) {
-  const std::string cache = testing::StoreTestPath("cli_cache");
+Out Cmd(const std::string& args, const std::string& cache_dir = "cli_cache") {
+  const std::string cache = testing::StoreTestPath(cache_dir);
   FILE* f = popen(("SUBSTRATE_CACHE_DIR=" + cache + " " + SUBSTRATE_BINARY + " " + args + " 2>&1").c_str(), "r");
   Out o;
   if (!f) return o;
@@ -56,6 +56,7 @@ class GgufCli : public ::testing::Test {
   static void TearDownTestSuite() {
     std::error_code ec;
     fs::remove_all(testing::StoreTestPath("cli_cache"), ec);
+    fs::remove_all(testing::StoreTestPath("cli_cache_routing"), ec);
   }
 };
 
@@ -169,6 +170,40 @@ TEST_F(GgufCli, FitTakesAGivenExpertHitRateForUniformRouting) {
     EXPECT_NE(o.rc, 0) << bad;
     EXPECT_NE(o.text.find("--expert-hit-rate must be"), std::string::npos) << o.text;
   }
+}
+
+// A run in place leaves its expert cache's hit rate; fit then uses it for the same file and
+// slot count instead of uniform routing, and says so; another slot count stays uniform.
+TEST_F(GgufCli, FitUsesTheRoutingAPreviousRunMeasured) {
+  const std::string cache = "cli_cache_routing";
+  std::error_code ec;
+  fs::remove_all(testing::StoreTestPath(cache), ec);
+  const std::string fit = "fit -m " + kModel + " -c 256 --json --no-measure --max-ram ";
+  const json before = LastJson(Cmd(fit + "23M", cache).text);
+  ASSERT_NE(before["per_token"]["assumption"].get<std::string>().find("uniform"), std::string::npos);
+  Out run = Cmd("run -m " + kModel + " -p 'def fib(n):' -n 64 -c 256 --temp 0 --json --max-ram 23M", cache);
+  ASSERT_EQ(run.rc, 0) << run.text;
+  const json st = LastJson(run.text)["store"];
+  const double uses = st["expert_hits"].get<double>() + st["expert_late"].get<double>() +
+                      st["expert_misses"].get<double>();
+  ASSERT_GE(uses, 256) << run.text;
+  const double measured =
+      1 - (st["expert_misses"].get<double>() + st["expert_hint_used"].get<double>()) / uses;
+
+  const json after = LastJson(Cmd(fit + "23M", cache).text);
+  auto slots = [](const json& j) { return j["memory"]["expert_cache"]["slots"].get<int>(); };
+  EXPECT_EQ(slots(after), slots(before));
+  EXPECT_NE(after["per_token"]["assumption"].get<std::string>().find("previous run"), std::string::npos)
+      << after.dump();
+  EXPECT_NEAR(after["per_token"]["expert_hit_rate"].get<double>(), std::clamp(measured, 0.0, 1.0), 1e-9);
+  const double routed =
+      LastJson(Cmd(fit + "23M --expert-hit-rate 0", cache).text)["per_token"]["expert_disk_bytes"];
+  EXPECT_NEAR(after["per_token"]["expert_disk_bytes"].get<double>(),
+              routed * (1 - after["per_token"]["expert_hit_rate"].get<double>()), 1.0);
+
+  const json other = LastJson(Cmd(fit + "26M", cache).text);
+  ASSERT_NE(slots(other), slots(after));
+  EXPECT_NE(other["per_token"]["assumption"].get<std::string>().find("uniform"), std::string::npos);
 }
 
 TEST_F(GgufCli, FitRefusesABadThreadCount) {
