@@ -22,8 +22,9 @@ constexpr const char* kUsage =
     "reads from disk and the predicted decode tokens/s: the token's matrix products timed at\n"
     "the model's shapes on THREADS (default: every core), the disk read as the runtime reads\n"
     "it (the plan's streamed ops, then routed experts; a few seconds of O_DIRECT reads).\n"
-    "Routed experts hit the cache at slots / experts (uniform routing) unless H, a hit rate\n"
-    "from a run (bench's store.expert_hits / (hits + misses + late)), is given.\n"
+    "Routed experts hit the cache at the rate a previous run of MODEL in place measured (kept\n"
+    "in the cache folder, used for a cache within a quarter of that run's slots), else at slots /\n"
+    "experts (uniform routing); H, a hit rate from 0 to 1, overrides both.\n"
     "Exit 0 when it runs, 3 when it does not.\n";
 
 int RunFit(const std::vector<std::string>& args) {
