@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kernels/interleaved_q4_k.h"
+#include "kernels/token_tile.h"
 #include "quant/blocks.h"
 
 namespace substrate::avx512 {
@@ -140,16 +141,7 @@ void GemvQ4_KInterleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t 
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* group = data + static_cast<size_t>(g) * group_bytes;
     for (int t = 0; t < nt; ++t) outs[t] = y + t * y_stride + g * kInterleavedRows;
-    switch (nt) {
-      case 1: GroupDot<1>(group, nb, ys, outs); break;
-      case 2: GroupDot<2>(group, nb, ys, outs); break;
-      case 3: GroupDot<3>(group, nb, ys, outs); break;
-      case 4: GroupDot<4>(group, nb, ys, outs); break;
-      case 5: GroupDot<5>(group, nb, ys, outs); break;
-      case 6: GroupDot<6>(group, nb, ys, outs); break;
-      case 7: GroupDot<7>(group, nb, ys, outs); break;
-      default: GroupDot<8>(group, nb, ys, outs); break;
-    }
+    WithTokenTile(nt, [&](auto tile) { GroupDot<decltype(tile)::value>(group, nb, ys, outs); });
   }
 }
 
