@@ -96,9 +96,8 @@ void CpuBackend::RmsNorm(const Tensor& x, const WeightView& w, float eps, const 
     substrate::RmsNorm(x.data, wv, eps, x.cols, x.rows, y.data);
     return;
   }
-  const Tensor xs = x, ys = y;
   pool_->ParallelFor(x.rows, 1, [&](int64_t r0, int64_t r1, int) {
-    substrate::RmsNorm(xs.data + r0 * xs.cols, wv, eps, xs.cols, r1 - r0, ys.data + r0 * ys.cols);
+    substrate::RmsNorm(x.data + r0 * x.cols, wv, eps, x.cols, r1 - r0, y.data + r0 * y.cols);
   });
 }
 
