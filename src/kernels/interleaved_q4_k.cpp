@@ -1,15 +1,15 @@
 #include "kernels/interleaved_q4_k.h"
 
 #include <cstring>
-#include <vector>
 
+#include "kernels/interleaved_k_frame.h"
 #include "kernels/vec_dot.h"
 #include "quant/blocks.h"
 
 namespace substrate {
 namespace {
 
-static_assert(kQ4KInterleaved_BlockBytes == kInterleavedRows * sizeof(BlockQ4_K),
+static_assert(kQ4KInterleaved_BlockBytes == k_frame::kBlockBytes<BlockQ4_K>,
               "an interleaved block holds the same bytes as 16 rows' blocks");
 
 // Byte offsets of the metadata within an interleaved block (the layout in the header).
@@ -17,10 +17,6 @@ constexpr int kD = kQ4KInterleaved_QuantBytes;
 constexpr int kDmin = kD + 2 * kInterleavedRows;
 constexpr int kLow = kDmin + 2 * kInterleavedRows;
 constexpr int kHigh = kLow + 8 * kInterleavedRows;
-
-size_t GroupBytes(int64_t cols) {
-  return static_cast<size_t>(cols / kQK_K) * kQ4KInterleaved_BlockBytes;
-}
 
 // The inverse of scalar::UnpackQ4KScales: 8 scales and 8 mins (6 bits each) to 12 bytes.
 void PackQ4KScales(const uint8_t* sc, const uint8_t* mn, uint8_t* q) {
@@ -69,40 +65,15 @@ bool CanInterleaveQ4_K(DType type, int64_t rows, int64_t cols) {
 }
 
 void InterleaveQ4_K(uint8_t* data, int64_t rows, int64_t cols, ThreadPool* pool) {
-  const size_t group_bytes = GroupBytes(cols);
-  if (pool) {
-    pool->ParallelFor(rows / kInterleavedRows, 16, [&](int64_t g0, int64_t g1, int) {
-      InterleaveQ4_K(data + static_cast<size_t>(g0) * group_bytes, (g1 - g0) * kInterleavedRows,
-                     cols, nullptr);
-    });
-    return;
-  }
-  const int64_t nb = cols / kQK_K;
-  std::vector<BlockQ4_K> plain(static_cast<size_t>(kInterleavedRows * nb));
-  for (int64_t g = 0; g < rows / kInterleavedRows; ++g) {
-    uint8_t* group = data + static_cast<size_t>(g) * group_bytes;
-    std::memcpy(plain.data(), group, group_bytes);
-    for (int64_t b = 0; b < nb; ++b)
-      for (int i = 0; i < kInterleavedRows; ++i)
-        PutRow(plain[static_cast<size_t>(i * nb + b)], i, group + b * kQ4KInterleaved_BlockBytes);
-  }
+  k_frame::Interleave<BlockQ4_K>(data, rows, cols, pool, PutRow);
 }
 
 void DeinterleaveQ4_KGroup(const uint8_t* data, int64_t cols, int64_t g, uint8_t* out) {
-  const int64_t nb = cols / kQK_K;
-  const uint8_t* group = data + static_cast<size_t>(g) * GroupBytes(cols);
-  auto* rows = reinterpret_cast<BlockQ4_K*>(out);
-  for (int64_t b = 0; b < nb; ++b)
-    for (int i = 0; i < kInterleavedRows; ++i)
-      GetRow(group + b * kQ4KInterleaved_BlockBytes, i, &rows[i * nb + b]);
+  k_frame::DeinterleaveGroup<BlockQ4_K>(data, cols, g, out, GetRow);
 }
 
 void DeinterleaveQ4_KRow(const uint8_t* data, int64_t cols, int64_t r, uint8_t* out) {
-  const int64_t nb = cols / kQK_K;
-  const uint8_t* group = data + static_cast<size_t>(r / kInterleavedRows) * GroupBytes(cols);
-  auto* row = reinterpret_cast<BlockQ4_K*>(out);
-  for (int64_t b = 0; b < nb; ++b)
-    GetRow(group + b * kQ4KInterleaved_BlockBytes, static_cast<int>(r % kInterleavedRows), &row[b]);
+  k_frame::DeinterleaveRow<BlockQ4_K>(data, cols, r, out, GetRow);
 }
 
 }  // namespace substrate

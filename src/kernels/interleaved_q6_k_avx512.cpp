@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "kernels/interleaved_q6_k.h"
-#include "kernels/token_tile.h"
+#include "kernels/interleaved_k_frame.h"
 #include "quant/blocks.h"
 
 namespace substrate::avx512 {
@@ -122,18 +122,8 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float
 void GemvQ6_KInterleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t g1,
                          const uint8_t* act, size_t act_stride, int nt, float* y,
                          int64_t y_stride) {
-  constexpr int kMaxTokens = 8;
-  const int64_t nb = cols / kQK_K;
-  const size_t group_bytes = static_cast<size_t>(nb) * kBlockBytes;
-  const BlockQ8_K* ys[kMaxTokens];
-  float* outs[kMaxTokens];
-  for (int t = 0; t < nt; ++t)
-    ys[t] = reinterpret_cast<const BlockQ8_K*>(act + static_cast<size_t>(t) * act_stride);
-  for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* group = data + static_cast<size_t>(g) * group_bytes;
-    for (int t = 0; t < nt; ++t) outs[t] = y + t * y_stride + g * kInterleavedRows;
-    WithTokenTile(nt, [&](auto tile) { GroupDot<decltype(tile)::value>(group, nb, ys, outs); });
-  }
+  k_frame::Gemv<BlockQ6_K>(data, cols, g0, g1, act, act_stride, nt, y, y_stride,
+                           [](auto tile, auto&&... args) { GroupDot<decltype(tile)::value>(args...); });
 }
 
 }  // namespace substrate::avx512

@@ -327,25 +327,20 @@ Expected<FitReport> PredictFit(const std::string& path, const FitOptions& o) {
       for (const std::string& id : expert_ids)
         if (int op = index->FindOp(id); op >= 0) expert_ops.push_back(op);
       std::shuffle(expert_ops.begin(), expert_ops.end(), std::mt19937(14));
-      constexpr uint64_t kBuffer = 64ull << 20;
-      if (r.dense_disk_bytes > 0 && !dense_ops.empty()) {
-        auto d = ProbeOpReads(*index, dense_ops, 1.0, 1ull << 30, 2.0, 6ull << 30, kBuffer,
-                              IoMode::kAuto, nullptr);
-        if (d.ok()) {
-          r.dense_read_bytes_per_s = d->bytes_per_s;
-          r.disk_direct = d->direct;
-          r.disk_probe_bytes += d->bytes;
-        }
-      }
-      if (r.expert_disk_bytes > 0 && !expert_ops.empty()) {
-        auto e = ProbeOpReads(*index, expert_ops, 0.5, 256ull << 20, 1.0, 1ull << 30, kBuffer,
-                              IoMode::kAuto, nullptr);
-        if (e.ok()) {
-          r.expert_read_bytes_per_s = e->bytes_per_s;
-          r.disk_direct = e->direct;
-          r.disk_probe_bytes += e->bytes;
-        }
-      }
+      // The read rate of `ops` (0 when there is nothing to read or the probe fails).
+      auto probe = [&](const std::vector<int>& ops, uint64_t bytes, double warmup,
+                       uint64_t min_bytes, double min_seconds, uint64_t max_bytes) -> double {
+        if (bytes == 0 || ops.empty()) return 0;
+        auto p = ProbeOpReads(*index, ops, warmup, min_bytes, min_seconds, max_bytes,
+                              64ull << 20, IoMode::kAuto, nullptr);
+        if (!p.ok()) return 0;
+        r.disk_direct = p->direct;
+        r.disk_probe_bytes += p->bytes;
+        return p->bytes_per_s;
+      };
+      r.dense_read_bytes_per_s = probe(dense_ops, r.dense_disk_bytes, 1.0, 1ull << 30, 2.0, 6ull << 30);
+      r.expert_read_bytes_per_s =
+          probe(expert_ops, r.expert_disk_bytes, 0.5, 256ull << 20, 1.0, 1ull << 30);
     }
     if (r.verdict != FitReport::Verdict::kImpossible && r.compute_seconds > 0) {
       const double dense_s =
