@@ -21,6 +21,10 @@ WeightLayout InterleaveForDecode(DType type, int64_t rows, int64_t cols, uint8_t
     InterleaveQ4_K(data, rows, cols, pool);
     return WeightLayout::kQ4_KInterleaved;
   }
+  if (CanInterleaveQ5_K(type, rows, cols)) {
+    InterleaveQ5_K(data, rows, cols, pool);
+    return WeightLayout::kQ5_KInterleaved;
+  }
   if (CanInterleaveQ6_K(type, rows, cols)) {
     InterleaveQ6_K(data, rows, cols, pool);
     return WeightLayout::kQ6_KInterleaved;
@@ -34,6 +38,7 @@ void DeinterleaveGroup(WeightLayout layout, const uint8_t* data, int64_t cols, i
     case WeightLayout::kQ8_0Interleaved: DeinterleaveQ8_0Group(data, cols, g, out); break;
     case WeightLayout::kQ4_0Interleaved: DeinterleaveQ4_0Group(data, cols, g, out); break;
     case WeightLayout::kQ4_KInterleaved: DeinterleaveQ4_KGroup(data, cols, g, out); break;
+    case WeightLayout::kQ5_KInterleaved: DeinterleaveQ5_KGroup(data, cols, g, out); break;
     case WeightLayout::kQ6_KInterleaved: DeinterleaveQ6_KGroup(data, cols, g, out); break;
     case WeightLayout::kRows: break;
   }
@@ -45,6 +50,7 @@ void DeinterleaveRow(WeightLayout layout, const uint8_t* data, int64_t cols, int
     case WeightLayout::kQ8_0Interleaved: DeinterleaveQ8_0Row(data, cols, r, out); break;
     case WeightLayout::kQ4_0Interleaved: DeinterleaveQ4_0Row(data, cols, r, out); break;
     case WeightLayout::kQ4_KInterleaved: DeinterleaveQ4_KRow(data, cols, r, out); break;
+    case WeightLayout::kQ5_KInterleaved: DeinterleaveQ5_KRow(data, cols, r, out); break;
     case WeightLayout::kQ6_KInterleaved: DeinterleaveQ6_KRow(data, cols, r, out); break;
     case WeightLayout::kRows: break;
   }

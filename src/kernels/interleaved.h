@@ -1,7 +1,7 @@
 // The decode layouts as one choice: which layout the CPU backend gives a resident matrix at
 // load, and the plain rows of any interleaved layout (for the reference, the AMX GEMM's tile
 // unpacking and residual tiers). The layouts themselves: interleaved_q8_0.h, interleaved_q4_0.h,
-// interleaved_q4_k.h, interleaved_q6_k.h.
+// interleaved_q4_k.h (Q4_K and Q5_K), interleaved_q6_k.h.
 #pragma once
 
 #include <cstdint>

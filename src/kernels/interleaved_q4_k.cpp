@@ -1,6 +1,7 @@
 #include "kernels/interleaved_q4_k.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/interleaved_k_frame.h"
 #include "kernels/vec_dot.h"
@@ -11,12 +12,22 @@ namespace {
 
 static_assert(kQ4KInterleaved_BlockBytes == k_frame::kBlockBytes<BlockQ4_K>,
               "an interleaved block holds the same bytes as 16 rows' blocks");
+static_assert(kQ5KInterleaved_BlockBytes == k_frame::kBlockBytes<BlockQ5_K>,
+              "an interleaved block holds the same bytes as 16 rows' blocks");
 
-// Byte offsets of the metadata within an interleaved block (the layout in the header).
-constexpr int kD = kQ4KInterleaved_QuantBytes;
-constexpr int kDmin = kD + 2 * kInterleavedRows;
-constexpr int kLow = kDmin + 2 * kInterleavedRows;
-constexpr int kHigh = kLow + 8 * kInterleavedRows;
+// Byte offsets within an interleaved block (the layout in the header): the metadata follows the
+// quant bytes, and for Q5_K the high-bit plane before it.
+template <typename Block>
+constexpr int kMeta = kQ4KInterleaved_QuantBytes +
+                      (std::is_same_v<Block, BlockQ5_K> ? kQ5KInterleaved_HighBitBytes : 0);
+template <typename Block>
+constexpr int kD = kMeta<Block>;
+template <typename Block>
+constexpr int kDmin = kD<Block> + 2 * kInterleavedRows;
+template <typename Block>
+constexpr int kLow = kDmin<Block> + 2 * kInterleavedRows;
+template <typename Block>
+constexpr int kHigh = kLow<Block> + 8 * kInterleavedRows;
 
 // The inverse of scalar::UnpackQ4KScales: 8 scales and 8 mins (6 bits each) to 12 bytes.
 void PackQ4KScales(const uint8_t* sc, const uint8_t* mn, uint8_t* q) {
@@ -28,52 +39,82 @@ void PackQ4KScales(const uint8_t* sc, const uint8_t* mn, uint8_t* q) {
 }
 
 // Row i's block into interleaved block `dst` (the other rows' bytes untouched).
-void PutRow(const BlockQ4_K& x, int i, uint8_t* dst) {
+template <typename Block>
+void PutRow(const Block& x, int i, uint8_t* dst) {
   for (int w = 0; w < 32; ++w) std::memcpy(dst + 64 * w + 4 * i, x.qs + 4 * w, 4);
-  std::memcpy(dst + kD + 2 * i, &x.d, 2);
-  std::memcpy(dst + kDmin + 2 * i, &x.dmin, 2);
+  if constexpr (std::is_same_v<Block, BlockQ5_K>)
+    for (int w = 0; w < 8; ++w)
+      std::memcpy(dst + kQ4KInterleaved_QuantBytes + 64 * w + 4 * i, x.qh + 4 * w, 4);
+  std::memcpy(dst + kD<Block> + 2 * i, &x.d, 2);
+  std::memcpy(dst + kDmin<Block> + 2 * i, &x.dmin, 2);
   uint8_t sc[8], mn[8];
   scalar::UnpackQ4KScales(x.scales, sc, mn);
   for (int s = 0; s < 8; ++s)
-    dst[kLow + kInterleavedRows * s + i] = static_cast<uint8_t>((sc[s] & 15) | (mn[s] & 15) << 4);
+    dst[kLow<Block> + kInterleavedRows * s + i] =
+        static_cast<uint8_t>((sc[s] & 15) | (mn[s] & 15) << 4);
   for (int p = 0; p < 4; ++p)
-    dst[kHigh + kInterleavedRows * p + i] = static_cast<uint8_t>(
+    dst[kHigh<Block> + kInterleavedRows * p + i] = static_cast<uint8_t>(
         (sc[2 * p] >> 4) | (mn[2 * p] >> 4) << 2 | (sc[2 * p + 1] >> 4) << 4 |
         (mn[2 * p + 1] >> 4) << 6);
 }
 
 // Row i's block from interleaved block `src`.
-void GetRow(const uint8_t* src, int i, BlockQ4_K* x) {
+template <typename Block>
+void GetRow(const uint8_t* src, int i, Block* x) {
   for (int w = 0; w < 32; ++w) std::memcpy(x->qs + 4 * w, src + 64 * w + 4 * i, 4);
-  std::memcpy(&x->d, src + kD + 2 * i, 2);
-  std::memcpy(&x->dmin, src + kDmin + 2 * i, 2);
+  if constexpr (std::is_same_v<Block, BlockQ5_K>)
+    for (int w = 0; w < 8; ++w)
+      std::memcpy(x->qh + 4 * w, src + kQ4KInterleaved_QuantBytes + 64 * w + 4 * i, 4);
+  std::memcpy(&x->d, src + kD<Block> + 2 * i, 2);
+  std::memcpy(&x->dmin, src + kDmin<Block> + 2 * i, 2);
   uint8_t sc[8], mn[8];
   for (int s = 0; s < 8; ++s) {
-    const uint8_t low = src[kLow + kInterleavedRows * s + i];
-    const uint8_t high = static_cast<uint8_t>(src[kHigh + kInterleavedRows * (s / 2) + i] >> (4 * (s % 2)));
+    const uint8_t low = src[kLow<Block> + kInterleavedRows * s + i];
+    const uint8_t high =
+        static_cast<uint8_t>(src[kHigh<Block> + kInterleavedRows * (s / 2) + i] >> (4 * (s % 2)));
     sc[s] = static_cast<uint8_t>((low & 15) | (high & 3) << 4);
     mn[s] = static_cast<uint8_t>((low >> 4) | ((high >> 2) & 3) << 4);
   }
   PackQ4KScales(sc, mn, x->scales);
 }
 
-}  // namespace
-
-bool CanInterleaveQ4_K(DType type, int64_t rows, int64_t cols) {
-  return type == DType::kQ4_K && rows > 0 && rows % kInterleavedRows == 0 && cols > 0 &&
+bool CanInterleave(DType want, DType type, int64_t rows, int64_t cols) {
+  return type == want && rows > 0 && rows % kInterleavedRows == 0 && cols > 0 &&
          cols % kQK_K == 0;
 }
 
+}  // namespace
+
+bool CanInterleaveQ4_K(DType type, int64_t rows, int64_t cols) {
+  return CanInterleave(DType::kQ4_K, type, rows, cols);
+}
+
 void InterleaveQ4_K(uint8_t* data, int64_t rows, int64_t cols, ThreadPool* pool) {
-  k_frame::Interleave<BlockQ4_K>(data, rows, cols, pool, PutRow);
+  k_frame::Interleave<BlockQ4_K>(data, rows, cols, pool, PutRow<BlockQ4_K>);
 }
 
 void DeinterleaveQ4_KGroup(const uint8_t* data, int64_t cols, int64_t g, uint8_t* out) {
-  k_frame::DeinterleaveGroup<BlockQ4_K>(data, cols, g, out, GetRow);
+  k_frame::DeinterleaveGroup<BlockQ4_K>(data, cols, g, out, GetRow<BlockQ4_K>);
 }
 
 void DeinterleaveQ4_KRow(const uint8_t* data, int64_t cols, int64_t r, uint8_t* out) {
-  k_frame::DeinterleaveRow<BlockQ4_K>(data, cols, r, out, GetRow);
+  k_frame::DeinterleaveRow<BlockQ4_K>(data, cols, r, out, GetRow<BlockQ4_K>);
+}
+
+bool CanInterleaveQ5_K(DType type, int64_t rows, int64_t cols) {
+  return CanInterleave(DType::kQ5_K, type, rows, cols);
+}
+
+void InterleaveQ5_K(uint8_t* data, int64_t rows, int64_t cols, ThreadPool* pool) {
+  k_frame::Interleave<BlockQ5_K>(data, rows, cols, pool, PutRow<BlockQ5_K>);
+}
+
+void DeinterleaveQ5_KGroup(const uint8_t* data, int64_t cols, int64_t g, uint8_t* out) {
+  k_frame::DeinterleaveGroup<BlockQ5_K>(data, cols, g, out, GetRow<BlockQ5_K>);
+}
+
+void DeinterleaveQ5_KRow(const uint8_t* data, int64_t cols, int64_t r, uint8_t* out) {
+  k_frame::DeinterleaveRow<BlockQ5_K>(data, cols, r, out, GetRow<BlockQ5_K>);
 }
 
 }  // namespace substrate

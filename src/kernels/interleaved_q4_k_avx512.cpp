@@ -1,4 +1,5 @@
-// The interleaved Q4_K product (interleaved_q4_k.h) in AVX-512 VNNI, decode and prefill.
+// The interleaved Q4_K and Q5_K products (interleaved_q4_k.h) in AVX-512 VNNI, decode and
+// prefill.
 // GCC 12's 512-bit reduce/extract intrinsics pass an "undefined" vector that its own
 // -Wuninitialized then flags; the warning is about the header, not this code.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -15,9 +16,10 @@
 namespace substrate::avx512 {
 namespace {
 
-constexpr int kBlockBytes = kQ4KInterleaved_BlockBytes;
-constexpr int kD = kQ4KInterleaved_QuantBytes, kDmin = kD + 32, kLow = kDmin + 32,
-              kHigh = kLow + 128;
+// Offsets within a block's metadata (d, dmin, low and high scale bytes), which follows the
+// quant bytes (Q4_K) or the quant bytes and the high-bit plane (Q5_K).
+constexpr int kD = 0, kDmin = kD + 32, kLow = kDmin + 32, kHigh = kLow + 128;
+constexpr int kQh = kQ4KInterleaved_QuantBytes;  // Q5_K's high-bit plane
 
 inline __m512i Word(const int8_t* p) {  // 4 activation quants, broadcast to 16 lanes
   int32_t v;
@@ -27,6 +29,15 @@ inline __m512i Word(const int8_t* p) {  // 4 activation quants, broadcast to 16 
 
 inline __m512i Bytes16(const uint8_t* p) {  // 16 rows' bytes, one per 32-bit lane
   return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Bit `bit` of each byte of v moved to bit 4, the other bits cleared: a Q5_K element's high bit
+// in place above its nibble. 16-bit shifts by at most 4 only bring a neighbouring byte's bits
+// into bits that the mask clears.
+inline __m512i Bit4(__m512i v, int bit) {
+  const __m512i at4 = bit <= 4 ? _mm512_slli_epi16(v, static_cast<unsigned>(4 - bit))
+                               : _mm512_srli_epi16(v, static_cast<unsigned>(bit - 4));
+  return _mm512_and_si512(at4, _mm512_set1_epi8(0x10));
 }
 
 // Sub-block s's scale (6 bits) for the 16 rows of block `m`'s metadata, one per 32-bit lane
@@ -55,14 +66,20 @@ inline __m512i MinPair(const uint8_t* m, int p) {
 // activation words in a dpbusd chain, and a dpwssd adds the chain times its sub-block's scales
 // to the token's integer sum. Per block the mins come from the activation's sub-block sums
 // (4 dpwssd), and two fmas turn the integer sums into floats. Token t's float operations are the
-// same for every NT.
-template <int NT>
+// same for every NT. Q5_K (kFive) ORs each element's high bit above its nibble and, its values
+// being 5-bit, splits each chain in two of 8 elements.
+template <bool kFive, int NT>
 void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float* const* out) {
+  constexpr int kBlockBytes = kFive ? kQ5KInterleaved_BlockBytes : kQ4KInterleaved_BlockBytes;
+  constexpr int kMeta = kFive ? kQh + kQ5KInterleaved_HighBitBytes : kQ4KInterleaved_QuantBytes;
+  // Bytes of the block after next requested per half chunk (8 of them) when NT > 1.
+  constexpr int kAheadStep = (kBlockBytes / 8 + 63) / 64 * 64;
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = group + b * kBlockBytes;
+    const uint8_t* meta = p + kMeta;
     // Decode reads every weight once per token: keep enough lines in flight to cover DRAM
     // latency (into L1 2 KiB ahead, into L2 8 KiB ahead). A tile of tokens computes long enough
     // per block for the block after next to arrive meanwhile: its lines are requested a few per
@@ -76,36 +93,47 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float
     __m512i isum[NT];
     for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j) {
-      const __m512i sc_lo = Scale(p, 2 * j), sc_hi = Scale(p, 2 * j + 1);
+      const __m512i sc_lo = Scale(meta, 2 * j), sc_hi = Scale(meta, 2 * j + 1);
       for (int h = 0; h < 2; ++h) {
         if constexpr (NT > 1) {
-          const char* next = reinterpret_cast<const char*>(p) + 2 * kBlockBytes + 320 * (2 * j + h);
-          for (int o = 0; o < 320; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+          const char* next =
+              reinterpret_cast<const char*>(p) + 2 * kBlockBytes + kAheadStep * (2 * j + h);
+          for (int o = 0; o < kAheadStep; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
         }
         __m512i lo[4], hi[4];
         for (int k = 0; k < 4; ++k) {
           const __m512i w = _mm512_loadu_si512(p + 64 * (8 * j + 4 * h + k));
           lo[k] = _mm512_and_si512(w, m4);
           hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+          if constexpr (kFive) {  // qh word 4h + k: elements 16h + 4k.. of every sub-block
+            const __m512i qh = _mm512_loadu_si512(p + kQh + 64 * (4 * h + k));
+            lo[k] = _mm512_or_si512(lo[k], Bit4(qh, 2 * j));
+            hi[k] = _mm512_or_si512(hi[k], Bit4(qh, 2 * j + 1));
+          }
         }
         for (int t = 0; t < NT; ++t) {
           const int8_t* a = y[t][b].qs + 64 * j + 16 * h;
-          __m512i cl = _mm512_setzero_si512(), ch = _mm512_setzero_si512();
-          for (int k = 0; k < 4; ++k) {
-            cl = _mm512_dpbusd_epi32(cl, lo[k], Word(a + 4 * k));
-            ch = _mm512_dpbusd_epi32(ch, hi[k], Word(a + 32 + 4 * k));
+          // |chain| <= 16 * 15 * 128 (Q4_K) or 8 * 31 * 128 (Q5_K): the low word is the whole
+          // value, the scale's high word is zero, so each dpwssd adds exactly chain * scale.
+          constexpr int kChain = kFive ? 2 : 4;  // words per chain
+          for (int c = 0; c < 4; c += kChain) {
+            __m512i cl = _mm512_setzero_si512(), ch = _mm512_setzero_si512();
+            for (int k = c; k < c + kChain; ++k) {
+              cl = _mm512_dpbusd_epi32(cl, lo[k], Word(a + 4 * k));
+              ch = _mm512_dpbusd_epi32(ch, hi[k], Word(a + 32 + 4 * k));
+            }
+            isum[t] = _mm512_dpwssd_epi32(isum[t], cl, sc_lo);
+            isum[t] = _mm512_dpwssd_epi32(isum[t], ch, sc_hi);
           }
-          // |cl|, |ch| <= 16 * 15 * 127: the low word is the whole value, the scale's high
-          // word is zero, so each dpwssd adds exactly chain * scale.
-          isum[t] = _mm512_dpwssd_epi32(isum[t], cl, sc_lo);
-          isum[t] = _mm512_dpwssd_epi32(isum[t], ch, sc_hi);
         }
       }
     }
-    const __m512i mins[4] = {MinPair(p, 0), MinPair(p, 1), MinPair(p, 2), MinPair(p, 3)};
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kD)));
+    const __m512i mins[4] = {MinPair(meta, 0), MinPair(meta, 1), MinPair(meta, 2),
+                             MinPair(meta, 3)};
+    const __m512 d =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(meta + kD)));
     const __m512 dmin =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kDmin)));
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(meta + kDmin)));
     for (int t = 0; t < NT; ++t) {
       const BlockQ8_K& yb = y[t][b];
       // Sub-block sums of the activation (pairs of its 16-element bsums), as word pairs
@@ -132,7 +160,18 @@ void GemvQ4_KInterleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t 
                          const uint8_t* act, size_t act_stride, int nt, float* y,
                          int64_t y_stride) {
   k_frame::Gemv<BlockQ4_K>(data, cols, g0, g1, act, act_stride, nt, y, y_stride,
-                           [](auto tile, auto&&... args) { GroupDot<decltype(tile)::value>(args...); });
+                           [](auto tile, auto&&... args) {
+                             GroupDot<false, decltype(tile)::value>(args...);
+                           });
+}
+
+void GemvQ5_KInterleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t g1,
+                         const uint8_t* act, size_t act_stride, int nt, float* y,
+                         int64_t y_stride) {
+  k_frame::Gemv<BlockQ5_K>(data, cols, g0, g1, act, act_stride, nt, y, y_stride,
+                           [](auto tile, auto&&... args) {
+                             GroupDot<true, decltype(tile)::value>(args...);
+                           });
 }
 
 }  // namespace substrate::avx512

@@ -128,8 +128,8 @@ enum class Path : uint8_t {
   kReference,      // no dot kernel for a tier (or an odd shape): the scalar reference
   kGemm,           // prefill: AMX tiles over panels of unpacked rows (gemm.h), alone
   kRows,           // the row kernels (FastRows), in the shared ParallelFor
-  kInterleaved,    // interleaved Q8_0 / Q4_0 / Q4_K / Q6_K on AVX-512 (interleaved_q*.h), 16 rows
-                   // per step
+  kInterleaved,    // interleaved Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K on AVX-512 (interleaved_q*.h),
+                   // 16 rows per step
   kDeinterleaved,  // interleaved weights where the tier has no such kernel (or with residual
                    // tiers): each group put back into plain rows in scratch, then FastRows
 };
@@ -288,6 +288,10 @@ void RunItems(const JobPlan& p, int64_t a, int64_t b) {
         switch (w.layout) {
           case WeightLayout::kQ4_KInterleaved:
             avx512::GemvQ4_KInterleaved(w.data, w.cols, g, g + 1, act, part.act_stride, nt, yt,
+                                        w.rows);
+            break;
+          case WeightLayout::kQ5_KInterleaved:
+            avx512::GemvQ5_KInterleaved(w.data, w.cols, g, g + 1, act, part.act_stride, nt, yt,
                                         w.rows);
             break;
           case WeightLayout::kQ6_KInterleaved:

@@ -14,6 +14,7 @@ enum class WeightLayout : uint8_t {
   kQ8_0Interleaved,  // Q8_0 in groups of 16 rows, blocks interleaved (kernels/interleaved_q8_0.h)
   kQ4_0Interleaved,  // Q4_0 likewise (kernels/interleaved_q4_0.h)
   kQ4_KInterleaved,  // Q4_K likewise (kernels/interleaved_q4_k.h)
+  kQ5_KInterleaved,  // Q5_K likewise (kernels/interleaved_q4_k.h)
   kQ6_KInterleaved,  // Q6_K likewise (kernels/interleaved_q6_k.h)
 };
 

@@ -48,7 +48,7 @@ TEST_P(Interleaved, ShapesThatQualify) {
     EXPECT_EQ(InterleaveForDecode(l.type, 16, 3 * l.cols_step / 2, m.data(), nullptr),
               WeightLayout::kRows);
   }
-  EXPECT_EQ(InterleaveForDecode(DType::kQ5_K, 16, 1024, m.data(), nullptr), WeightLayout::kRows);
+  EXPECT_EQ(InterleaveForDecode(DType::kQ3_K, 16, 1024, m.data(), nullptr), WeightLayout::kRows);
 }
 
 TEST_P(Interleaved, RoundTripsToThePlainRows) {
@@ -136,6 +136,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, Interleaved,
                          ::testing::Values(Layout{DType::kQ8_0, WeightLayout::kQ8_0Interleaved, 64},
                                            Layout{DType::kQ4_0, WeightLayout::kQ4_0Interleaved, 64},
                                            Layout{DType::kQ4_K, WeightLayout::kQ4_KInterleaved, 256},
+                                           Layout{DType::kQ5_K, WeightLayout::kQ5_KInterleaved, 256},
                                            Layout{DType::kQ6_K, WeightLayout::kQ6_KInterleaved, 256}),
                          [](const auto& info) { return std::string(DTypeName(info.param.type)); });
 

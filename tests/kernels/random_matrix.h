@@ -14,7 +14,8 @@ namespace substrate::kernel_test {
 // Byte offsets of the fp16 fields of one block, which must hold sane scales.
 inline std::vector<int> HalfFields(DType t) {
   switch (t) {
-    case DType::kQ4_K: return {0, 2};
+    case DType::kQ4_K:
+    case DType::kQ5_K: return {0, 2};  // d, dmin
     case DType::kQ6_K: return {208};
     default: return {0};
   }
