@@ -74,6 +74,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   const auto& ops = index_->ops();
   st_ = std::vector<OpState>(ops.size());
   op_error_.assign(ops.size(), Status::Ok());
+  fallback_.Reset(static_cast<int>(ops.size()));
   evict_lists_.assign(ops.size(), {});
   expert_ops_.assign(static_cast<size_t>(hp_.n_layer),
                      std::vector<int>(static_cast<size_t>(std::max(hp_.n_expert, 0)), -1));
@@ -85,7 +86,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     if (o < 0) continue;  // every tensor it names lives in an earlier op
     st_[o].layer = spec.layer;
     st_[o].kind = static_cast<int>(spec.kind);
-    st_[o].lower_tier_fallback = options_.lower_tier_by_default;  // a plan may say otherwise
+    fallback_.set_lowers(o, options_.lower_tier_by_default);  // a plan may say otherwise
     if (spec.kind == OpKind::kMoeExpert) {
       st_[o].where = Where::kExpert;
       st_[o].anchor_seq = std::max(0, static_cast<int>(seq_.size()) - 1);
@@ -282,12 +283,7 @@ Status ResidencyManager::ApplyPlan(const std::string& path) {
     if (o < 0 || b.tiers.empty()) continue;
     const compiler::Tier& t =
         b.tiers[std::min<size_t>(static_cast<size_t>(serve_), b.tiers.size() - 1)];
-    const compiler::FallbackStrategy f = t.fallback == compiler::FallbackStrategy::kNone
-                                             ? plan.fallback_policy.deadline_miss
-                                             : t.fallback;
-    st_[o].lower_tier_fallback =
-        f == compiler::FallbackStrategy::kUseLowerTier ||
-        (f == compiler::FallbackStrategy::kNone && options_.lower_tier_by_default);
+    fallback_.SetFromPlan(o, t.fallback, plan.fallback_policy.deadline_miss);
     // The read covers tiers 0..served at once: it starts with the earliest prefetch among them.
     if (st_[o].where == Where::kStreamed && st_[o].seq >= 0) {
       int start = INT_MAX;
@@ -358,14 +354,13 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
   // it: it runs on its skeleton this token (the admission's skip, an escalation decided after
   // the read-ahead point, or a read still in flight, which is kept for the next token), and a
   // read made at a lower tier than the op now wants serves that tier.
-  const bool may_skip = s.lower_tier_fallback && s.resident_top >= 0;
+  const bool may_skip = fallback_.may_skip(o, s.resident_top);
   if (Streams(o) && may_skip &&
       (s.slab < 0 || (s.abs == pos_ && !sched_->Ready(&slabs_[s.slab]->ticket)))) {
     if (s.slab >= 0) s.abs = pos_ + static_cast<int64_t>(seq_.size());
-    s.skip_at = pos_;
+    fallback_.SkipMissing(o, s.resident_top, pos_);
     s.win_tier = s.resident_top;
     s.win_hit = false;
-    ++stats_.skipped;
     ++stats_.misses;
   } else if (Streams(o)) {
     if (s.slab >= 0 && s.abs == pos_ && Raised(o, s.asked) && !may_skip) {
@@ -535,7 +530,7 @@ void ResidencyManager::EndOp(const std::string& op_id) {
     e.end_us = end;
     e.stall_us = s.win_stall;
     e.hit = s.win_hit;
-    e.skip = s.skip_at == pos_ && s.win_tier == s.resident_top && s.where != Where::kExpert;
+    e.skip = fallback_.skips(o, pos_) && s.win_tier == s.resident_top && s.where != Where::kExpert;
     e.where = where;
     trace_->Op(e);
   }
@@ -617,7 +612,7 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
     } else {
       ASSIGN_OR_RETURN(read, DemandLoad(o, &loaded));
     }
-  } else if (s.skip_at == pos_) {
+  } else if (fallback_.skips(o, pos_)) {
     // The residual skipped this token (BeginOp): the resident tiers only.
   } else if (s.slab >= 0) {
     // Read ahead already (perhaps still in flight: a look-ahead acquiring the next op's tensors).

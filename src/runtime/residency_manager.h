@@ -32,6 +32,7 @@
 #include "model/hparams.h"
 #include "model/weight_source.h"
 #include "runtime/expert_cache.h"
+#include "runtime/fallback_planner.h"
 #include "runtime/prefetch_scheduler.h"
 #include "runtime/trace_writer.h"
 #include "store/store_index.h"
@@ -183,10 +184,6 @@ class ResidencyManager : public WeightSource {
     // Where a plan's start_during naming this op lands in the sequence: itself for dense ops, the
     // layer's router for an expert (which may not run on a given token).
     int anchor_seq = -1;
-    bool lower_tier_fallback = false;
-    // The admission skipped this op's residual read for position skip_at: it runs at its
-    // resident tiers there.
-    int64_t skip_at = INT64_MIN;  // (pos_ starts at -1)
     bool kept = false;            // its slab was kept from its previous token (residual_slabs)
     double compute_us = 0;        // moving average of BeginOp..EndOp minus stalls
     bool timed = false;           // compute_us measured at least once
@@ -261,6 +258,7 @@ class ResidencyManager : public WeightSource {
   uint64_t slab_bytes_ = 0;
   std::unique_ptr<ExpertCache> experts_;
   std::vector<std::unique_ptr<Demand>> demand_;
+  FallbackPlanner fallback_;  // per op: wait for a late read, or lower its tier / skip it
   RuntimeClock::time_point origin_;
   std::unique_ptr<PrefetchScheduler> sched_;
 
