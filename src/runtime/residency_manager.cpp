@@ -169,8 +169,9 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   }
   sched_ = std::make_unique<PrefetchScheduler>(*index_, options.io_mode, options.io_threads,
                                                trace_.get(), origin_, options.env);
-  // Every destination holds at most one queued read: no allocation in the token loop.
-  sched_->Reserve(static_cast<size_t>(n_slabs + slots) + ops.size());
+  // Every destination (a slab, an expert slot's read and its upgrade, an op's resident or
+  // demand buffer) holds at most one queued read: no allocation in the token loop.
+  sched_->Reserve(static_cast<size_t>(n_slabs + 2 * slots) + ops.size());
   stats_.uring = sched_->uring();
   stats_.direct = index_->n_files() > 0 && index_->file(0).direct();
 
@@ -415,15 +416,36 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
   ScheduleAhead();
 }
 
+void ResidencyManager::ReadExpert(int slot, int o, int64_t deadline) {
+  const int want = Want(o);
+  // An expert that may run on its skeleton while its residual is late (the fallback of an
+  // escalation) reads the tiers the runtime keeps first, its residual tiers as an upgrade.
+  const int base = fallback_.lowers(o) ? std::min(want, keep_) : want;
+  experts_->Assign(slot, o, base);
+  Submit(deadline, o, base, experts_->slot(slot).data, &experts_->slot(slot).ticket);
+  if (want > base) Upgrade(slot, want, deadline);
+}
+
+void ResidencyManager::Upgrade(int slot, int tier, int64_t deadline) {
+  ExpertCache::Slot& sl = experts_->slot(slot);
+  sl.upgrade_tier = tier;
+  Submit(deadline, sl.op, tier, sl.data + index_->ops()[sl.op].SlabOffset(sl.tier + 1),
+         &sl.upgrade, sl.tier + 1);
+}
+
+Status ResidencyManager::SettleUpgrade(int slot) {
+  ExpertCache::Slot& sl = experts_->slot(slot);
+  Status st = sched_->Wait(&sl.upgrade, nullptr);
+  if (st.ok()) sl.tier = sl.upgrade_tier;
+  sl.upgrade_tier = 0;
+  sched_->Cancel(&sl.upgrade);  // done already; makes the ticket idle
+  return st;
+}
+
 Status ResidencyManager::BeginExpert(int o) {
   OpState& s = st_[o];
+  const int want = Want(o);
   int slot = experts_->Find(o);
-  if (slot >= 0 && experts_->slot(slot).pins == 0 && experts_->slot(slot).tier < Want(o)) {
-    // Cached at a lower tier than the op now runs at: read it again, in the same slot.
-    sched_->Cancel(&experts_->slot(slot).ticket);
-    experts_->Clear(slot);
-    slot = -1;
-  }
   if (slot >= 0) {
     ExpertCache::Slot& sl = experts_->slot(slot);
     if (sl.hint_unused) {
@@ -437,36 +459,57 @@ Status ResidencyManager::BeginExpert(int o) {
       s.win_hit = false;
       sched_->Expedite(&sl.ticket, INT64_MIN / 2);
     }
+    // Cached below the tier the op now runs at (escalated): its residual tiers are read into the
+    // slot's room above them, while the tiers it holds go on serving.
+    if (sl.upgrade_tier == 0 && sl.tier < want) Upgrade(slot, want, INT64_MIN / 2);
   } else {
     ++experts_->misses;
     s.win_hit = false;
     // Every slot may be busy with hinted reads (a prefill routes to many experts): wait for one.
+    auto in_flight = [&](ReadTicket* t) {
+      return !sched_->Ready(t) && t->state != ReadTicket::kIdle &&
+             t->state != ReadTicket::kFailed;
+    };
     while ((slot = experts_->TakeVictim(pos_)) < 0) {
-      int busy = -1;
-      for (int i = 0; i < experts_->n_slots() && busy < 0; ++i)
-        if (experts_->slot(i).pins == 0 && !sched_->Ready(&experts_->slot(i).ticket) &&
-            experts_->slot(i).ticket.state != ReadTicket::kIdle &&
-            experts_->slot(i).ticket.state != ReadTicket::kFailed)
-          busy = i;
+      ReadTicket* busy = nullptr;
+      for (int i = 0; i < experts_->n_slots() && !busy; ++i) {
+        ExpertCache::Slot& b = experts_->slot(i);
+        if (b.pins > 0) continue;
+        if (in_flight(&b.ticket)) busy = &b.ticket;
+        else if (in_flight(&b.upgrade)) busy = &b.upgrade;
+      }
       // Every slot pinned (a prefill batch begins more experts than there are slots):
       // Acquire reads this one into a buffer of its own, freed at the batch's EndOp.
-      if (busy < 0) return Status::Ok();
+      if (!busy) return Status::Ok();
       int64_t waited = 0;
-      sched_->Expedite(&experts_->slot(busy).ticket, INT64_MIN / 2);
-      (void)sched_->Wait(&experts_->slot(busy).ticket, &waited);
+      sched_->Expedite(busy, INT64_MIN / 2);
+      (void)sched_->Wait(busy, &waited);
       s.win_stall += waited;
     }
-    experts_->Assign(slot, o, Want(o));
-    Submit(INT64_MIN / 2, o, Want(o), experts_->slot(slot).data, &experts_->slot(slot).ticket);
+    ReadExpert(slot, o, INT64_MIN / 2);
   }
   ExpertCache::Slot& sl = experts_->slot(slot);
   int64_t waited = 0;
   Status st = sched_->Wait(&sl.ticket, &waited);
   s.win_stall += waited;
-  s.win_tier = sl.tier;
+  if (st.ok() && sl.upgrade_tier > 0) {
+    // The residual of an escalation: waited for only when the op may not run on the tiers the
+    // slot holds (FallbackPlanner); otherwise used from the first token it has arrived for.
+    // Before the first pass nothing decodes (a verifier's setup reads): it is waited for.
+    if (want > sl.tier && !sched_->Ready(&sl.upgrade) &&
+        (pos_ < 0 || !fallback_.SkipMissing(o, sl.tier, pos_))) {
+      s.win_hit = false;
+      sched_->Expedite(&sl.upgrade, INT64_MIN / 2);
+      st = sched_->Wait(&sl.upgrade, &waited);
+      s.win_stall += waited;
+    }
+    if (st.ok() && sched_->Ready(&sl.upgrade)) st = SettleUpgrade(slot);
+  }
+  s.win_tier = std::min(sl.tier, want);
   if (!st.ok()) {
     // Leave no half-read expert behind: the slot is emptied so the next use reads again.
     sched_->Cancel(&sl.ticket);
+    sched_->Cancel(&sl.upgrade);
     experts_->Clear(slot);
     return st;
   }
@@ -491,11 +534,10 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
     if (o < 0 || experts_->Find(o) >= 0) continue;
     const int slot = experts_->TakeVictim(pos_ - 2 * ops_per_layer_);
     if (slot < 0) return;
-    experts_->Assign(slot, o, Want(o));
+    ReadExpert(slot, o, deadline);
     experts_->slot(slot).hint_pos = pos_;
     experts_->slot(slot).hint_unused = true;
     ++experts_->hinted;
-    Submit(deadline, o, Want(o), experts_->slot(slot).data, &experts_->slot(slot).ticket);
     ++busy;
   }
 }
@@ -530,7 +572,9 @@ void ResidencyManager::EndOp(const std::string& op_id) {
     e.end_us = end;
     e.stall_us = s.win_stall;
     e.hit = s.win_hit;
-    e.skip = fallback_.skips(o, pos_) && s.win_tier == s.resident_top && s.where != Where::kExpert;
+    // Run without its residual: a streamed op on its resident skeleton, an expert on its slot's.
+    e.skip = fallback_.skips(o, pos_) &&
+             (s.where == Where::kExpert || s.win_tier == s.resident_top);
     e.where = where;
     trace_->Op(e);
   }

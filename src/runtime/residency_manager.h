@@ -219,6 +219,13 @@ class ResidencyManager : public WeightSource {
   // Queues a read, tagged with the op begun last (the trace's "during").
   void Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t, int first_tier = 0);
   Status BeginExpert(int op);
+  // Reads op into expert slot `slot` at its tier, for `deadline`: in one read, or (an expert
+  // that may run on its skeleton while its residual is late) the kept tiers and an Upgrade.
+  void ReadExpert(int slot, int op, int64_t deadline);
+  // Reads the slot's tiers above those it holds up to `tier`, into its room above them.
+  void Upgrade(int slot, int tier, int64_t deadline);
+  // Folds a finished upgrade into the slot's tiers (its read error, if it failed).
+  Status SettleUpgrade(int slot);
   Expected<const uint8_t*> DemandLoad(int op, int* tier);
   int64_t NowUs() const;
   // The tier op o runs at now: the model's per-op table (BindOpTiers), within the served ladder.
