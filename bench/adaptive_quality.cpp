@@ -9,9 +9,13 @@
 //   adaptive-*   the TierController with the residual-sample or the linear-probe verifier,
 //                same pool (threshold and persistence swept)
 //   top          every op at the top tier
+// With --experts 1 a MoE's routed experts escalate too (adaptive: the residual sample watches
+// the experts each token routes to, --expert-rows rows of each); with --static-experts 1 the
+// static choice ranks them beside the blocks (one calibration run per expert: slow).
 //
 //   bench_adaptive_quality --store S --reference BF16.gguf --text heldout.txt --probes P.json
 //                          [--pool-ops 2] [-c 128] [--calib 4] [--eval 8] [--skip 16]
+//                          [--experts 0|1] [--expert-rows 4] [--static-experts 0|1]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -31,6 +35,7 @@ namespace {
 struct Args {
   std::string store, reference, text, probes;
   int pool_ops = 2, ctx = 128, calib = 4, eval = 8, skip = 16;
+  int experts = 0, expert_rows = 4, static_experts = 0;
 };
 
 std::vector<double> LogSoftmax(const float* l, int64_t n) {
@@ -64,6 +69,9 @@ int main(int argc, char** argv) {
     else if (k == "--calib") a.calib = std::stoi(v);
     else if (k == "--eval") a.eval = std::stoi(v);
     else if (k == "--skip") a.skip = std::stoi(v);
+    else if (k == "--experts") a.experts = std::stoi(v);
+    else if (k == "--expert-rows") a.expert_rows = std::stoi(v);
+    else if (k == "--static-experts") a.static_experts = std::stoi(v);
     else { std::fprintf(stderr, "unknown flag %s\n", k.c_str()); return 2; }
   }
   EngineOptions ro;
@@ -96,16 +104,23 @@ int main(int argc, char** argv) {
     return lp;
   };
   const int top = e.weights().DefaultTier();
-  std::vector<int> blocks;
-  for (const LayerWeights& w : m.layers())
+  std::vector<int> blocks, experts;  // escalatable ops
+  for (const LayerWeights& w : m.layers()) {
     for (int op : {w.attn_op, w.ffn_op, w.router_op})
       if (op >= 0) blocks.push_back(op);
+    for (int x = 0; w.expert_op0 >= 0 && x < m.hparams().n_expert; ++x)
+      experts.push_back(w.expert_op0 + x);
+  }
   auto cost = [&](int op) {
     return e.weights().OpBytes(m.ops()[op].id, top) - e.weights().OpBytes(m.ops()[op].id, 0);
   };
+  // The pool: twice the largest block's residual, with or without experts (the same bytes).
   uint64_t largest = 0;
   for (int op : blocks) largest = std::max(largest, cost(op));
   const uint64_t pool = largest * static_cast<uint64_t>(a.pool_ops);
+  std::vector<int> adaptive_ops = blocks, static_ops = blocks;
+  if (a.experts) adaptive_ops.insert(adaptive_ops.end(), experts.begin(), experts.end());
+  if (a.static_experts) static_ops.insert(static_ops.end(), experts.begin(), experts.end());
 
   // Mean KLD over chunks [first, first + n) of a policy: `before` sets the tiers for token t
   // (given the verifier's view through the model's observer); decode token by token.
@@ -146,7 +161,7 @@ int main(int argc, char** argv) {
   // Static: each block's KLD reduction alone at the top tier, on the calibration chunks.
   const double base_kld = evaluate(a.skip, a.calib, fixed(low), nothing);
   std::vector<std::pair<double, int>> gain;
-  for (int op : blocks) {
+  for (int op : static_ops) {
     std::vector<uint8_t> t = low;
     t[op] = static_cast<uint8_t>(top);
     gain.push_back({(base_kld - evaluate(a.skip, a.calib, fixed(t), nothing)) / cost(op), op});
@@ -169,7 +184,7 @@ int main(int argc, char** argv) {
     m.op_tiers() = low;
     std::vector<uint8_t> ceiling(n_ops, 0);
     std::vector<std::vector<uint64_t>> costs(n_ops, std::vector<uint64_t>(top + 1, 0));
-    for (int op : blocks) {
+    for (int op : adaptive_ops) {
       ceiling[op] = static_cast<uint8_t>(top);
       for (int k = 1; k <= top; ++k)
         costs[op][k] = e.weights().OpBytes(m.ops()[op].id, k) - e.weights().OpBytes(m.ops()[op].id, 0);
@@ -177,12 +192,25 @@ int main(int argc, char** argv) {
     TierControllerOptions co;
     co.threshold = threshold;
     co.persistence = persistence;
-    co.max_concurrent = static_cast<int>(blocks.size());
+    co.max_concurrent = static_cast<int>(adaptive_ops.size());
     co.pool_bytes = pool;
     auto ctl = TierController::Create(&m.op_tiers(), ceiling, costs, co, nullptr);
+    struct Experts {
+      const Model* m;
+      uint64_t escalations = 0;
+    } counted{&m};
+    ctl->set_listener(
+        [](void* ctx, int op, int, int, TierSwitch why) {
+          auto* c = static_cast<Experts*>(ctx);
+          if (why == TierSwitch::kEscalate && c->m->ops()[op].kind == OpKind::kMoeExpert)
+            ++c->escalations;
+        },
+        &counted);
     std::unique_ptr<VerifierProbe> v;
     if (kind == "residual") {
-      v = ResidualSampleVerifier::Create(&*ctl, m, top, 16, nullptr).value();
+      v = ResidualSampleVerifier::Create(&*ctl, m, top, 16, nullptr,
+                                         a.experts ? a.expert_rows : 0)
+              .value();
     } else {
       v = LinearProbeVerifier::Create(&*ctl, m, LinearProbes::Load(a.probes).value()).value();
     }
@@ -195,11 +223,12 @@ int main(int argc, char** argv) {
     const auto& s = ctl->stats();
     return nlohmann::json{{"verifier", kind}, {"threshold", threshold}, {"persistence", persistence},
                           {"kld", kld}, {"escalations", s.escalations}, {"evictions", s.evictions},
+                          {"expert_escalations", counted.escalations},
                           {"pool_peak", s.pool_peak}, {"escalated_peak", s.escalated_peak}};
   };
   for (const std::string kind : {"residual", "linear"}) {
     if (kind == "linear" && a.probes.empty()) continue;
-    for (float th : kind == "residual" ? std::vector<float>{0.04f, 0.06f, 0.08f, 0.12f}
+    for (float th : kind == "residual" ? std::vector<float>{0.02f, 0.03f, 0.04f, 0.06f, 0.08f, 0.12f}
                                        : std::vector<float>{0.002f, 0.005f, 0.01f, 0.02f})
       for (int p : {1, 3}) {
         auto r = adaptive(kind, th, p);

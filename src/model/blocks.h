@@ -64,6 +64,11 @@ class PassObserver {
   virtual ~PassObserver() = default;
   virtual void BeforeBlock(int op, const Tensor& x) {}
   virtual void AfterBlock(int op, const Tensor& x) {}
+  // Inside a MoE block, after routing and before any routed expert runs: the k experts the
+  // pass's newest token (its last row) routes to, whose ops are expert_op0 + experts[i], their
+  // gating weights and their input xn [n, d] (the normed residual stream).
+  virtual void BeforeExperts(int expert_op0, const int32_t* experts, const float* weights, int k,
+                             const Tensor& xn) {}
 };
 
 // One sequence's part of a pass: rows [row0, row0 + n) of the residual stream are its tokens at
@@ -95,6 +100,7 @@ struct ForwardContext {
   // Cache-aware routing (Model::set_cache_aware_routing): the selection bonus of an expert the
   // source has in memory; 0 routes exactly.
   float cached_bonus = 0;
+  PassObserver* observer = nullptr;  // Model::set_observer (the MoE block tells it its routing)
 
   // A weight of op `op` (its index in Model::ops()) at that op's tier.
   Expected<WeightHandle> Acquire(TensorId id, int op, int slice = -1) const {

@@ -197,6 +197,7 @@ Status Model::ForwardBatch(const SequencePass* seqs, int n_seqs, bool check_fini
   c.tiers = op_tiers_.data();
   c.check_finite = check_finite;
   c.cached_bonus = cached_bonus_;
+  c.observer = observer_;
   const int64_t n = c.n;
   ASSIGN_OR_RETURN(c.x, scratch_->Get(Scratch::kX, n, hp_.n_embd));
 

@@ -75,6 +75,8 @@ Status MoeBlock(ForwardContext& c, int il, const LayerWeights& w) {
     RETURN_IF_ERROR(Route(c, w, il, xn, logits, sel, sel_w));
     RETURN_IF_ERROR(c.CheckFinite(logits, w.router_op));
     routing = GroupByExpert(sel, sel_w, n, K, E, space);
+    if (c.observer)
+      c.observer->BeforeExperts(w.expert_op0, sel + (n - 1) * K, sel_w + (n - 1) * K, K, xn);
     c.source->HintExperts(il, routing.experts, routing.n_experts);
     if (c.layers && il + 1 < hp.n_layer && hp.is_moe_layer(il + 1) && c.source->WantsLookahead())
       RETURN_IF_ERROR(HintLookahead(c, il + 1));

@@ -201,21 +201,25 @@ Status Engine::SetUpAdaptive(const AdaptiveOptions& a) {
     return InvalidArgument(
         "--adaptive escalates ops along a store's residual tiers: give a store "
         "with residuals (substrate pack) through --store");
-  // Every op starts at the skeleton; blocks the verifier watches may climb to the top tier.
+  // Every op starts at the skeleton; blocks the verifier watches (and routed experts, when asked)
+  // may climb to the top tier.
   const size_t n = m.ops().size();
   std::fill(m.op_tiers().begin(), m.op_tiers().end(), 0);
   std::vector<uint8_t> ceiling(n, 0);
   std::vector<std::vector<uint64_t>> cost(n,
                                           std::vector<uint64_t>(static_cast<size_t>(top) + 1, 0));
   uint64_t largest = 0;
+  auto escalatable = [&](int op) {
+    if (op < 0) return;
+    ceiling[op] = static_cast<uint8_t>(top);
+    const uint64_t base = weights_->OpBytes(m.ops()[op].id, 0);
+    for (int k = 1; k <= top; ++k) cost[op][k] = weights_->OpBytes(m.ops()[op].id, k) - base;
+    largest = std::max(largest, cost[op][top]);
+  };
   for (const LayerWeights& w : m.layers()) {
-    for (int op : {w.attn_op, w.ffn_op, w.router_op}) {
-      if (op < 0) continue;
-      ceiling[op] = static_cast<uint8_t>(top);
-      const uint64_t base = weights_->OpBytes(m.ops()[op].id, 0);
-      for (int k = 1; k <= top; ++k) cost[op][k] = weights_->OpBytes(m.ops()[op].id, k) - base;
-      largest = std::max(largest, cost[op][top]);
-    }
+    for (int op : {w.attn_op, w.ffn_op, w.router_op}) escalatable(op);
+    for (int e = 0; a.escalate_experts && w.expert_op0 >= 0 && e < m.hparams().n_expert; ++e)
+      escalatable(w.expert_op0 + e);
   }
   TierControllerOptions co = a.controller;
   if (co.pool_bytes == 0) co.pool_bytes = largest * static_cast<uint64_t>(co.max_concurrent);
@@ -227,8 +231,9 @@ Status Engine::SetUpAdaptive(const AdaptiveOptions& a) {
   controller_ = std::make_unique<TierController>(std::move(c));
   switch (a.verifier) {
     case AdaptiveOptions::Verifier::kResidual: {
-      ASSIGN_OR_RETURN(verifier_, ResidualSampleVerifier::Create(controller_.get(), m, top,
-                                                                 a.sample_rows, ledger_));
+      ASSIGN_OR_RETURN(verifier_, ResidualSampleVerifier::Create(
+                                      controller_.get(), m, top, a.sample_rows, ledger_,
+                                      a.escalate_experts ? a.expert_sample_rows : 0));
       break;
     }
     case AdaptiveOptions::Verifier::kLinear: {

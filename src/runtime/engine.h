@@ -47,6 +47,10 @@ struct AdaptiveOptions {
   std::string probes;                                // kLinear: a `substrate train-probe` file
   std::map<std::string, std::vector<float>> script;  // kScripted: op id -> disagreement per token
   int sample_rows = 16;                              // kResidual: rows sampled per op
+  // Routed MoE experts climb their residual tiers too, watched on the tokens routed to them
+  // (kResidual samples expert_sample_rows rows of each expert's gate).
+  bool escalate_experts = true;
+  int expert_sample_rows = 4;
   // An escalation's residual is used from the first token it has arrived for; until then the
   // op runs on its skeleton (no stall), unless this is set (or a plan says wait).
   bool wait_for_escalations = false;

@@ -28,9 +28,10 @@ int ExpertCache::TakeVictim(int64_t protect_before) {
   for (int pass = 0; pass < 2 && best < 0; ++pass) {
     for (int i = 0; i < n_slots(); ++i) {
       const Slot& s = slots_[i];
-      if (s.pins > 0 || s.ticket.state == ReadTicket::kQueued ||
-          s.ticket.state == ReadTicket::kRunning)
-        continue;
+      auto in_flight = [](const ReadTicket& t) {
+        return t.state == ReadTicket::kQueued || t.state == ReadTicket::kRunning;
+      };
+      if (s.pins > 0 || in_flight(s.ticket) || in_flight(s.upgrade)) continue;
       if (pass == 0 && s.op >= 0 && s.hint_pos > protect_before) continue;
       if (s.op < 0) return i;  // an empty slot beats any victim
       if (best < 0) {
@@ -57,6 +58,7 @@ void ExpertCache::Assign(int s, int op, int tier) {
   if (sl.op >= 0) op_slot_[sl.op] = -1;
   sl.op = op;
   sl.tier = tier;
+  sl.upgrade_tier = 0;
   sl.uses = 0;
   sl.last_use = ++clock_;
   sl.hint_pos = -1;
@@ -67,6 +69,7 @@ void ExpertCache::Assign(int s, int op, int tier) {
 void ExpertCache::Clear(int s) {
   if (slots_[s].op >= 0) op_slot_[slots_[s].op] = -1;
   slots_[s].op = -1;
+  slots_[s].upgrade_tier = 0;
 }
 
 void ExpertCache::Touch(int s) {

@@ -2,6 +2,8 @@
 // (ledger account "expert_cache") and recycled: an expert the router picks is served from a
 // slot if present (hit), else read into a victim slot (miss). Victims are unpinned slots with no
 // read in flight and no recent hint, least recently used (kLru) or least used (kFrequency).
+// A slot has room for its expert's whole ladder: an escalated expert's residual tiers are read
+// into the room above the tiers it holds (an upgrade) and stay there while the expert does.
 //
 // Not thread-safe: the ResidencyManager calls it under its own lock.
 #pragma once
@@ -21,8 +23,12 @@ class ExpertCache {
   struct Slot {
     uint8_t* data = nullptr;
     int op = -1;  // StoreIndex op held (or being read), -1 when empty
-    int tier = 0;
+    int tier = 0;  // tiers 0..tier, read by `ticket`
     ReadTicket ticket;
+    // An upgrade: tiers tier+1..upgrade_tier being read by `upgrade` (0: none), while tiers
+    // 0..tier serve; the runtime folds it into `tier` once read.
+    int upgrade_tier = 0;
+    ReadTicket upgrade;
     int pins = 0;
     uint64_t last_use = 0;
     uint64_t uses = 0;

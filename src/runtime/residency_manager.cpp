@@ -74,6 +74,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   const auto& ops = index_->ops();
   st_ = std::vector<OpState>(ops.size());
   op_error_.assign(ops.size(), Status::Ok());
+  fallback_.Reset(static_cast<int>(ops.size()));
   evict_lists_.assign(ops.size(), {});
   expert_ops_.assign(static_cast<size_t>(hp_.n_layer),
                      std::vector<int>(static_cast<size_t>(std::max(hp_.n_expert, 0)), -1));
@@ -85,7 +86,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     if (o < 0) continue;  // every tensor it names lives in an earlier op
     st_[o].layer = spec.layer;
     st_[o].kind = static_cast<int>(spec.kind);
-    st_[o].lower_tier_fallback = options_.lower_tier_by_default;  // a plan may say otherwise
+    fallback_.set_lowers(o, options_.lower_tier_by_default);  // a plan may say otherwise
     if (spec.kind == OpKind::kMoeExpert) {
       st_[o].where = Where::kExpert;
       st_[o].anchor_seq = std::max(0, static_cast<int>(seq_.size()) - 1);
@@ -168,8 +169,9 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   }
   sched_ = std::make_unique<PrefetchScheduler>(*index_, options.io_mode, options.io_threads,
                                                trace_.get(), origin_, options.env);
-  // Every destination holds at most one queued read: no allocation in the token loop.
-  sched_->Reserve(static_cast<size_t>(n_slabs + slots) + ops.size());
+  // Every destination (a slab, an expert slot's read and its upgrade, an op's resident or
+  // demand buffer) holds at most one queued read: no allocation in the token loop.
+  sched_->Reserve(static_cast<size_t>(n_slabs + 2 * slots) + ops.size());
   stats_.uring = sched_->uring();
   stats_.direct = index_->n_files() > 0 && index_->file(0).direct();
 
@@ -282,12 +284,7 @@ Status ResidencyManager::ApplyPlan(const std::string& path) {
     if (o < 0 || b.tiers.empty()) continue;
     const compiler::Tier& t =
         b.tiers[std::min<size_t>(static_cast<size_t>(serve_), b.tiers.size() - 1)];
-    const compiler::FallbackStrategy f = t.fallback == compiler::FallbackStrategy::kNone
-                                             ? plan.fallback_policy.deadline_miss
-                                             : t.fallback;
-    st_[o].lower_tier_fallback =
-        f == compiler::FallbackStrategy::kUseLowerTier ||
-        (f == compiler::FallbackStrategy::kNone && options_.lower_tier_by_default);
+    fallback_.SetFromPlan(o, t.fallback, plan.fallback_policy.deadline_miss);
     // The read covers tiers 0..served at once: it starts with the earliest prefetch among them.
     if (st_[o].where == Where::kStreamed && st_[o].seq >= 0) {
       int start = INT_MAX;
@@ -358,14 +355,13 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
   // it: it runs on its skeleton this token (the admission's skip, an escalation decided after
   // the read-ahead point, or a read still in flight, which is kept for the next token), and a
   // read made at a lower tier than the op now wants serves that tier.
-  const bool may_skip = s.lower_tier_fallback && s.resident_top >= 0;
+  const bool may_skip = fallback_.may_skip(o, s.resident_top);
   if (Streams(o) && may_skip &&
       (s.slab < 0 || (s.abs == pos_ && !sched_->Ready(&slabs_[s.slab]->ticket)))) {
     if (s.slab >= 0) s.abs = pos_ + static_cast<int64_t>(seq_.size());
-    s.skip_at = pos_;
+    fallback_.SkipMissing(o, s.resident_top, pos_);
     s.win_tier = s.resident_top;
     s.win_hit = false;
-    ++stats_.skipped;
     ++stats_.misses;
   } else if (Streams(o)) {
     if (s.slab >= 0 && s.abs == pos_ && Raised(o, s.asked) && !may_skip) {
@@ -420,15 +416,36 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
   ScheduleAhead();
 }
 
+void ResidencyManager::ReadExpert(int slot, int o, int64_t deadline) {
+  const int want = Want(o);
+  // An expert that may run on its skeleton while its residual is late (the fallback of an
+  // escalation) reads the tiers the runtime keeps first, its residual tiers as an upgrade.
+  const int base = fallback_.lowers(o) ? std::min(want, keep_) : want;
+  experts_->Assign(slot, o, base);
+  Submit(deadline, o, base, experts_->slot(slot).data, &experts_->slot(slot).ticket);
+  if (want > base) Upgrade(slot, want, deadline);
+}
+
+void ResidencyManager::Upgrade(int slot, int tier, int64_t deadline) {
+  ExpertCache::Slot& sl = experts_->slot(slot);
+  sl.upgrade_tier = tier;
+  Submit(deadline, sl.op, tier, sl.data + index_->ops()[sl.op].SlabOffset(sl.tier + 1),
+         &sl.upgrade, sl.tier + 1);
+}
+
+Status ResidencyManager::SettleUpgrade(int slot) {
+  ExpertCache::Slot& sl = experts_->slot(slot);
+  Status st = sched_->Wait(&sl.upgrade, nullptr);
+  if (st.ok()) sl.tier = sl.upgrade_tier;
+  sl.upgrade_tier = 0;
+  sched_->Cancel(&sl.upgrade);  // done already; makes the ticket idle
+  return st;
+}
+
 Status ResidencyManager::BeginExpert(int o) {
   OpState& s = st_[o];
+  const int want = Want(o);
   int slot = experts_->Find(o);
-  if (slot >= 0 && experts_->slot(slot).pins == 0 && experts_->slot(slot).tier < Want(o)) {
-    // Cached at a lower tier than the op now runs at: read it again, in the same slot.
-    sched_->Cancel(&experts_->slot(slot).ticket);
-    experts_->Clear(slot);
-    slot = -1;
-  }
   if (slot >= 0) {
     ExpertCache::Slot& sl = experts_->slot(slot);
     if (sl.hint_unused) {
@@ -442,36 +459,57 @@ Status ResidencyManager::BeginExpert(int o) {
       s.win_hit = false;
       sched_->Expedite(&sl.ticket, INT64_MIN / 2);
     }
+    // Cached below the tier the op now runs at (escalated): its residual tiers are read into the
+    // slot's room above them, while the tiers it holds go on serving.
+    if (sl.upgrade_tier == 0 && sl.tier < want) Upgrade(slot, want, INT64_MIN / 2);
   } else {
     ++experts_->misses;
     s.win_hit = false;
     // Every slot may be busy with hinted reads (a prefill routes to many experts): wait for one.
+    auto in_flight = [&](ReadTicket* t) {
+      return !sched_->Ready(t) && t->state != ReadTicket::kIdle &&
+             t->state != ReadTicket::kFailed;
+    };
     while ((slot = experts_->TakeVictim(pos_)) < 0) {
-      int busy = -1;
-      for (int i = 0; i < experts_->n_slots() && busy < 0; ++i)
-        if (experts_->slot(i).pins == 0 && !sched_->Ready(&experts_->slot(i).ticket) &&
-            experts_->slot(i).ticket.state != ReadTicket::kIdle &&
-            experts_->slot(i).ticket.state != ReadTicket::kFailed)
-          busy = i;
+      ReadTicket* busy = nullptr;
+      for (int i = 0; i < experts_->n_slots() && !busy; ++i) {
+        ExpertCache::Slot& b = experts_->slot(i);
+        if (b.pins > 0) continue;
+        if (in_flight(&b.ticket)) busy = &b.ticket;
+        else if (in_flight(&b.upgrade)) busy = &b.upgrade;
+      }
       // Every slot pinned (a prefill batch begins more experts than there are slots):
       // Acquire reads this one into a buffer of its own, freed at the batch's EndOp.
-      if (busy < 0) return Status::Ok();
+      if (!busy) return Status::Ok();
       int64_t waited = 0;
-      sched_->Expedite(&experts_->slot(busy).ticket, INT64_MIN / 2);
-      (void)sched_->Wait(&experts_->slot(busy).ticket, &waited);
+      sched_->Expedite(busy, INT64_MIN / 2);
+      (void)sched_->Wait(busy, &waited);
       s.win_stall += waited;
     }
-    experts_->Assign(slot, o, Want(o));
-    Submit(INT64_MIN / 2, o, Want(o), experts_->slot(slot).data, &experts_->slot(slot).ticket);
+    ReadExpert(slot, o, INT64_MIN / 2);
   }
   ExpertCache::Slot& sl = experts_->slot(slot);
   int64_t waited = 0;
   Status st = sched_->Wait(&sl.ticket, &waited);
   s.win_stall += waited;
-  s.win_tier = sl.tier;
+  if (st.ok() && sl.upgrade_tier > 0) {
+    // The residual of an escalation: waited for only when the op may not run on the tiers the
+    // slot holds (FallbackPlanner); otherwise used from the first token it has arrived for.
+    // Before the first pass nothing decodes (a verifier's setup reads): it is waited for.
+    if (want > sl.tier && !sched_->Ready(&sl.upgrade) &&
+        (pos_ < 0 || !fallback_.SkipMissing(o, sl.tier, pos_))) {
+      s.win_hit = false;
+      sched_->Expedite(&sl.upgrade, INT64_MIN / 2);
+      st = sched_->Wait(&sl.upgrade, &waited);
+      s.win_stall += waited;
+    }
+    if (st.ok() && sched_->Ready(&sl.upgrade)) st = SettleUpgrade(slot);
+  }
+  s.win_tier = std::min(sl.tier, want);
   if (!st.ok()) {
     // Leave no half-read expert behind: the slot is emptied so the next use reads again.
     sched_->Cancel(&sl.ticket);
+    sched_->Cancel(&sl.upgrade);
     experts_->Clear(slot);
     return st;
   }
@@ -496,11 +534,10 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
     if (o < 0 || experts_->Find(o) >= 0) continue;
     const int slot = experts_->TakeVictim(pos_ - 2 * ops_per_layer_);
     if (slot < 0) return;
-    experts_->Assign(slot, o, Want(o));
+    ReadExpert(slot, o, deadline);
     experts_->slot(slot).hint_pos = pos_;
     experts_->slot(slot).hint_unused = true;
     ++experts_->hinted;
-    Submit(deadline, o, Want(o), experts_->slot(slot).data, &experts_->slot(slot).ticket);
     ++busy;
   }
 }
@@ -535,7 +572,9 @@ void ResidencyManager::EndOp(const std::string& op_id) {
     e.end_us = end;
     e.stall_us = s.win_stall;
     e.hit = s.win_hit;
-    e.skip = s.skip_at == pos_ && s.win_tier == s.resident_top && s.where != Where::kExpert;
+    // Run without its residual: a streamed op on its resident skeleton, an expert on its slot's.
+    e.skip = fallback_.skips(o, pos_) &&
+             (s.where == Where::kExpert || s.win_tier == s.resident_top);
     e.where = where;
     trace_->Op(e);
   }
@@ -617,7 +656,7 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
     } else {
       ASSIGN_OR_RETURN(read, DemandLoad(o, &loaded));
     }
-  } else if (s.skip_at == pos_) {
+  } else if (fallback_.skips(o, pos_)) {
     // The residual skipped this token (BeginOp): the resident tiers only.
   } else if (s.slab >= 0) {
     // Read ahead already (perhaps still in flight: a look-ahead acquiring the next op's tensors).

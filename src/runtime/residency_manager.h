@@ -32,6 +32,7 @@
 #include "model/hparams.h"
 #include "model/weight_source.h"
 #include "runtime/expert_cache.h"
+#include "runtime/fallback_planner.h"
 #include "runtime/prefetch_scheduler.h"
 #include "runtime/trace_writer.h"
 #include "store/store_index.h"
@@ -183,10 +184,6 @@ class ResidencyManager : public WeightSource {
     // Where a plan's start_during naming this op lands in the sequence: itself for dense ops, the
     // layer's router for an expert (which may not run on a given token).
     int anchor_seq = -1;
-    bool lower_tier_fallback = false;
-    // The admission skipped this op's residual read for position skip_at: it runs at its
-    // resident tiers there.
-    int64_t skip_at = INT64_MIN;  // (pos_ starts at -1)
     bool kept = false;            // its slab was kept from its previous token (residual_slabs)
     double compute_us = 0;        // moving average of BeginOp..EndOp minus stalls
     bool timed = false;           // compute_us measured at least once
@@ -222,6 +219,13 @@ class ResidencyManager : public WeightSource {
   // Queues a read, tagged with the op begun last (the trace's "during").
   void Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t, int first_tier = 0);
   Status BeginExpert(int op);
+  // Reads op into expert slot `slot` at its tier, for `deadline`: in one read, or (an expert
+  // that may run on its skeleton while its residual is late) the kept tiers and an Upgrade.
+  void ReadExpert(int slot, int op, int64_t deadline);
+  // Reads the slot's tiers above those it holds up to `tier`, into its room above them.
+  void Upgrade(int slot, int tier, int64_t deadline);
+  // Folds a finished upgrade into the slot's tiers (its read error, if it failed).
+  Status SettleUpgrade(int slot);
   Expected<const uint8_t*> DemandLoad(int op, int* tier);
   int64_t NowUs() const;
   // The tier op o runs at now: the model's per-op table (BindOpTiers), within the served ladder.
@@ -261,6 +265,7 @@ class ResidencyManager : public WeightSource {
   uint64_t slab_bytes_ = 0;
   std::unique_ptr<ExpertCache> experts_;
   std::vector<std::unique_ptr<Demand>> demand_;
+  FallbackPlanner fallback_;  // per op: wait for a late read, or lower its tier / skip it
   RuntimeClock::time_point origin_;
   std::unique_ptr<PrefetchScheduler> sched_;
 

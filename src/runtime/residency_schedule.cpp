@@ -9,37 +9,30 @@ namespace substrate {
 
 // The bandwidth admission: a read that cannot finish before its op is predicted to start (the
 // queued bytes ahead of it at the measured rate, against the compute time of the ops before it)
-// takes the op's fallback: served at a lower tier when the plan allows, else waited for.
+// takes the op's fallback (FallbackPlanner): served at a lower tier when the plan allows, else
+// waited for.
 int ResidencyManager::Admit(int op, int64_t abs) {
   const int want = Want(op);
-  int tier = want;
   const double bw = sched_->bandwidth();
-  if (bw <= 0) return tier;
+  if (bw <= 0) return want;
   const int64_t n = static_cast<int64_t>(seq_.size());
   double deadline_us = 0;
   for (int64_t q = pos_ + 1; q < abs; ++q) {
     const OpState& s = st_[seq_[q % n]];
     // An op not yet timed (the first pass) gives no deadline to hold the read against:
     // predicting it late would serve the whole first pass below the plan on any disk.
-    if (!s.timed) return tier;
+    if (!s.timed) return want;
     deadline_us += s.compute_us;
   }
   const double queued = static_cast<double>(sched_->queued_bytes());
   const StoreOp& o = index_->ops()[op];
   const uint64_t first = o.SlabOffset(st_[op].resident_top + 1);
-  auto finish_us = [&](int t) {
-    return (queued + static_cast<double>(o.SlabBytes(t) - first)) / bw * 1e6;
+  auto on_time = [&](int t) {
+    return (queued + static_cast<double>(o.SlabBytes(t) - first)) / bw * 1e6 <= deadline_us;
   };
-  if (finish_us(tier) <= deadline_us) return tier;
-  ++stats_.predicted_late;
-  if (!st_[op].lower_tier_fallback) return tier;
-  const int lowest_read = std::max(0, st_[op].resident_top + 1);
-  while (tier > lowest_read && finish_us(tier) > deadline_us) --tier;
-  // Even the first residual is late: an op with a resident skeleton runs on it this token.
-  if (st_[op].resident_top >= 0 && tier == lowest_read && finish_us(tier) > deadline_us)
-    tier = st_[op].resident_top;
-  if (tier < want) ++stats_.demoted;
-  return tier;
+  if (on_time(want)) return want;
+  return fallback_.OnPredictedLate(op, want, std::max(0, st_[op].resident_top + 1),
+                                   st_[op].resident_top, on_time);
 }
 
 int ResidencyManager::KeptSlabs() const {
@@ -88,14 +81,14 @@ void ResidencyManager::ScheduleAhead() {
       if (!plan_schedules_) break;  // every later op follows the depth rule too
       continue;
     }
-    if (s.slab >= 0 || s.skip_at == q) continue;  // issued for q already, or still held
+    if (s.slab >= 0 || fallback_.skips(o, q)) continue;  // issued for q already, or still held
     if (s.issue_seq >= 0 && pos_ < q - q % n + s.issue_seq) continue;  // start_during not begun
     const int free_slab = FreeSlab();
     if (free_slab < 0) break;
     s.asked = Want(o);
     s.tier = Admit(o, q);
     if (s.tier <= s.resident_top) {  // the residual skipped: nothing to read
-      s.skip_at = q;
+      fallback_.SkipAt(o, q);
       continue;
     }
     s.slab = free_slab;

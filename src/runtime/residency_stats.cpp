@@ -24,6 +24,10 @@ ResidencyStats ResidencyManager::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   ResidencyStats s = stats_;
   if (!sched_) return s;  // a dry run (ResidencyOptions::dry_run): the plan only
+  const FallbackCounters& f = fallback_.counters();
+  s.predicted_late = f.predicted_late;
+  s.demoted = f.demoted;
+  s.skipped = f.skipped;
   s.open_bytes_read = open_bytes_;
   s.stream_bytes_read = sched_->bytes_read() - open_bytes_;
   s.read_seconds = sched_->read_seconds();

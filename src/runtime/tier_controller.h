@@ -64,6 +64,7 @@ class TierController {
     listener_ctx_ = ctx;
   }
 
+  int n_ops() const { return static_cast<int>(base_.size()); }
   int tier(int op) const { return (*tiers_)[op]; }
   int base(int op) const { return base_[op]; }
   const TierControllerStats& stats() const { return stats_; }

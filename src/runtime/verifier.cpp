@@ -1,5 +1,6 @@
 #include "runtime/verifier.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -9,10 +10,43 @@
 
 namespace substrate {
 
+void VerifierProbe::Observe(int op, float disagreement) {
+  seen_[op] = stamp_;
+  controller_->Observe(op, disagreement);
+}
+
+void VerifierProbe::NextToken() {
+  TokenDone();
+  // Calm observations neither escalate nor demote (EndToken decays): escalated() stays as is.
+  for (int op : controller_->escalated())
+    if (seen_[op] != stamp_) controller_->Observe(op, 0.0f);
+  ++stamp_;
+}
+
+ScriptedVerifier::ScriptedVerifier(TierController* c, std::map<int, std::vector<float>> schedule)
+    : VerifierProbe(c), schedule_(std::move(schedule)) {
+  routed_.reserve(static_cast<size_t>(c->n_ops()));
+}
+
+float ScriptedVerifier::At(int op) const {
+  const std::vector<float>& s = schedule_.at(op);
+  return token_ < s.size() ? s[token_] : 0.0f;
+}
+
 void ScriptedVerifier::AfterBlock(int op, const Tensor& x) {
-  auto it = schedule_.find(op);
-  if (it == schedule_.end()) return;
-  controller_->Observe(op, token_ < it->second.size() ? it->second[token_] : 0.0f);
+  if (schedule_.count(op)) Observe(op, At(op));
+}
+
+void ScriptedVerifier::BeforeExperts(int expert_op0, const int32_t* experts,
+                                     const float* weights, int k, const Tensor& xn) {
+  for (int i = 0; i < k; ++i)
+    if (schedule_.count(expert_op0 + experts[i])) routed_.push_back(expert_op0 + experts[i]);
+}
+
+void ScriptedVerifier::TokenDone() {
+  for (int op : routed_) Observe(op, At(op));
+  routed_.clear();
+  ++token_;
 }
 
 // ---- linear probes ----
@@ -70,7 +104,7 @@ void LinearProbeVerifier::AfterBlock(int op, const Tensor& x) {
   const float* row = x.data + (x.rows - 1) * x.cols;
   double s = p->b;
   for (int64_t i = 0; i < x.cols; ++i) s += double(p->w[i]) * row[i];
-  controller_->Observe(op, static_cast<float>(std::max(0.0, s)));
+  Observe(op, static_cast<float>(std::max(0.0, s)));
 }
 
 // ---- residual samples ----
@@ -92,7 +126,7 @@ void RowOf(const WeightView& v, int64_t r, bool residuals, float* out, std::vect
 }  // namespace
 
 Expected<std::unique_ptr<ResidualSampleVerifier>> ResidualSampleVerifier::Create(
-    TierController* c, Model& m, int top_tier, int rows, MemoryLedger* ledger) {
+    TierController* c, Model& m, int top_tier, int rows, MemoryLedger* ledger, int expert_rows) {
   std::unique_ptr<ResidualSampleVerifier> v(new ResidualSampleVerifier(c));
   v->eps_ = m.hparams().norm_eps;
   const int64_t d = m.hparams().n_embd;
@@ -102,18 +136,36 @@ Expected<std::unique_ptr<ResidualSampleVerifier>> ResidualSampleVerifier::Create
   std::vector<uint8_t> saved = m.op_tiers();
   std::vector<float> tmp;
   uint64_t bytes = 0;
-  auto sample = [&](int op, TensorId norm, TensorId w) -> Status {
-    if (op < 0 || norm == kNoTensor || w == kNoTensor) return Status::Ok();
+  // norm kNoTensor: the op's input is normed already (a routed expert's); slice: its expert.
+  auto sample = [&](int op, TensorId norm, TensorId w, int n_rows, int slice) -> Status {
+    if (op < 0 || w == kNoTensor || n_rows <= 0 || (norm == kNoTensor && slice < 0))
+      return Status::Ok();
     // A streaming source reads what the op's tier asks for: ask for the top one meanwhile.
     m.op_tiers()[op] = static_cast<uint8_t>(top_tier);
-    ASSIGN_OR_RETURN(WeightHandle nh, src.Acquire(norm, -1, 0));
-    ASSIGN_OR_RETURN(WeightHandle wh, src.Acquire(w, -1, top_tier));
+    // An expert inside its op's window, as the forward pass acquires it: a streaming source
+    // reads it into an expert slot, not into a buffer of its own per expert.
+    const std::string& id = m.ops()[op].id;
+    if (slice >= 0) src.BeginOp(id);
+    struct End {
+      WeightSource* s;
+      const std::string& id;
+      ~End() {
+        if (s) s->EndOp(id);
+      }
+    } end{slice >= 0 ? &src : nullptr, id};
+    WeightHandle nh;
+    if (norm != kNoTensor) {
+      ASSIGN_OR_RETURN(nh, src.Acquire(norm, -1, 0));
+    }
+    ASSIGN_OR_RETURN(WeightHandle wh, src.Acquire(w, slice, top_tier));
     const WeightView& wv = wh.view();
     if (wv.layout != WeightLayout::kRows || wv.cols != d || wv.n_residuals == 0) return Status::Ok();
     auto s = std::make_unique<Sample>();
-    s->norm.resize(static_cast<size_t>(d));
-    RowOf(nh.view(), 0, false, s->norm.data(), tmp);
-    const int n = static_cast<int>(std::min<int64_t>(rows, wv.rows));
+    if (norm != kNoTensor) {
+      s->norm.resize(static_cast<size_t>(d));
+      RowOf(nh.view(), 0, false, s->norm.data(), tmp);
+    }
+    const int n = static_cast<int>(std::min<int64_t>(n_rows, wv.rows));
     s->skeleton.resize(static_cast<size_t>(n * d));
     s->residual.resize(static_cast<size_t>(n * d));
     for (int i = 0; i < n; ++i) {
@@ -131,9 +183,11 @@ Expected<std::unique_ptr<ResidualSampleVerifier>> ResidualSampleVerifier::Create
   Status st;
   for (const LayerWeights& w : m.layers()) {
     const TensorId attn_in = w.wq != kNoTensor ? w.wq : w.wq_a != kNoTensor ? w.wq_a : w.wkv_a;
-    st = sample(w.attn_op, w.attn_norm, attn_in);
-    if (st.ok()) st = sample(w.ffn_op, w.ffn_norm, w.ffn_gate);
-    if (st.ok()) st = sample(w.router_op, w.ffn_norm, w.gate_shexp);
+    st = sample(w.attn_op, w.attn_norm, attn_in, rows, -1);
+    if (st.ok()) st = sample(w.ffn_op, w.ffn_norm, w.ffn_gate, rows, -1);
+    if (st.ok()) st = sample(w.router_op, w.ffn_norm, w.gate_shexp, rows, -1);
+    for (int e = 0; st.ok() && w.expert_op0 >= 0 && e < m.hparams().n_expert; ++e)
+      st = sample(w.expert_op0 + e, kNoTensor, w.gate_exps, expert_rows, e);
     if (!st.ok()) break;
   }
   m.op_tiers() = saved;
@@ -153,11 +207,26 @@ void ResidualSampleVerifier::BeforeBlock(int op, const Tensor& x) {
   for (int64_t i = 0; i < d; ++i) ss += double(row[i]) * row[i];
   const float scale = static_cast<float>(1.0 / std::sqrt(ss / d + eps_));
   for (int64_t i = 0; i < d; ++i) xn_[i] = row[i] * scale * s->norm[i];
+  Observe(op, Ratio(*s, d));
+}
+
+void ResidualSampleVerifier::BeforeExperts(int expert_op0, const int32_t* experts,
+                                           const float* weights, int k, const Tensor& xn) {
+  const int64_t d = xn.cols;
+  std::copy(xn.data + (xn.rows - 1) * d, xn.data + xn.rows * d, xn_.begin());
+  for (int i = 0; i < k; ++i) {
+    const int op = expert_op0 + experts[i];
+    // The expert's share of the block's output is its gating weight: so is its share of the error.
+    if (const Sample* s = by_op_[op].get()) Observe(op, weights[i] * Ratio(*s, d));
+  }
+}
+
+float ResidualSampleVerifier::Ratio(const Sample& s, int64_t d) const {
   double num = 0, den = 0;
-  const int64_t n = static_cast<int64_t>(s->skeleton.size()) / d;
+  const int64_t n = static_cast<int64_t>(s.skeleton.size()) / d;
   for (int64_t r = 0; r < n; ++r) {
-    const float* sk = s->skeleton.data() + r * d;
-    const float* re = s->residual.data() + r * d;
+    const float* sk = s.skeleton.data() + r * d;
+    const float* re = s.residual.data() + r * d;
     double a = 0, b = 0;
     for (int64_t i = 0; i < d; ++i) {
       a += double(sk[i]) * xn_[i];
@@ -166,7 +235,7 @@ void ResidualSampleVerifier::BeforeBlock(int op, const Tensor& x) {
     den += a * a;
     num += b * b;
   }
-  controller_->Observe(op, static_cast<float>(std::sqrt(num / (den + 1e-30))));
+  return static_cast<float>(std::sqrt(num / (den + 1e-30)));
 }
 
 }  // namespace substrate

@@ -1,8 +1,9 @@
-// The adaptive runtime end to end on tiny-coder packed with a Q4_K skeleton and Q8_0 + F16
-// residuals, the skeletons resident and the residuals streamed under a cap below the top tier:
-// scripted escalations (through a slow disk whose reads are waited for) compute exactly what
-// the resident model computes with the same per-op tiers, token by token; the residual-sample
-// verifier's run of 1,000 tokens allocates nothing once warm and never passes the cap.
+// The adaptive runtime end to end on tiny-coder (and tiny-coder-moe, whose routed experts
+// escalate too) packed with a Q4_K skeleton and Q8_0 + F16 residuals, the skeletons resident
+// and the residuals streamed under a cap below the top tier: scripted escalations (through a
+// slow disk whose reads are waited for) compute exactly what the resident model computes with
+// the same per-op tiers, token by token; the residual-sample verifier's run of 1,000 tokens
+// allocates nothing once warm and never passes the cap.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -54,10 +55,11 @@ struct Capped {
 };
 
 // The skeletons resident, residuals streamed, under a cap below the top tier's bytes.
-EngineOptions StreamedOptions(Capped* c, int64_t n_ctx) {
-  const uint64_t data = StoreDataBytes(PackedTinyCoderStore());
+EngineOptions StreamedOptions(Capped* c, int64_t n_ctx,
+                              const std::string& store = PackedTinyCoderStore()) {
+  const uint64_t data = StoreDataBytes(store);
   EngineOptions eo;
-  eo.store = PackedTinyCoderStore();
+  eo.store = store;
   eo.n_ctx = n_ctx;
   eo.residency.resident_max_tier = 0;
   // The KV cache and scratch of n_ctx positions beside three quarters of the store.
@@ -70,8 +72,9 @@ EngineOptions StreamedOptions(Capped* c, int64_t n_ctx) {
 
 // StreamedOptions with the scripted verifier: an op whose script passes 0.5 on a token is
 // escalated for the next one, and decays after one calm token.
-EngineOptions ScriptedOptions(Capped* c, int64_t n_ctx) {
-  EngineOptions eo = StreamedOptions(c, n_ctx);
+EngineOptions ScriptedOptions(Capped* c, int64_t n_ctx,
+                              const std::string& store = PackedTinyCoderStore()) {
+  EngineOptions eo = StreamedOptions(c, n_ctx, store);
   eo.adaptive.on = true;
   eo.adaptive.verifier = AdaptiveOptions::Verifier::kScripted;
   eo.adaptive.controller.threshold = 0.5f;
@@ -262,10 +265,134 @@ TEST(Adaptive, ASlowingDiskForcesEveryEscalationDown) {
   std::filesystem::remove(trace);
 }
 
-TEST(Adaptive, AThousandTokensAllocateNothingOnceWarmAndKeepTheCap) {
-  if (PackedTinyCoderStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-bf16.gguf";
+// The same store with a roomy budget: every op at the tier its table says, nothing skipped.
+Expected<std::unique_ptr<Engine>> LoadRoomy(const std::string& store, MemoryLedger* ledger) {
+  EngineOptions ro;
+  ro.store = store;
+  ro.n_ctx = 128;
+  ro.max_ram = 8 * StoreDataBytes(store) + (64ull << 20);
+  ro.ledger = ledger;
+  return Engine::Load("", ro);
+}
+
+// Counts the escalations of routed experts (a TierSwitchListener).
+struct ExpertEscalations {
+  static void Count(void* ctx, int op, int from, int to, TierSwitch why) {
+    auto* self = static_cast<ExpertEscalations*>(ctx);
+    if (why == TierSwitch::kEscalate && self->model->ops()[op].kind == OpKind::kMoeExpert)
+      ++self->n;
+  }
+  const Model* model = nullptr;
+  int n = 0;
+};
+
+// Routed experts escalate like any op: every expert of blocks 0 and 1 drifts from token 2 on,
+// so those the tokens route to climb (K = 3 of them at once, the rest refused) and those the
+// next tokens do not route to decay. Out of core, under the cap, with the residuals waited
+// for, each token computes exactly what the resident model computes at the same per-op tiers.
+TEST(Adaptive, ScriptedExpertEscalationsComputeWhatTheirTiersComputeOutOfCore) {
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
+  FaultEnv env;
+  env.Add({FaultEnv::Kind::kSlowRead, ".t2.bin", 0, -1, 2, 0});  // the F16 residuals: +2 ms
   Capped c;
-  EngineOptions eo = StreamedOptions(&c, 1100);
+  EngineOptions eo = ScriptedOptions(&c, 128, PackedTinyMoeStore());
+  eo.residency.env = &env;
+  eo.adaptive.wait_for_escalations = true;  // the golden comparison needs every escalation
+  eo.adaptive.controller.max_concurrent = 3;
+  std::vector<float> drift(40, 1.0f);
+  drift[0] = drift[1] = 0;
+  for (int layer : {0, 1})
+    for (int e = 0; e < 32; ++e) eo.adaptive.script[OpIdMoeExpert(layer, e)] = drift;
+  auto adaptive = Engine::Load("", eo);
+  ASSERT_TRUE(adaptive.ok()) << adaptive.status().ToString();
+  Engine& a = **adaptive;
+  TierController* ctl = a.tier_controller();
+  ASSERT_NE(ctl, nullptr);
+  ExpertEscalations counted{&a.model()};
+  ctl->set_listener(&ExpertEscalations::Count, &counted);
+  MemoryLedger roomy;
+  auto resident = LoadRoomy(PackedTinyMoeStore(), &roomy);
+  ASSERT_TRUE(resident.ok()) << resident.status().ToString();
+  Engine& r = **resident;
+
+  const std::vector<int32_t> prompt = Prompt(a);
+  auto sa = a.NewSession(128);
+  auto sr = r.NewSession(128);
+  ASSERT_TRUE(sa.ok() && sr.ok());
+  std::fill(r.model().op_tiers().begin(), r.model().op_tiers().end(), 0);
+  ASSERT_TRUE(a.Prefill(**sa, prompt).ok());
+  ASSERT_TRUE(r.Prefill(**sr, prompt).ok());
+  ASSERT_EQ((*sa)->logits, (*sr)->logits) << "the prompt's pass, every op at the skeleton";
+
+  int tokens_with_experts_up = 0;
+  int32_t tok = Argmax((*sa)->logits);
+  for (int t = 1; t <= 16; ++t) {
+    int up = 0;
+    for (const OpSpec& op : a.model().ops())
+      up += op.kind == OpKind::kMoeExpert && ctl->tier(a.model().OpIndex(op.id)) > 0;
+    tokens_with_experts_up += up > 0;
+    EXPECT_LE(up, 3) << "token " << t << ": K = 3";
+    r.model().op_tiers() = a.model().op_tiers();  // the tiers this pass runs at
+    ASSERT_TRUE(a.model().Forward(&tok, 1, (*sa)->cache, false, &(*sa)->logits).ok());
+    a.AfterToken();
+    ASSERT_TRUE(r.model().Forward(&tok, 1, (*sr)->cache, false, &(*sr)->logits).ok());
+    ASSERT_EQ((*sa)->logits, (*sr)->logits) << "token " << t;
+    EXPECT_LE(c.ledger.current(), c.cap) << "token " << t;
+    EXPECT_LE(ctl->stats().pool_used, ctl->options().pool_bytes) << "token " << t;
+    tok = Argmax((*sa)->logits);
+  }
+  const TierControllerStats& s = ctl->stats();
+  EXPECT_GT(counted.n, 3) << "experts escalated, several times";
+  EXPECT_GT(tokens_with_experts_up, 8);
+  EXPECT_GT(s.refused, 0u) << "more drifting experts than K";
+  EXPECT_GT(s.decays, 0u) << "experts the tokens stopped routing to";
+  EXPECT_GT(env.injected(FaultEnv::Kind::kSlowRead), 0) << "an expert's F16 residual was read";
+  EXPECT_LE(c.ledger.peak(), c.cap);
+}
+
+// By default an expert's escalation does not wait for its residual either: with residual reads
+// 150 ms slow, the escalated experts run on the skeletons in their cache slots while their
+// residuals are read into the slots' room above them (counted as skipped); told to wait, they
+// never skip.
+TEST(Adaptive, EscalatedExpertsRunOnTheirSkeletonsUntilTheirResidualsArrive) {
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
+  for (bool wait : {false, true}) {
+    FaultEnv env;
+    env.Add({FaultEnv::Kind::kSlowRead, ".t1.bin", 0, -1, 150, 0});
+    env.Add({FaultEnv::Kind::kSlowRead, ".t2.bin", 0, -1, 150, 0});
+    Capped c;
+    EngineOptions eo = ScriptedOptions(&c, 128, PackedTinyMoeStore());
+    eo.residency.env = &env;
+    eo.adaptive.wait_for_escalations = wait;
+    eo.adaptive.controller.max_concurrent = 2;
+    for (int e = 0; e < 32; ++e)
+      eo.adaptive.script[OpIdMoeExpert(0, e)] = std::vector<float>(16, 1.0f);
+    auto e = Engine::Load("", eo);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    Engine& a = **e;
+    ExpertEscalations counted{&a.model()};
+    a.tier_controller()->set_listener(&ExpertEscalations::Count, &counted);
+    auto s = a.NewSession(128);
+    ASSERT_TRUE(s.ok());
+    ASSERT_TRUE(a.Prefill(**s, Prompt(a)).ok());
+    GreedySteps greedy(a, **s);
+    for (int t = 0; t < 12; ++t) ASSERT_TRUE(greedy.Step().ok());
+    const ResidencyStats& st = a.runtime()->stats();
+    EXPECT_GT(counted.n, 0) << (wait ? "wait" : "no wait");
+    if (wait) {
+      EXPECT_EQ(st.skipped, 0u);
+    } else {
+      EXPECT_GT(st.skipped, 0u) << "an escalated expert ran on its skeleton";
+    }
+    EXPECT_LE(c.ledger.peak(), c.cap);
+  }
+}
+
+// 1,000 tokens of the residual-sample verifier out of core allocate nothing once warm and never
+// pass the cap; on a MoE, routed experts escalate among the ops.
+void AThousandTokens(const std::string& store) {
+  Capped c;
+  EngineOptions eo = StreamedOptions(&c, 1100, store);
   eo.adaptive.on = true;
   eo.adaptive.verifier = AdaptiveOptions::Verifier::kResidual;
   eo.adaptive.controller.threshold = 0.04f;
@@ -278,6 +405,8 @@ TEST(Adaptive, AThousandTokensAllocateNothingOnceWarmAndKeepTheCap) {
   auto e = Engine::Load("", eo);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   Engine& a = **e;
+  ExpertEscalations experts{&a.model()};
+  a.tier_controller()->set_listener(&ExpertEscalations::Count, &experts);
   auto s = a.NewSession(1100);
   ASSERT_TRUE(s.ok());
   ASSERT_TRUE(a.Prefill(**s, Prompt(a)).ok());
@@ -301,6 +430,19 @@ TEST(Adaptive, AThousandTokensAllocateNothingOnceWarmAndKeepTheCap) {
   EXPECT_GT(a.runtime_monitor()->stats().transitions, 10u);
   EXPECT_GT(st.force_demotes, 0u);
   EXPECT_LE(c.ledger.peak(), c.cap);
+  if (a.model().hparams().n_expert > 0) {
+    EXPECT_GT(experts.n, 10) << "routed experts escalate too";
+  }
+}
+
+TEST(Adaptive, AThousandTokensAllocateNothingOnceWarmAndKeepTheCap) {
+  if (PackedTinyCoderStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-bf16.gguf";
+  AThousandTokens(PackedTinyCoderStore());
+}
+
+TEST(Adaptive, AThousandMoeTokensWithExpertEscalationsAllocateNothingOnceWarmAndKeepTheCap) {
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
+  AThousandTokens(PackedTinyMoeStore());
 }
 
 }  // namespace
