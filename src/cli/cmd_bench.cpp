@@ -17,12 +17,14 @@
 #include "cli/command.h"
 #include "cli/generation_flags.h"
 #include "cli/store_flags.h"
+#include "core/file_io.h"
 #include "kernels/cpu_features.h"
 #include "kernels/matmul.h"
 #include "kernels/membw.h"
 #include "kernels/profile.h"
 #include "runtime/engine.h"
 #include "runtime/read_probe.h"
+#include "tokenizer/tokenizer.h"
 
 namespace substrate::cli {
 namespace {
@@ -138,6 +140,7 @@ constexpr const char* kUsage =
     "                       [--store STORE/ --max-ram SIZE [--tier N] ...]\n"
     "                       [--cache-aware-routing DELTA]\n"
     "                       [--verify all|margin [--verify-window W] [--verify-tau T] ...]\n"
+    "                       [--draft-model M] [--draft-max K] [--prompt-file F]\n"
     "Prompt processing (-p tokens in one batch) and generation (-n tokens one at a time)\n"
     "speed, bytes of weights read per generated token, the memory read bandwidth measured\n"
     "now over a --bw-bytes buffer, and the ratio achieved/limit. -p 0 or -n 0 skips a test.\n"
@@ -147,6 +150,12 @@ constexpr const char* kUsage =
     "run (--probe-bytes, default 256M; 0 skips it).\n"
     "With --verify: generation runs through deferred verification (greedy, from an 8-token\n"
     "random prompt after the -p test); the JSON adds its counters.\n"
+    "With --draft-model M and/or --draft-max K: speculative decoding (greedy; drafts from M,\n"
+    "loaded resident inside --max-ram, else prompt lookup): each repetition generates -n\n"
+    "tokens with drafts and without, in turn, from the text of --prompt-file (default: 8\n"
+    "random tokens); the JSON's \"speculative\" has the acceptance rate (accepted / drafted),\n"
+    "tokens/s with and without drafts, target passes, whether the tokens were the same, and\n"
+    "out of core the expert reads and bytes read from disk per generated token of each.\n"
     "With --adaptive [--verifier ...] (see substrate run --help): generation runs the adaptive\n"
     "runtime; the JSON adds the tier controller's counters.\n"
     "With --sequences B: generation decodes B sequences at once, each with its own KV cache,\n"
@@ -158,7 +167,8 @@ int RunBench(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-t", "--threads", "-r",
                                       "--repetitions", "--bw-bytes", "--probe-bytes", "--kv-type",
                                       "--cache-type", "--verify", "--verify-window", "--verify-tau",
-                                      "--verify-tier", "--draft-tier", "--sequences"}),
+                                      "--verify-tier", "--draft-tier", "--sequences",
+                                      "--draft-model", "--draft-max", "--prompt-file"}),
                  StoreSwitches({"--json", "--profile"})});
   if (!f.status().ok()) return UsageError("bench", f.status(), kUsage);
   if (f.help()) {
@@ -200,6 +210,31 @@ int RunBench(const std::vector<std::string>& args) {
   if (verifying && *seqs > 1)
     return PrintError("bench", InvalidArgument("--sequences and --verify do not go together"));
   KeepDraftTierResident(*verify, &eo);
+  int draft_max = 0;
+  if (Status st = ParseDraftFlags(f, &draft_max, &eo.draft_model); !st.ok())
+    return PrintError("bench", st);
+  const bool drafting = draft_max > 0;
+  std::string prompt_text;
+  if (f.Has("--prompt-file")) {
+    if (!drafting)
+      return PrintError("bench", InvalidArgument("--prompt-file is the prompt of --draft-model / "
+                                                 "--draft-max runs: give one of them"));
+    auto text = ReadFileToString(f.Get({"--prompt-file"}), 1 << 20);
+    if (!text.ok()) return PrintError("bench", text.status().WithContext("--prompt-file"));
+    prompt_text = std::move(*text);
+    // The context must hold the prompt: count its tokens with the file's tokenizer, before the
+    // engine sizes its budget's reserve by the context.
+    auto file = ModelFile::Open(path.empty() ? eo.store + "/model.gguf" : path);
+    if (!file.ok()) return PrintError("bench", file.status());
+    auto tok = Tokenizer::FromMetadata((*file)->metadata());
+    if (!tok.ok()) return PrintError("bench", tok.status().WithContext("--prompt-file needs a tokenizer"));
+    auto ids = (*tok)->Encode(prompt_text, {.add_special = true, .parse_special = false});
+    if (!ids.ok()) return PrintError("bench", ids.status());
+    eo.n_ctx += static_cast<int64_t>(ids->size());
+  }
+  if (drafting && (verifying || *seqs > 1))
+    return PrintError("bench", InvalidArgument("--draft-model / --draft-max go with neither "
+                                               "--verify nor --sequences"));
   auto t_load = Clock::now();
   auto engine = Engine::Load(path, eo);
   if (!engine.ok()) return PrintError("bench", engine.status());
@@ -223,6 +258,51 @@ int RunBench(const std::vector<std::string>& args) {
     bw = MeasureReadBandwidth(e.pool(), *bw_bytes, 3);
   }
   if (!bw.ok()) return PrintError("bench", bw.status());
+
+  // Speculative decoding: the prompt, and per run kind (0 plain, 1 drafted) the sums.
+  std::vector<int32_t> spec_prompt;
+  if (drafting) {
+    if (prompt_text.empty()) {
+      spec_prompt = RandomTokens(8, n_vocab, 7);
+    } else {
+      auto ids = EncodePlain(e, prompt_text);
+      if (!ids.ok()) return PrintError("bench", ids.status().WithContext("--prompt-file"));
+      spec_prompt = std::move(*ids);
+    }
+  }
+  struct SpecSums {
+    GenerateStats st;
+    double seconds = 0;
+    uint64_t disk_bytes = 0, expert_reads = 0;
+  } spec[2];
+  bool spec_equal = true;
+  auto spec_run = [&](int kind, std::vector<int32_t>* tokens) -> Status {
+    ASSIGN_OR_RETURN(auto session, e.NewSession(eo.n_ctx));
+    GenerateOptions go;
+    go.max_tokens = static_cast<int>(*n);
+    go.stop_at_eog = false;
+    go.draft_max = kind == 1 ? draft_max : 0;
+    const ResidencyStats r0 = rm ? rm->stats() : ResidencyStats{};
+    ASSIGN_OR_RETURN(GenerateStats st,
+                     e.Generate(*session, spec_prompt, go, [&](int32_t tok, const std::string&) {
+                       if (tok >= 0) tokens->push_back(tok);
+                       return true;
+                     }));
+    SpecSums& s = spec[kind];
+    if (rm) {
+      const ResidencyStats r1 = rm->stats();
+      s.disk_bytes += r1.stream_bytes_read - r0.stream_bytes_read;
+      s.expert_reads += (r1.expert_misses + r1.expert_hinted) - (r0.expert_misses + r0.expert_hinted);
+    }
+    s.seconds += st.decode_seconds;
+    s.st.n_generated += st.n_generated;
+    s.st.n_forwards += st.n_forwards;
+    s.st.n_drafted += st.n_drafted;
+    s.st.n_accepted += st.n_accepted;
+    s.st.n_draft_passes += st.n_draft_passes;
+    s.st.draft_seconds += st.draft_seconds;
+    return Status::Ok();
+  };
 
   auto cache = KvCache::Create(model.hparams(), *p + *n + 8, model.backend(), *kv_type);
   if (!cache.ok()) return PrintError("bench", cache.status());
@@ -276,13 +356,26 @@ int RunBench(const std::vector<std::string>& args) {
     if (*n > 0) {
       auto tokens = RandomTokens(*n, n_vocab, static_cast<uint32_t>(1000 + rep));
       const uint64_t read0 = rm ? rm->stats().stream_bytes_read : 0;
+      const uint64_t drafted_disk0 = spec[1].disk_bytes;
       cache->Clear();
       if (profile && rep == *r - 1) {
         ResetKernelProfile();
         SetKernelProfiling(true);
       }
       auto start = Clock::now();
-      if (verifying) {
+      if (drafting) {
+        // Plain and drafted in turn, so neither always finds the caches the other warmed.
+        std::vector<int32_t> tokens[2];
+        const double drafted_before = spec[1].seconds;
+        for (int i = 0; i < 2; ++i) {
+          const int kind = (rep + i) % 2;
+          if (Status st = spec_run(kind, &tokens[kind]); !st.ok()) return PrintError("bench", st);
+        }
+        spec_equal = spec_equal && tokens[0] == tokens[1];
+        // tg is the drafted run's decode.
+        start = Clock::now() - std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(spec[1].seconds - drafted_before));
+      } else if (verifying) {
         auto session = e.NewSession(*p + *n + 8);
         if (!session.ok()) return PrintError("bench", session.status());
         GenerateOptions go;
@@ -325,7 +418,9 @@ int RunBench(const std::vector<std::string>& args) {
         }
       }
       tg.tps.push_back(static_cast<double>(*n * *seqs) / Seconds(start));
-      if (rm) tg_disk_bytes += rm->stats().stream_bytes_read - read0;
+      // Drafting: the drafted runs' reads (spec[1]), not the plain ones'.
+      if (rm) tg_disk_bytes += drafting ? spec[1].disk_bytes - drafted_disk0
+                                        : rm->stats().stream_bytes_read - read0;
       SetKernelProfiling(false);
     }
   }
@@ -355,6 +450,42 @@ int RunBench(const std::vector<std::string>& args) {
         {"n_tokens", *n}, {"tokens_per_s", tg.Mean()}, {"stdev", tg.Stdev()}, {"runs", tg.tps}};
   j["weight_bytes_per_token"] = w.per_token_bytes;
   j["sequences"] = *seqs;
+  if (drafting) {
+    auto per_token = [&](double v, const SpecSums& s) {
+      return s.st.n_generated > 0 ? v / static_cast<double>(s.st.n_generated) : 0.0;
+    };
+    auto tps = [](const SpecSums& s) {
+      return s.seconds > 0 ? static_cast<double>(s.st.n_generated) / s.seconds : 0.0;
+    };
+    const SpecSums& plain = spec[0];
+    const SpecSums& drafted = spec[1];
+    nlohmann::json sj = {
+        {"drafter", eo.draft_model.empty() ? "prompt lookup" : eo.draft_model},
+        {"draft_max", draft_max},
+        {"prompt_tokens", spec_prompt.size()},
+        {"prompt", prompt_text.empty() ? "8 random tokens" : f.Get({"--prompt-file"})},
+        {"generated", drafted.st.n_generated},
+        {"drafted", drafted.st.n_drafted},
+        {"accepted", drafted.st.n_accepted},
+        {"acceptance_rate", drafted.st.n_drafted > 0 ? static_cast<double>(drafted.st.n_accepted) /
+                                                           static_cast<double>(drafted.st.n_drafted)
+                                                     : 0.0},
+        {"target_passes", drafted.st.n_forwards},
+        {"target_passes_plain", plain.st.n_forwards},
+        {"draft_model_passes", drafted.st.n_draft_passes},
+        {"draft_model_seconds", drafted.st.draft_seconds},
+        {"tokens_per_s", tps(drafted)},
+        {"tokens_per_s_plain", tps(plain)},
+        {"speedup", tps(plain) > 0 ? tps(drafted) / tps(plain) : 0.0},
+        {"greedy_equal", spec_equal}};
+    if (rm) {
+      sj["disk_bytes_per_token"] = per_token(static_cast<double>(drafted.disk_bytes), drafted);
+      sj["disk_bytes_per_token_plain"] = per_token(static_cast<double>(plain.disk_bytes), plain);
+      sj["expert_reads_per_token"] = per_token(static_cast<double>(drafted.expert_reads), drafted);
+      sj["expert_reads_per_token_plain"] = per_token(static_cast<double>(plain.expert_reads), plain);
+    }
+    j["speculative"] = sj;
+  }
   if (verifying) {
     j["verify"] = {{"mode", verify->mode == VerifyOptions::Mode::kAll ? "all" : "margin"},
                    {"window", verify->window},

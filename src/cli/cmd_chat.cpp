@@ -17,7 +17,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: substrate chat -m MODEL [-c CTX] [-n N] [--temp T] [--seed S] [--system TEXT]\n"
-    "                      [--kv-type f32|f16] [--draft-max K] [--session F]\n"
+    "                      [--kv-type f32|f16] [--draft-max K] [--draft-model M] [--session F]\n"
     "                      [--device cpu|cuda] [--gpu N]\n"
     "                      [--store STORE/ --max-ram SIZE [--plan P] [--tier N] ...]\n"
     "                      [--cache-aware-routing DELTA]\n"

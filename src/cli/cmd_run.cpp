@@ -18,7 +18,8 @@ constexpr const char* kUsage =
     "                     [--stop TEXT]... [--chat] [--system TEXT] [--json] [--device cpu|cuda]\n"
     "                     [--gpu N] [--store STORE/ --max-ram SIZE [--plan P] [--trace T]\n"
     "                      [--prefetch-depth N] [--cache-aware-routing DELTA]\n"
-    "                      [--tier N]] [--kv-type f32|f16] [--draft-max K] [--prompt-cache F]\n"
+    "                      [--tier N]] [--kv-type f32|f16] [--draft-max K] [--draft-model M]\n"
+    "                     [--prompt-cache F]\n"
     "                     [--verify off|all|margin [--verify-window W] [--verify-tau T]\n"
     "                      [--verify-tier N] [--draft-tier N]]\n"
     "                     [--adaptive [--verifier residual|linear|scripted] [--probes P]\n"
@@ -35,6 +36,10 @@ constexpr const char* kUsage =
     "  --kv-type T      KV cache rows: f32 (default, exact) or f16 (half the memory)\n"
     "  --draft-max K    speculative decoding: up to K tokens drafted from the context (prompt\n"
     "                   lookup), verified per model pass; same output (default 0: off)\n"
+    "  --draft-model M  speculative decoding with a draft model: M (a smaller model with the\n"
+    "                   same vocabulary, loaded resident inside --max-ram before the target)\n"
+    "                   drafts K tokens greedily (--draft-max, default 4), the model verifies\n"
+    "                   them in one pass; output as without it (greedy: the same tokens)\n"
     "  --prompt-cache F restore the session saved in F (same model), save it there after\n"
     "  --verify M       deferred verification with a store: tier --draft-tier (default 0, kept\n"
     "                   resident) writes tokens, the top tier (or --verify-tier) checks them W at\n"
@@ -87,6 +92,7 @@ int RunRun(const std::vector<std::string>& args) {
   eo.kv_type = gf->kv_type;
   eo.n_ctx = gf->n_ctx;
   if (Status st = ApplyStoreFlags(f, &eo); !st.ok()) return PrintError("run", st);
+  eo.draft_model = gf->draft_model;
   KeepDraftTierResident(gf->generate.verify, &eo);
   if (plan_only) {
     eo.n_threads = gf->threads;

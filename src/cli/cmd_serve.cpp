@@ -21,7 +21,7 @@ const char* kUsage =
     "                       [-c CTX] [--parallel N] [-t THREADS] [--max-queue N]\n"
     "                       [--batch-size N] [--ubatch-size N] [--batch-invariant]\n"
     "                       [--max-body BYTES] [--alias NAME] [--kv-type f32|f16]\n"
-    "                       [--draft-max K] [--device cpu|cuda] [--gpu N]\n"
+    "                       [--draft-max K] [--draft-model M] [--device cpu|cuda] [--gpu N]\n"
     "                       [--chat-template-file F] [--reasoning-format auto|none]\n"
     "                       [--slot-save-path DIR] [--prompt-cache-dir DIR] [--prompt-cache-size SIZE]\n"
     "                       [--store STORE/ --max-ram SIZE [--plan P] [--tier N] [--trace T]\n"
@@ -48,6 +48,10 @@ const char* kUsage =
     "  --kv-type T   KV cache rows: f32 (default, exact) or f16 (half the memory per slot)\n"
     "  --draft-max K speculative decoding: up to K tokens drafted from the context (prompt\n"
     "                lookup) and verified per model pass; same output (default 0: off)\n"
+    "  --draft-model M speculative decoding with a draft model (see substrate run --help):\n"
+    "                M drafts K tokens (--draft-max, default 4) for each slot from its own KV\n"
+    "                cache; the drafts' passes run one at a time, the slots' verify passes\n"
+    "                are batched as ever\n"
     "  --chat-template-file F  a Jinja chat template used instead of the model's\n"
     "  --reasoning-format R    auto (default): <think>...</think> returned apart as\n"
     "                reasoning_content / thinking blocks; none: left in the text\n"
@@ -65,7 +69,7 @@ int RunServe(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue({"-m", "--model", "--host", "--port", "--api-key", "-c",
                                       "--ctx-size", "--parallel", "-np", "-t", "--threads",
                                       "--max-queue", "--max-body", "--alias", "--kv-type",
-                                      "--cache-type", "--draft-max", "--verify",
+                                      "--cache-type", "--draft-max", "--draft-model", "--verify",
                                       "--verify-window", "--verify-tau", "--verify-tier",
                                       "--draft-tier", "--chat-template-file",
                                       "--reasoning-format", "--slot-save-path",
@@ -85,10 +89,9 @@ int RunServe(const std::vector<std::string>& args) {
   auto parallel = f.GetInt({"--parallel", "-np"}, 1);
   auto threads = ThreadsFlag(f);
   auto max_queue = f.GetInt({"--max-queue"}, 64);
-  auto draft_max = f.GetInt({"--draft-max"}, 0);
   auto batch_size = f.GetInt({"--batch-size", "-b"}, Model::kMaxBatch);
   auto ubatch_size = f.GetInt({"--ubatch-size", "-ub"}, Model::kMaxBatch);
-  for (const auto* v : {&port, &ctx, &parallel, &max_queue, &draft_max, &batch_size, &ubatch_size})
+  for (const auto* v : {&port, &ctx, &parallel, &max_queue, &batch_size, &ubatch_size})
     if (!v->ok()) return PrintError("serve", v->status());
   if (!threads.ok()) return PrintError("serve", threads.status());
   if (*port < 0 || *port > 65535)
@@ -148,7 +151,8 @@ int RunServe(const std::vector<std::string>& args) {
   mo.threads = static_cast<int>(*threads);
   mo.model_id = f.Get({"--alias"});
   mo.kv_type = *kv_type;
-  mo.draft_max = static_cast<int>(*draft_max);
+  if (Status st = ParseDraftFlags(f, &mo.draft_max, &mo.engine.draft_model); !st.ok())
+    return PrintError("serve", st);
   mo.chat_template = std::move(chat_template);
   mo.prompt_cache_dir = f.Get({"--prompt-cache-dir"});
   mo.prompt_cache_bytes = prompt_cache_bytes;

@@ -13,7 +13,7 @@ std::vector<std::string> GenerationFlagsWithValue(std::vector<std::string> extra
   for (const char* f : {"-m", "--model", "-n", "--n-predict", "--temp", "--temperature", "--seed",
                         "-s", "-c", "--ctx-size", "-t", "--threads", "--top-k", "--top-p",
                         "--min-p", "--repeat-penalty", "--repeat-last-n", "--stop", "--kv-type",
-                        "--cache-type", "--draft-max", "--prompt-cache", "--verify",
+                        "--cache-type", "--draft-max", "--draft-model", "--prompt-cache", "--verify",
                         "--verify-window", "--verify-tau", "--verify-tier", "--draft-tier"}) {
     extra.push_back(f);
   }
@@ -42,8 +42,6 @@ Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
   ASSIGN_OR_RETURN(double min_p, f.GetDouble({"--min-p"}, 0.05));
   ASSIGN_OR_RETURN(double rp, f.GetDouble({"--repeat-penalty"}, 1.0));
   ASSIGN_OR_RETURN(long long rln, f.GetInt({"--repeat-last-n"}, 64));
-  ASSIGN_OR_RETURN(long long draft, f.GetInt({"--draft-max"}, 0));
-  if (draft < 0 || draft > 64) return InvalidArgument("--draft-max " + std::to_string(draft) + " out of range (0..64)");
   if (n_ctx < 0 || n_ctx > (1 << 22))
     return InvalidArgument("-c " + std::to_string(n_ctx) + " out of range");
   if (n < 0 || n > (1 << 24)) return InvalidArgument("-n " + std::to_string(n) + " out of range");
@@ -71,10 +69,23 @@ Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
     return InvalidArgument(m);
   }
   g.generate.stop = f.GetAll({"--stop"});
-  g.generate.draft_max = static_cast<int>(draft);
+  RETURN_IF_ERROR(ParseDraftFlags(f, &g.generate.draft_max, &g.draft_model));
   g.prompt_cache = f.Get({"--prompt-cache"});
   ASSIGN_OR_RETURN(g.generate.verify, ParseVerifyFlags(f));
   return g;
+}
+
+Status ParseDraftFlags(const Flags& f, int* draft_max, std::string* draft_model) {
+  *draft_model = f.Get({"--draft-model"});
+  if (f.Has("--draft-model") && draft_model->empty())
+    return InvalidArgument("--draft-model needs a model file (a smaller model with the target's "
+                           "vocabulary)");
+  ASSIGN_OR_RETURN(long long draft,
+                   f.GetInt({"--draft-max"}, draft_model->empty() ? 0 : kDefaultDraftMax));
+  if (draft < 0 || draft > 64)
+    return InvalidArgument("--draft-max " + std::to_string(draft) + " out of range (0..64)");
+  *draft_max = static_cast<int>(draft);
+  return Status::Ok();
 }
 
 Expected<VerifyOptions> ParseVerifyFlags(const Flags& f) {
@@ -115,6 +126,7 @@ Expected<std::pair<std::unique_ptr<Engine>, std::unique_ptr<Session>>> LoadForGe
     const GenerationFlags& g, EngineOptions opt) {
   opt.n_threads = g.threads;
   opt.kv_type = g.kv_type;
+  opt.draft_model = g.draft_model;
   // Saved sessions are the cache's host bytes (runtime/kv_session.h).
   if (!g.prompt_cache.empty() && opt.device != "cpu")
     return InvalidArgument("--prompt-cache needs --device cpu (the KV cache of --device " +
@@ -174,6 +186,12 @@ nlohmann::json StatsJson(Engine& e, const GenerateStats& st) {
   j["decode_forwards"] = st.n_forwards;
   j["drafted"] = st.n_drafted;
   j["draft_accepted"] = st.n_accepted;
+  if (st.n_drafted > 0)
+    j["acceptance_rate"] = static_cast<double>(st.n_accepted) / static_cast<double>(st.n_drafted);
+  if (st.n_draft_passes > 0) {
+    j["draft_model_passes"] = st.n_draft_passes;
+    j["draft_model_seconds"] = st.draft_seconds;
+  }
   j["first_token_seconds"] = st.first_token_seconds;
   if (st.n_verify_passes > 0 || st.n_rollbacks > 0) {
     j["verify"] = {{"drafted", st.n_drafted},

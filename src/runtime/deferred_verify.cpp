@@ -44,8 +44,8 @@ Expected<GenerateStats> Engine::GenerateDeferred(Session& s, const std::vector<i
     return InvalidArgument("deferred verification and the adaptive runtime both set the ops' "
                            "tiers: pick one");
   if (opt.draft_max > 0)
-    return InvalidArgument("deferred verification and prompt-lookup drafting (--draft-max) "
-                           "are two ways of drafting: pick one");
+    return InvalidArgument("deferred verification and speculative drafting (--draft-max, "
+                           "--draft-model) are two ways of drafting: pick one");
   if (vo.draft_tier < 0 || vo.draft_tier >= top)
     return InvalidArgument("deferred verification drafts at tier " +
                            std::to_string(vo.draft_tier) + " and verifies at tier " +

@@ -9,6 +9,7 @@
 #include "backend/backend_factory.h"
 #include "kernels/matmul.h"
 #include "model/prompt_lookup.h"
+#include "runtime/draft_model.h"
 #include "runtime/routing_record.h"
 #include "runtime/token_emitter.h"
 
@@ -80,10 +81,15 @@ Expected<std::string> Engine::Plan(const std::string& path, const EngineOptions&
 }
 
 std::string Engine::PlanText() const {
-  if (runtime_) return runtime_->PlanText();
+  const std::string draft =
+      draft_path_.empty() ? std::string()
+                          : "draft model: " + draft_path_ + ", resident: " +
+                                FormatBytes(draft_reserve_) +
+                                " of the budget (weights, scratch, its KV caches)\n";
+  if (runtime_) return draft + runtime_->PlanText();
   uint64_t weights = 0;
   for (const TensorInfo& t : file_->tensors()) weights += t.bytes;
-  return "plan: resident, every weight in memory (" + FormatBytes(weights) + ")" +
+  return draft + "plan: resident, every weight in memory (" + FormatBytes(weights) + ")" +
          (ledger_->cap() ? ", budget " + FormatBytes(ledger_->cap()) : std::string()) + "\n";
 }
 
@@ -102,7 +108,9 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
       return InvalidArgument("give either -m MODEL or --store STORE/, not both");
     path = in_store;
   }
-  if (opt.n_threads > 0) {
+  if (opt.pool) {
+    e->pool_ = opt.pool;
+  } else if (opt.n_threads > 0) {
     e->own_pool_ = std::make_unique<ThreadPool>(opt.n_threads);
     e->pool_ = e->own_pool_.get();
   } else {
@@ -122,9 +130,23 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
   // Out of core: a store, or a GGUF under a budget its weights and the reserve do not fit.
   const int64_t ctx = opt.n_ctx > 0 ? opt.n_ctx : std::min<int64_t>(hp->n_ctx_train, 4096);
   const uint64_t kv = KvCache::Bytes(*hp, ctx, opt.kv_type);
-  const uint64_t reserve =
+  uint64_t reserve =
       EstimateRunReserve(*hp, ctx, std::min<int64_t>(ctx, Model::kMaxBatch), opt.kv_type) +
       kv * static_cast<uint64_t>(std::max(opt.n_sessions, 1) - 1) + opt.extra_reserve;
+  // A draft model is charged first, resident; the target plans with what it leaves.
+  if (!opt.draft_model.empty()) {
+    EngineOptions d = opt;
+    d.n_ctx = ctx;
+    d.ledger = e->ledger_;
+    if (plan_only) {
+      ASSIGN_OR_RETURN(e->draft_reserve_, DraftModel::EstimateReserve(opt.draft_model, d));
+    } else {
+      ASSIGN_OR_RETURN(e->draft_, DraftModel::Load(opt.draft_model, path, *e->file_, d, e->pool_));
+      e->draft_reserve_ = e->draft_->reserve_bytes();
+    }
+    e->draft_path_ = opt.draft_model;
+    reserve += e->draft_reserve_;
+  }
   bool in_place = false;
   if (opt.store.empty() && opt.max_ram > 0 && std::filesystem::is_regular_file(path) &&
       opt.gguf_in_place != EngineOptions::InPlace::kNever) {
@@ -182,6 +204,12 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
       Model::Create(e->file_->metadata(), e->weights_.get(), e->backend_.get(), e->ledger_);
   if (!model.ok()) return model.status().WithContext(path);
   e->model_ = std::move(model).value();
+  if (e->draft_ && e->draft_->engine().model().hparams().n_vocab != e->model_->hparams().n_vocab)
+    return InvalidArgument(
+        "the draft model and the target have different vocabularies: the draft model scores " +
+        std::to_string(e->draft_->engine().model().hparams().n_vocab) + " tokens, the target " +
+        std::to_string(e->model_->hparams().n_vocab) + " (target " + path + ", draft model " +
+        opt.draft_model + ")");
   e->direct_passes_ = std::make_unique<DirectPasses>(e.get());
   e->model_->set_cache_aware_routing(opt.cache_aware_routing);
   if (opt.adaptive.on) RETURN_IF_ERROR(e->SetUpAdaptive(opt.adaptive).WithContext(path));
@@ -314,7 +342,10 @@ void Engine::AfterToken(bool decode_step) {
 Expected<std::unique_ptr<Session>> Engine::NewSession(int64_t n_ctx) {
   if (n_ctx <= 0) n_ctx = model_->hparams().n_ctx_train;
   ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(model_->hparams(), n_ctx, *backend_, kv_type_));
-  auto s = std::make_unique<Session>(Session{std::move(cache), {}, nullptr});
+  auto s = std::make_unique<Session>(Session{std::move(cache), {}, nullptr, nullptr});
+  if (draft_) {
+    ASSIGN_OR_RETURN(s->draft_cache, draft_->NewCache(n_ctx));
+  }
   return s;
 }
 
@@ -393,8 +424,13 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
       const int64_t room =
           std::min<int64_t>(opt.max_tokens - st.n_generated - 1, s.cache.n_ctx() - n_past - 1);
       if (opt.draft_max > 0 && room > 0) {
-        std::vector<int32_t> draft =
-            PromptLookupDraft(history, static_cast<int>(std::min<int64_t>(opt.draft_max, room)));
+        const int k = static_cast<int>(std::min<int64_t>(opt.draft_max, room));
+        std::vector<int32_t> draft;
+        if (draft_ && s.draft_cache) {
+          ASSIGN_OR_RETURN(draft, draft_->Draft(*s.draft_cache, history, k, passes, &st));
+        } else {
+          draft = PromptLookupDraft(history, k);
+        }
         batch.insert(batch.end(), draft.begin(), draft.end());
       }
       const int64_t n_draft = static_cast<int64_t>(batch.size()) - 1;

@@ -5,6 +5,8 @@
 // inside the budget), the memory ledger's cap, the model, its tokenizer and the token loop
 // (sampling, stop strings, speculative decoding). A Session holds one conversation's KV cache,
 // reused across calls when prompts share a prefix; sessions' caches are inside the same budget.
+// With a draft model (EngineOptions::draft_model) the engine owns it too, and each session its
+// drafting cache.
 //
 //   ASSIGN_OR_RETURN(auto engine, Engine::Load("model.gguf", {}));
 //   ASSIGN_OR_RETURN(auto session, engine->NewSession(4096));
@@ -38,6 +40,8 @@
 
 namespace substrate {
 
+class DraftModel;
+
 // The adaptive runtime (runtime/tier_controller.h, verifier.h): ops run at the store's skeleton
 // and a verifier probe escalates the ones it finds drifting, within an escalation pool.
 struct AdaptiveOptions {
@@ -64,6 +68,7 @@ struct EngineOptions {
   std::string device = "cpu";
   int gpu = 0;
   int n_threads = 0;               // 0: ThreadPool::Default()
+  ThreadPool* pool = nullptr;      // not owned: run on this pool (n_threads is then unused)
   MemoryLedger* ledger = nullptr;  // nullptr: MemoryLedger::Global()
   bool require_tokenizer = true;   // false: token-level use of models without a vocabulary
   DType kv_type = DType::kF32;     // sessions' KV cache rows: kF32 (exact) or kF16 (half size)
@@ -92,6 +97,10 @@ struct EngineOptions {
   // Cache-aware routing out of core (Model::set_cache_aware_routing): the selection bonus of an
   // expert in memory; 0 routes exactly.
   float cache_aware_routing = 0;
+  // Speculative decoding with a draft model (runtime/draft_model.h): a smaller model with the
+  // same vocabulary, loaded resident inside the same budget before the target, whose plan gets
+  // what the drafter leaves. GenerateOptions::draft_max then drafts from it.
+  std::string draft_model;
 };
 
 // One conversation: its KV cache and the tokens in it.
@@ -101,6 +110,8 @@ struct Session {
   // Deferred verification: the verify tier's own cache, holding only verified tokens (a prefix
   // of the conversation), made at the first verified generation.
   std::unique_ptr<KvCache> verify_cache;
+  // With a draft model: its cache, kept in step with `cache` by each draft (DraftModel::Draft).
+  std::unique_ptr<KvCache> draft_cache;
 };
 
 // Deferred verification (the localvm design): a low tier drafts tokens; the top tier checks
@@ -159,10 +170,11 @@ struct GenerateOptions {
   int max_tokens = 128;
   std::vector<std::string> stop;  // stop strings: generation ends before any of them is shown
   bool stop_at_eog = true;        // end on the model's end-of-generation tokens
-  // > 0: speculative decoding with prompt-lookup drafts (model/prompt_lookup.h) of up to this
-  // many tokens, verified in one forward pass each step. The tokens are those plain decoding
-  // picks (sampled ones distributed alike), up to the float rounding by which a multi-token
-  // pass's logits may differ from a one-token pass's.
+  // > 0: speculative decoding with drafts of up to this many tokens, verified in one forward
+  // pass each step: from the engine's draft model when it has one (EngineOptions::draft_model),
+  // else from the context (prompt lookup, model/prompt_lookup.h). The tokens are those plain
+  // decoding picks (sampled ones distributed alike, Sampler::Verify); on the CPU a drafted row
+  // is computed as a one-token pass computes it (ExactTokenRows), so greedy output is the same.
   int draft_max = 0;
   // Optional (not owned): runs the model passes (the prompt's, then each decode step); a server
   // batches its slots' passes with it.
@@ -184,6 +196,8 @@ struct GenerateStats {
   int64_t n_forwards = 0;          // decode forward passes
   int64_t n_drafted = 0;           // drafted tokens evaluated
   int64_t n_accepted = 0;          // of which shown
+  int64_t n_draft_passes = 0;      // the draft model's passes (catch-up and one per draft token)
+  double draft_seconds = 0;        // spent in them (part of decode_seconds)
   std::string stop_reason;         // "eog", "stop", "length", "callback", "context"
   double first_token_seconds = 0;  // from the call to the first shown token
   // Deferred verification.
@@ -223,6 +237,9 @@ class Engine {
   ResidencyManager* runtime() { return runtime_; }
   const ResidencyManager* runtime() const { return runtime_; }
   ThreadPool& pool() { return *pool_; }
+  DType kv_type() const { return kv_type_; }
+  // The draft model (EngineOptions::draft_model), or null.
+  DraftModel* draft_model() { return draft_.get(); }
   Backend& backend() { return *backend_; }
   // The adaptive runtime's controller (null without EngineOptions::adaptive).
   TierController* tier_controller() { return controller_.get(); }
@@ -279,6 +296,10 @@ class Engine {
   double last_read_seconds_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<PassRunner> direct_passes_;  // PassesOf's default
+  // Declared last: destroyed first, while the ledger and pool it uses are still there.
+  std::unique_ptr<DraftModel> draft_;
+  std::string draft_path_;       // EngineOptions::draft_model
+  uint64_t draft_reserve_ = 0;   // the budget it takes (estimated by a plan-only Open)
 };
 
 // The length of the longest suffix of `text` that is a prefix of some stop string (text that
