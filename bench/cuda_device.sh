@@ -10,6 +10,7 @@
 #                          (SUBSTRATE_TEST_DEVICE=cuda), with VAR set (e.g. SUBSTRATE_CUDA_PDL=0).
 #                          The test binaries read the fixtures, and run `substrate`, at the
 #                          paths of the machine that built them: link those to the copies here
+#   gemv[:TOKENS]          DIR/bench_cuda_gemv: each decode product kernel alone, GB/s
 #   broken                 DIR/test_backend_broken (a build with a deliberately wrong kernel)
 #                          must fail the op test that guards that kernel
 #   synth:PRESET:TYPE      `substrate synth` a file (kept for the phases after)
@@ -59,6 +60,10 @@ for phase in "$@"; do
         --gtest_filter='*GoldenLogits*:Greedy.*:MoeHints.*' 2>&1 \
         | tee "$OUT/model_test$tag.log" | grep -E '^\[  (PASSED|FAILED)|FAILED' \
         | head -40 | tee -a "$OUT/summary.txt"
+      ;;
+    gemv)
+      log "gemv kernels ${preset:-1} token(s)"
+      "$DIR/bench_cuda_gemv" "${preset:-1}" 2>&1 | tee "$OUT/gemv-${preset:-1}.txt" >> "$OUT/summary.txt"
       ;;
     broken)
       log "op test of the deliberately broken build (must fail)"

@@ -67,14 +67,19 @@ void CudaBackend::AddGemvJob(int type, bool fast, const Tensor& x, const void* x
   job.accumulate = accumulate ? 1 : 0;
   const size_t y_bytes = static_cast<size_t>(y.size()) * 4;
   const size_t x_bytes = static_cast<size_t>(x.size()) * 4;
-  const int per_block = fast ? kGemvFastRowsPerBlock : kGemvRowsPerBlock;
+  // Repacked, one token: the kernel shape measured best for the type and size (or the one
+  // SUBSTRATE_CUDA_GEMV_VARIANT names); other token counts take shape 0.
+  const int variant = !(type & kRepacked) || ntok != 1 ? 0
+                      : gemv_variant_ >= 0         ? gemv_variant_
+                                                   : GemvDefaultVariant(type, y.cols);
+  const int per_block = GemvRowsPerBlock(type, fast, variant);
   const int blocks = static_cast<int>((y.cols + per_block - 1) / per_block);
   // Join the previous launch when it is a product of the same kind and neither reads what the
   // other writes.
   if (n_recs_ > 0 && recs_[n_recs_ - 1].fn == &LaunchGemv) {
     auto* p = reinterpret_cast<GemvParams*>(recs_[n_recs_ - 1].p);
     bool ok = p->type == type && p->fast == (fast ? 1 : 0) && p->cols == x.cols &&
-              p->ntok == ntok && p->n_jobs < kGemvMaxJobs;
+              p->ntok == ntok && p->variant == variant && p->n_jobs < kGemvMaxJobs;
     for (int j = 0; ok && j < p->n_jobs; ++j) {
       // Write after write, read after write, and (float inputs) write after read.
       const GemvJob& e = p->jobs[j];
@@ -95,6 +100,7 @@ void CudaBackend::AddGemvJob(int type, bool fast, const Tensor& x, const void* x
   p->nt = nt;
   p->ntok = ntok;
   p->cols = x.cols;
+  p->variant = variant;
   p->n_jobs = 1;
   p->block_start[0] = 0;
   p->block_start[1] = blocks;
@@ -310,6 +316,28 @@ void CudaBackend::Add(const Tensor& y, const Tensor& x) {
 }
 
 void CudaBackend::SwiGlu(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  // Right after the one-token product that wrote gate and up (a dense FFN): that launch computes
+  // it as its last rows land, one kernel less per layer.
+  if (n_recs_ > 0 && recs_[n_recs_ - 1].fn == &LaunchGemv && gate.rows == 1 && up.rows == 1 &&
+      out.rows == 1) {
+    auto* g = reinterpret_cast<GemvParams*>(recs_[n_recs_ - 1].p);
+    const GemvJob* j = g->jobs;
+    if ((g->type & kRepacked) && g->ntok == 1 && g->n_jobs == 2 && !g->glu_out &&
+        j[0].y == gate.data && j[1].y == up.data && j[0].rows == gate.cols &&
+        j[1].rows == up.cols && gate.cols == up.cols && out.cols == gate.cols &&
+        gate.cols % 32 == 0 && gate.cols / 32 <= kGluCounterCells && !j[0].add_to &&
+        !j[1].add_to &&
+        (out.data == gate.data ||
+         (!Overlap(out.data, static_cast<size_t>(out.cols) * 4, gate.data,
+                   static_cast<size_t>(gate.cols) * 4) &&
+          !Overlap(out.data, static_cast<size_t>(out.cols) * 4, up.data,
+                   static_cast<size_t>(up.cols) * 4)))) {
+      g->glu_out = out.data;
+      g->glu_counters = glu_counters_;
+      Wrote(out);
+      return;
+    }
+  }
   auto* p = Add<ElementwiseParams>(&LaunchElementwise);
   p->kind = kSwiGlu;
   p->y = out.data;
@@ -403,6 +431,27 @@ bool CudaBackend::AllFinite(const Tensor& x) {
 
 void CudaBackend::StoreKv(const KvLayer& kv, int64_t pos0, const Tensor& k, const Tensor& v) {
   EnsureArgs(32);
+  // Right after k's rotation (q and k in one launch): that launch stores k's rotated rows and
+  // copies v as well, one kernel less per layer.
+  if (n_recs_ > 0 && recs_[n_recs_ - 1].fn == &LaunchRope) {
+    auto* r = reinterpret_cast<RopeParamsDev*>(recs_[n_recs_ - 1].p);
+    if (r->x2 == k.data && !r->kc && r->rows == k.rows && r->n_rot == r->head_dim &&
+        static_cast<int64_t>(r->n_heads2) * r->head_dim == k.cols && v.rows == k.rows &&
+        !Overlap(v.data, static_cast<size_t>(v.size()) * 4, r->x,
+                 static_cast<size_t>(r->rows * r->n_heads * r->head_dim) * 4) &&
+        !Overlap(v.data, static_cast<size_t>(v.size()) * 4, k.data,
+                 static_cast<size_t>(k.size()) * 4)) {
+      r->kc = kv.k;
+      r->vc = kv.v;
+      r->v = v.data;
+      r->v_cols = v.cols;
+      r->k_stride = kv.k_stride;
+      r->v_stride = kv.v_stride;
+      r->f16 = kv.type == DType::kF16 ? 1 : 0;
+      r->pos0 = Pos0(pos0);
+      return;
+    }
+  }
   auto* p = Add<StoreKvParams>(&LaunchStoreKv);
   p->k = k.data;
   p->v = v.data;

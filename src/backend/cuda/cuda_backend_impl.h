@@ -30,6 +30,7 @@ constexpr size_t kWorkBytes = 64u << 20;
 constexpr size_t kGemmTmpBytes = 256u << 20;
 constexpr size_t kCublasWorkspace = 32u << 20;
 constexpr int kCounterCells = 1 << 16;
+constexpr int kGluCounterCells = 1 << 15;  // SwiGLU joined to products of up to 1M rows
 constexpr size_t kMaxGraphs = 512;
 
 inline size_t Align(size_t v, size_t a) {
@@ -161,8 +162,13 @@ class CudaBackend final : public Backend {
   void Wrote(const void* p, size_t bytes);
 
   // ---- weights ----
-  void Adopt(const uint8_t* host, uint64_t size);
+  // `rtype`: a type with a repacked device layout (kRepacked) for rows of `cols`, else 0.
+  void Adopt(const uint8_t* host, uint64_t size, int rtype = 0, int64_t cols = 0);
   const uint8_t* FindAdopted(const uint8_t* host, uint64_t bytes) const;
+  // The device copy of a part (rows of `type`, `row_bytes` apart on the host): its address, and
+  // its layout (type id and row bytes) there; false when it was not adopted.
+  bool FindAdoptedPart(const uint8_t* host, uint64_t bytes, int type, int64_t row_bytes,
+                       DevPart* out) const;
   uint64_t StagingBytes(const WeightView& v) const;
   // Device parts of v (skeleton, then residuals); uploads non-adopted ones (staging must be
   // ensured). Returns the count.
@@ -208,15 +214,26 @@ class CudaBackend final : public Backend {
     uint64_t size = 0;
     uint8_t* dev = nullptr;
     LedgerCharge charge;
+    int rtype = 0;               // repacked: the device type id (kRepacked set)
+    int64_t row_bytes = 0;       // repacked: host row bytes
+    int64_t dev_row_bytes = 0;   // repacked: device row bytes
   };
   std::map<const uint8_t*, Region> adopted_;
   bool warned_adopt_ = false;
+  bool repack_ = true;    // SUBSTRATE_CUDA_REPACK=0 keeps the GGUF layout on the device (A/B)
+  int gemv_variant_ = -1;  // SUBSTRATE_CUDA_GEMV_VARIANT: the repacked products' kernel shape
+  // SUBSTRATE_CUDA_HOSTTIME=1: how much of the wall time the host waited for the device (the
+  // rest it spent recording, or the device idled), printed when the backend closes.
+  bool host_time_ = false;
+  double host_wait_s_ = 0, host_first_s_ = -1, host_last_s_ = 0;
+  int64_t host_syncs_ = 0;
   uint8_t* staging_ = nullptr;
   uint64_t staging_size_ = 0, staging_off_ = 0;
   LedgerCharge staging_charge_;
   bool staged_ = false;
 
   uint32_t* counters_ = nullptr;
+  uint32_t* glu_counters_ = nullptr;  // GemvParams::glu_counters, kGluCounterCells
   int* flag_dev_ = nullptr;
   int* flag_host_ = nullptr;
   int attn_smem_allowed_ = 48 * 1024;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "backend/cuda/cuda_backend_impl.h"
 
@@ -52,6 +53,12 @@ Status CudaBackend::Init() {
     profile_ = true;
     opt_.graphs = false;
   }
+  if (const char* g = std::getenv("SUBSTRATE_CUDA_REPACK"); g && std::string(g) == "0")
+    repack_ = false;
+  if (const char* g = std::getenv("SUBSTRATE_CUDA_GEMV_VARIANT"))
+    gemv_variant_ = std::clamp(std::atoi(g), -1, kGemvVariants - 1);
+  if (const char* g = std::getenv("SUBSTRATE_CUDA_HOSTTIME"); g && std::string(g) == "1")
+    host_time_ = true;
   recs_.reserve(4096);
   (void)PdlEnabled();  // decided now: it queries the device, which a graph capture must not
   CK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -68,6 +75,9 @@ Status CudaBackend::Init() {
   RETURN_IF_ERROR(charge(arena_size_));
   CK(cudaMalloc(&counters_, kCounterCells * sizeof(uint32_t)));
   CK(cudaMemset(counters_, 0, kCounterCells * sizeof(uint32_t)));
+  CK(cudaMalloc(&glu_counters_, kGluCounterCells * sizeof(uint32_t)));
+  CK(cudaMemset(glu_counters_, 0, kGluCounterCells * sizeof(uint32_t)));
+  RETURN_IF_ERROR(charge(kGluCounterCells * sizeof(uint32_t)));
   CK(cudaMalloc(&flag_dev_, sizeof(int)));
   CK(cudaHostAlloc(&flag_host_, sizeof(int), cudaHostAllocDefault));
   RETURN_IF_ERROR(charge(kCounterCells * sizeof(uint32_t) + 256));
@@ -82,6 +92,13 @@ CudaBackend::~CudaBackend() {
   SetDevice();
   Sync();
   if (profile_) ProfilePrint();
+  if (host_time_ && host_syncs_ > 1)
+    std::fprintf(stderr,
+                 "cuda host time: %lld waits for the device, %.1f ms of %.1f ms between the first "
+                 "and the last (%.1f %%): the rest the host recorded ops or the device idled\n",
+                 static_cast<long long>(host_syncs_), host_wait_s_ * 1e3,
+                 (host_last_s_ - host_first_s_) * 1e3,
+                 100.0 * host_wait_s_ / std::max(1e-9, host_last_s_ - host_first_s_));
   DropGraphs();
   if (free_ctx_) free_ctx_->backend = nullptr;
   for (auto& [host, r] : adopted_) cudaFree(r.dev);
@@ -93,6 +110,7 @@ CudaBackend::~CudaBackend() {
   cudaFree(darena_);
   cudaFreeHost(harena_);
   cudaFree(counters_);
+  cudaFree(glu_counters_);
   cudaFree(flag_dev_);
   cudaFreeHost(flag_host_);
   cudaStreamDestroy(stream_);
@@ -141,16 +159,21 @@ void CudaBackend::Upload(const float* host, const Tensor& dst) {
 WeightLayout CudaBackend::AdoptResidentWeight(DType type, int64_t rows, int64_t cols,
                                               uint8_t* bytes) {
   const auto rb = RowBytes(type, static_cast<uint64_t>(cols));
-  if (rb) Adopt(bytes, *rb * static_cast<uint64_t>(rows));
+  if (rb) Adopt(bytes, *rb * static_cast<uint64_t>(rows), static_cast<int>(type), cols);
+  // The host's rows stay as they are: the repacked layout is the device copy's alone.
   return WeightLayout::kRows;
 }
 
-void CudaBackend::Adopt(const uint8_t* host, uint64_t size) {
+void CudaBackend::Adopt(const uint8_t* host, uint64_t size, int rtype, int64_t cols) {
   if (size == 0 || adopted_.count(host)) return;
   SetDevice();
-  auto charge = ledger_->Charge("weights", size);
+  const int64_t dev_rb = repack_ && rtype ? RepackedRowBytes(rtype, cols) : 0;
+  const auto host_rb = RowBytes(static_cast<DType>(rtype), static_cast<uint64_t>(cols));
+  const uint64_t rows = dev_rb && host_rb ? size / *host_rb : 0;
+  const uint64_t dev_size = rows ? rows * static_cast<uint64_t>(dev_rb) : size;
+  auto charge = ledger_->Charge("weights", dev_size);
   uint8_t* dev = nullptr;
-  if (!charge.ok() || cudaMalloc(&dev, size) != cudaSuccess) {
+  if (!charge.ok() || cudaMalloc(&dev, dev_size) != cudaSuccess) {
     cudaGetLastError();
     if (!warned_adopt_)
       std::fprintf(stderr,
@@ -159,11 +182,44 @@ void CudaBackend::Adopt(const uint8_t* host, uint64_t size) {
     warned_adopt_ = true;
     return;
   }
-  CK(cudaMemcpy(dev, host, size, cudaMemcpyHostToDevice));
   Region& r = adopted_[host];
+  if (rows) {
+    std::vector<uint8_t> packed(dev_size);
+    RepackRows(rtype, static_cast<int64_t>(rows), cols, host, packed.data());
+    CK(cudaMemcpy(dev, packed.data(), dev_size, cudaMemcpyHostToDevice));
+    r.rtype = rtype | kRepacked;
+    r.row_bytes = static_cast<int64_t>(*host_rb);
+    r.dev_row_bytes = dev_rb;
+  } else {
+    CK(cudaMemcpy(dev, host, size, cudaMemcpyHostToDevice));
+  }
   r.size = size;
   r.dev = dev;
   r.charge = std::move(charge).value();
+}
+
+bool CudaBackend::FindAdoptedPart(const uint8_t* host, uint64_t bytes, int type,
+                                  int64_t row_bytes, DevPart* out) const {
+  auto it = adopted_.upper_bound(host);
+  if (it == adopted_.begin()) return false;
+  --it;
+  const uint8_t* begin = it->first;
+  const Region& r = it->second;
+  if (host < begin || host + bytes > begin + r.size) return false;
+  const uint64_t off = static_cast<uint64_t>(host - begin);
+  if (r.rtype && (r.rtype & ~kRepacked) == type && row_bytes == r.row_bytes &&
+      off % static_cast<uint64_t>(row_bytes) == 0) {
+    // Whole rows of a repacked matrix (an expert's slice): the same rows there.
+    out->type = r.rtype;
+    out->row_bytes = r.dev_row_bytes;
+    out->w = r.dev + off / static_cast<uint64_t>(row_bytes) * static_cast<uint64_t>(r.dev_row_bytes);
+    return true;
+  }
+  if (r.rtype) return false;  // bytes of a repacked matrix read another way: upload them
+  out->type = type;
+  out->row_bytes = row_bytes;
+  out->w = r.dev + off;
+  return true;
 }
 
 const uint8_t* CudaBackend::FindAdopted(const uint8_t* host, uint64_t bytes) const {
@@ -171,6 +227,7 @@ const uint8_t* CudaBackend::FindAdopted(const uint8_t* host, uint64_t bytes) con
   if (it == adopted_.begin()) return nullptr;
   --it;
   const uint8_t* begin = it->first;
+  if (it->second.rtype) return nullptr;  // not a byte-for-byte copy
   if (host >= begin && host + bytes <= begin + it->second.size)
     return it->second.dev + (host - begin);
   return nullptr;
@@ -178,14 +235,16 @@ const uint8_t* CudaBackend::FindAdopted(const uint8_t* host, uint64_t bytes) con
 
 uint64_t CudaBackend::StagingBytes(const WeightView& v) const {
   uint64_t total = 0;
-  const auto rb = RowBytes(v.type, static_cast<uint64_t>(v.cols));
-  const uint64_t sk = rb ? *rb * static_cast<uint64_t>(v.rows) : v.bytes;
-  if (!FindAdopted(v.data, sk)) total += Align(sk, 256);
-  for (int k = 0; k < v.n_residuals; ++k) {
-    const auto r = RowBytes(v.residual_type[k], static_cast<uint64_t>(v.cols));
-    const uint64_t b = r ? *r * static_cast<uint64_t>(v.rows) : 0;
-    if (!FindAdopted(v.residual[k], b)) total += Align(b, 256);
-  }
+  auto add = [&](DType type, const uint8_t* host, uint64_t fallback) {
+    const auto rb = RowBytes(type, static_cast<uint64_t>(v.cols));
+    const uint64_t bytes = rb ? *rb * static_cast<uint64_t>(v.rows) : fallback;
+    DevPart part;
+    if (!FindAdoptedPart(host, bytes, static_cast<int>(type), rb ? static_cast<int64_t>(*rb) : 0,
+                         &part))
+      total += Align(bytes, 256);
+  };
+  add(v.type, v.data, v.bytes);
+  for (int k = 0; k < v.n_residuals; ++k) add(v.residual_type[k], v.residual[k], 0);
   return total;
 }
 
@@ -212,10 +271,9 @@ int CudaBackend::Parts(const WeightView& v, DevPart* out) {
       FatalError(std::string("weight type ") + DTypeName(type) + " with rows of " +
                  std::to_string(v.cols));
     const uint64_t bytes = *rb * static_cast<uint64_t>(v.rows);
-    p->type = static_cast<int>(type);
-    p->row_bytes = static_cast<int64_t>(*rb);
-    p->w = FindAdopted(host, bytes);
-    if (!p->w) {
+    if (!FindAdoptedPart(host, bytes, static_cast<int>(type), static_cast<int64_t>(*rb), p)) {
+      p->type = static_cast<int>(type);
+      p->row_bytes = static_cast<int64_t>(*rb);
       if (staging_off_ + bytes > staging_size_) FatalError("staging not reserved");
       uint8_t* dst = staging_ + staging_off_;
       CK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
@@ -338,6 +396,13 @@ void CudaBackend::ConvertAct(const Tensor& x, bool half, void** data, void** sca
       if (n->y == x.data && n->rows == x.rows && n->cols == x.cols && !n->xq) {
         n->xq = q;
         n->xs = qs;
+        last = nullptr;
+      }
+    } else if (last && last->fn == &LaunchGemv) {
+      auto* g = reinterpret_cast<GemvParams*>(last->p);
+      if (g->glu_out == x.data && x.rows == 1 && x.cols == g->jobs[0].rows && !g->glu_xq) {
+        g->glu_xq = q;
+        g->glu_xs = qs;
         last = nullptr;
       }
     } else if (last && last->fn == &LaunchElementwise) {

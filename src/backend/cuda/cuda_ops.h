@@ -31,6 +31,23 @@ enum : int {
   kTypeBF16 = 30,
 };
 
+// Weights repacked at upload (AdoptResidentWeight) into the device's own row layout: each row's
+// block fields split into planes (quants, then scales), each plane 16-byte aligned and the row
+// padded to a multiple of 16 bytes, so a warp streams a row's quants as whole 16-byte words that
+// are exactly the words one lane computes with (the GGUF blocks of 18, 34 or 210 bytes straddle
+// words). The type id is the GGUF id with this flag. Rows stay rows: a slice of rows of a
+// repacked matrix is still a repacked matrix. The host keeps its own layout.
+constexpr int kRepacked = 0x100;
+//   Q4_0: [qs 16 x nb][d 2 x nb]          Q8_0: [qs 32 x nb][d 2 x nb]
+//   Q4_K: [qs 128 x nsb][d, dmin, scales: 16 x nsb]
+//   Q6_K: [ql 128 x nsb][qh 64 x nsb][scales 16 x nsb][d 2 x nsb]
+// (nb blocks of 32, nsb super-blocks of 256 per row; within a plane the GGUF byte order.)
+// Device row bytes of `type` repacked for rows of `cols`, or 0 when it is not repacked.
+int64_t RepackedRowBytes(int type, int64_t cols);
+// Rewrites `rows` GGUF rows of `cols` (row_bytes apart at src) into the repacked layout at dst
+// (RepackedRowBytes apart). Host memory.
+void RepackRows(int type, int64_t rows, int64_t cols, const uint8_t* src, uint8_t* dst);
+
 using LaunchFn = void (*)(const void* params, cudaStream_t stream);
 
 // Whether kernels are launched with programmatic dependent launch (launch.cuh).
@@ -63,10 +80,24 @@ struct GemvParams {
   int32_t ntok = 0;
   int64_t cols = 0;
   int32_t n_jobs = 0;
+  int32_t variant = 0;  // repacked types: the kernel shape (gemv.cu, kRpShapes)
   int32_t block_start[kGemvMaxJobs + 1] = {};
   GemvJob jobs[kGemvMaxJobs];
+  // SwiGLU joined to the product (repacked weights, one token, jobs 0 and 1 the gate and up
+  // products of equal rows, a multiple of 32): glu_out = silu(gate) * up, quantized to glu_xq /
+  // glu_xs when those are set. The warp that writes the last of each 32 rows of both computes
+  // them (glu_counters: one per 32 rows, zero between launches; each launch leaves them zero).
+  float* glu_out = nullptr;
+  int8_t* glu_xq = nullptr;
+  float2* glu_xs = nullptr;
+  uint32_t* glu_counters = nullptr;
 };
 void LaunchGemv(const void* params, cudaStream_t stream);
+// Rows per launch block of the product `type` takes (`fast`: the int8 path), variant 0.
+int GemvRowsPerBlock(int type, bool fast, int variant = 0);
+constexpr int kGemvVariants = 6;
+// The kernel shape a repacked product of `rows` rows takes by default.
+int GemvDefaultVariant(int type, int64_t rows);
 // Whether the int8 path exists for `type` with rows of `row_bytes` at `w` (alignment).
 bool GemvFastType(int type, int64_t cols, int64_t row_bytes, const void* w);
 
@@ -161,6 +192,14 @@ struct RopeParamsDev {
   float yarn_factor = 0, corr_lo = 0, corr_hi = 0;
   float* x2 = nullptr;  // a second tensor rotated alike (q and k of one layer: one launch)
   int32_t n_heads2 = 0;
+  // The KV store of x2 (k, every column rotated) and v joined to the launch (StoreKv right
+  // after the rotation): kc set when joined.
+  void* kc = nullptr;
+  void* vc = nullptr;
+  const float* v = nullptr;
+  int64_t v_cols = 0, k_stride = 0, v_stride = 0;
+  int32_t f16 = 0;
+  const int64_t* pos0 = nullptr;  // device
 };
 void LaunchRope(const void* params, cudaStream_t stream);
 

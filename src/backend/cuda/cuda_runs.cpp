@@ -1,6 +1,7 @@
 // CudaBackend's recorded launches: issuing them, replaying a repeated run as a CUDA graph,
 // waiting, and the per-launch profile (cuda_backend_impl.h).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 
@@ -30,8 +31,8 @@ std::string LaunchName(const Rec& r) {
     if (fn == r.fn) name = n;
   if (r.fn == &LaunchGemv) {
     const auto* g = reinterpret_cast<const GemvParams*>(r.p);
-    name += std::string(" ") + DTypeName(static_cast<DType>(g->type)) +
-            (g->fast ? " int8" : " float") + " nt" + std::to_string(g->nt) + " jobs" +
+    name += std::string(" ") + DTypeName(static_cast<DType>(g->type & ~kRepacked)) +
+            (g->type & kRepacked ? " repacked" : "") + (g->fast ? " int8" : " float") + " nt" + std::to_string(g->nt) + " jobs" +
             std::to_string(g->n_jobs);
   } else if (r.fn == &LaunchElementwise) {
     static const char* kinds[] = {"add_bias", "fill", "add", "swiglu", "scale_sigmoid"};
@@ -174,7 +175,23 @@ void CudaBackend::Flush() {
 void CudaBackend::Sync() {
   Flush();
   SetDevice();
-  CK(cudaStreamSynchronize(stream_));
+  if (host_time_) {
+    const auto now = [] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    };
+    const double t0 = now();
+    CK(cudaStreamSynchronize(stream_));
+    host_last_s_ = now();
+    if (host_first_s_ < 0) {
+      host_first_s_ = host_last_s_;  // from the end of the first wait
+    } else {
+      host_wait_s_ += host_last_s_ - t0;
+    }
+    ++host_syncs_;
+  } else {
+    CK(cudaStreamSynchronize(stream_));
+  }
   if (profile_) ProfileCollect();
   arena_off_ = arena_copied_ = 0;
   for (Memo& m : memo_) m = Memo();

@@ -295,6 +295,306 @@ __global__ void __launch_bounds__(128) GemvFastKernel(const __grid_constant__ Ge
     if (r < nr) WriteRows<NT>(job, row0 + r, t0, nt, acc[r]);
 }
 
+// ---- products over repacked weights (kRepacked) ----
+//
+// A lane's unit is one 16-byte word of a row's quant plane (Q6_K: of its low-bit plane) with the
+// fields that scale it; lanes of a warp take consecutive units, so each warp-wide load is 512
+// contiguous bytes. A warp computes R rows; Dot takes the unit's index less the batch's base
+// (a multiple of 32, so its low bits, which say where in a super-block the unit lies, are the
+// lane's, known after unrolling). Each lane first issues the loads of U units of every row (R x
+// U words in flight per lane), then computes them: with R x U x 512 bytes in flight per warp
+// the stream is latency-hidden without staging. The first batch is loaded before the wait for
+// the previous kernel (weights are never written by one), so a product's first bytes arrive
+// while the norm or activation kernel before it finishes.
+template <int T>
+struct Rp;
+
+// Q4_0: unit = block (32 elements): qs bytes j hold elements j (low) and j + 16 (high).
+template <>
+struct Rp<kTypeQ4_0> {
+  struct W {
+    uint4 q;
+    uint16_t d;
+  };
+  struct X {
+    int4 a, b;
+    float2 s;
+  };
+  __device__ static int Units(int64_t cols) { return static_cast<int>(cols / 32); }
+  __device__ static W Load(const uint8_t* row, int64_t cols, int u) {
+    return {__ldcs(reinterpret_cast<const uint4*>(row) + u),
+            __ldcs(reinterpret_cast<const unsigned short*>(row + 16 * (cols / 32)) + u)};
+  }
+  __device__ static X LoadX(const int8_t* xq, const float2* xs, int u) {
+    const int4* x = reinterpret_cast<const int4*>(xq) + 2 * u;
+    return {__ldg(x), __ldg(x + 1), __ldg(xs + u)};
+  }
+  __device__ static float Dot(const W& w, const X& x, int) {
+    const int q[4] = {static_cast<int>(w.q.x), static_cast<int>(w.q.y), static_cast<int>(w.q.z),
+                      static_cast<int>(w.q.w)};
+    const int xa[4] = {x.a.x, x.a.y, x.a.z, x.a.w}, xb[4] = {x.b.x, x.b.y, x.b.z, x.b.w};
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sumi = __dp4a(q[i] & 0x0F0F0F0F, xa[i], sumi);
+      sumi = __dp4a((q[i] >> 4) & 0x0F0F0F0F, xb[i], sumi);
+    }
+    // sum (q - 8) x = d_x (sum q qx) - 8 d_x sum qx
+    return HalfToFloat(w.d) * (x.s.x * static_cast<float>(sumi) - 8.0f * x.s.y);
+  }
+};
+
+// Q8_0: unit = half a block (16 elements).
+template <>
+struct Rp<kTypeQ8_0> {
+  struct W {
+    uint4 q;
+    uint16_t d;
+  };
+  struct X {
+    int4 a;
+    float s;
+  };
+  __device__ static int Units(int64_t cols) { return static_cast<int>(cols / 16); }
+  __device__ static W Load(const uint8_t* row, int64_t cols, int u) {
+    return {__ldcs(reinterpret_cast<const uint4*>(row) + u),
+            __ldcs(reinterpret_cast<const unsigned short*>(row + 32 * (cols / 32)) + u / 2)};
+  }
+  __device__ static X LoadX(const int8_t* xq, const float2* xs, int u) {
+    return {__ldg(reinterpret_cast<const int4*>(xq) + u), __ldg(&xs[u / 2].x)};
+  }
+  __device__ static float Dot(const W& w, const X& x, int) {
+    int sumi = __dp4a(static_cast<int>(w.q.x), x.a.x, 0);
+    sumi = __dp4a(static_cast<int>(w.q.y), x.a.y, sumi);
+    sumi = __dp4a(static_cast<int>(w.q.z), x.a.z, sumi);
+    sumi = __dp4a(static_cast<int>(w.q.w), x.a.w, sumi);
+    return HalfToFloat(w.d) * x.s * static_cast<float>(sumi);
+  }
+};
+
+// Q4_K: unit u of super-block sb = u / 8, i = u % 8 = 2p + h: qs[32p + 16h, +16), elements
+// 64p + 16h.. (low nibbles, sub-block 2p) and 64p + 32 + 16h.. (high, sub-block 2p + 1). The
+// sub-blocks' minimum terms cover whole groups of 32 activations: the h = 0 lane adds them
+// from the groups' sums.
+template <>
+struct Rp<kTypeQ4_K> {
+  struct W {
+    uint4 q, m;
+  };
+  struct X {
+    int4 lo, hi;
+    float2 s0, s1;
+  };
+  __device__ static int Units(int64_t cols) { return static_cast<int>(cols / 32); }
+  __device__ static W Load(const uint8_t* row, int64_t cols, int u) {
+    return {__ldcs(reinterpret_cast<const uint4*>(row) + u),
+            __ldcs(reinterpret_cast<const uint4*>(row + 128 * (cols / 256)) + u / 8)};
+  }
+  __device__ static X LoadX(const int8_t* xq, const float2* xs, int u) {
+    const int sb = u >> 3, p = (u >> 1) & 3, h = u & 1;
+    const int4* x = reinterpret_cast<const int4*>(xq + 256 * sb + 64 * p + 16 * h);
+    const float2* s = xs + 8 * sb + 2 * p;
+    return {__ldg(x), __ldg(x + 2), __ldg(s), __ldg(s + 1)};
+  }
+  __device__ static float Dot(const W& w, const X& x, int su) {
+    const int p = (su >> 1) & 3, h = su & 1;
+    // The 6-bit scales and minimums of sub-blocks 2p and 2p + 1, both at once: bytes 2p, 2p + 1
+    // (p < 2), or the low nibbles of bytes 8 + 2q.. with the top bits of bytes 2q.. and 4 + 2q..
+    // (p = 2 + q), as 16-bit pairs.
+    const int sh = 16 * (p & 1);
+    const uint32_t a = (w.m.y >> sh) & 0xFFFFu, b = (w.m.z >> sh) & 0xFFFFu,
+                   c = (w.m.w >> sh) & 0xFFFFu;
+    const uint32_t sc = p < 2 ? a & 0x3F3Fu : (c & 0x0F0Fu) | ((a >> 2) & 0x3030u);
+    const uint32_t mn = p < 2 ? b & 0x3F3Fu : ((c >> 4) & 0x0F0Fu) | ((b >> 2) & 0x3030u);
+    const int q[4] = {static_cast<int>(w.q.x), static_cast<int>(w.q.y), static_cast<int>(w.q.z),
+                      static_cast<int>(w.q.w)};
+    const int xl[4] = {x.lo.x, x.lo.y, x.lo.z, x.lo.w}, xh[4] = {x.hi.x, x.hi.y, x.hi.z, x.hi.w};
+    int s_lo = 0, s_hi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s_lo = __dp4a(q[i] & 0x0F0F0F0F, xl[i], s_lo);
+      s_hi = __dp4a((q[i] >> 4) & 0x0F0F0F0F, xh[i], s_hi);
+    }
+    const float d = HalfToFloat(static_cast<uint16_t>(w.m.x & 0xFFFF));
+    const float dmin = HalfToFloat(static_cast<uint16_t>(w.m.x >> 16));
+    float r = d * (static_cast<float>(sc & 0xFF) * x.s0.x * static_cast<float>(s_lo) +
+                   static_cast<float>(sc >> 8) * x.s1.x * static_cast<float>(s_hi));
+    if (h == 0)
+      r -= dmin * (static_cast<float>(mn & 0xFF) * x.s0.y + static_cast<float>(mn >> 8) * x.s1.y);
+    return r;
+  }
+};
+
+// Q6_K: unit u of super-block sb = u / 8, c = u % 8 = 4n + m: ql[64n + 16m, +16), whose low
+// nibbles are elements 128n + 16m.. and high nibbles 128n + 64 + 16m..; their two high bits are
+// in qh[32n + 16(m % 2), +16) at shifts 2(m / 2) and 2(m / 2) + 4; scales 8n + m and 8n + 4 + m.
+template <>
+struct Rp<kTypeQ6_K> {
+  struct W {
+    uint4 ql, qh;
+    uint2 sc;
+    uint16_t d;
+  };
+  struct X {
+    int4 a, b;
+    float sa, sb;
+  };
+  __device__ static int Units(int64_t cols) { return static_cast<int>(cols / 32); }
+  __device__ static W Load(const uint8_t* row, int64_t cols, int u) {
+    const int64_t nsb = cols / 256;
+    const int sb = u >> 3, n = (u >> 2) & 1, m = u & 3;
+    W w;
+    w.ql = __ldcs(reinterpret_cast<const uint4*>(row) + u);
+    w.qh = __ldcs(reinterpret_cast<const uint4*>(row + 128 * nsb) + 4 * sb + 2 * n + (m & 1));
+    w.sc = __ldcs(reinterpret_cast<const uint2*>(row + 192 * nsb) + 2 * sb + n);
+    w.d = __ldcs(reinterpret_cast<const unsigned short*>(row + 208 * nsb) + sb);
+    return w;
+  }
+  __device__ static X LoadX(const int8_t* xq, const float2* xs, int u) {
+    const int sb = u >> 3, n = (u >> 2) & 1, m = u & 3;
+    const int8_t* x = xq + 256 * sb + 128 * n + 16 * m;
+    const float2* s = xs + 8 * sb + 4 * n + (m >> 1);
+    return {__ldg(reinterpret_cast<const int4*>(x)), __ldg(reinterpret_cast<const int4*>(x + 64)),
+            __ldg(&s[0].x), __ldg(&s[2].x)};
+  }
+  __device__ static float Dot(const W& w, const X& x, int su) {
+    const int m = su & 3, s0 = 2 * (m >> 1);
+    const uint32_t ql[4] = {w.ql.x, w.ql.y, w.ql.z, w.ql.w}, qh[4] = {w.qh.x, w.qh.y, w.qh.z, w.qh.w};
+    const int xa[4] = {x.a.x, x.a.y, x.a.z, x.a.w}, xb[4] = {x.b.x, x.b.y, x.b.z, x.b.w};
+    int sa = 0, sb = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t lo = (ql[i] & 0x0F0F0F0Fu) | (((qh[i] >> s0) & 0x03030303u) << 4);
+      const uint32_t hi = ((ql[i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> (s0 + 4)) & 0x03030303u) << 4);
+      sa = __dp4a(static_cast<int>(__vsub4(lo, 0x20202020u)), xa[i], sa);
+      sb = __dp4a(static_cast<int>(__vsub4(hi, 0x20202020u)), xb[i], sb);
+    }
+    const float sc_a = static_cast<float>(static_cast<int8_t>(w.sc.x >> (8 * m)));
+    const float sc_b = static_cast<float>(static_cast<int8_t>(w.sc.y >> (8 * m)));
+    return HalfToFloat(w.d) * (sc_a * x.sa * static_cast<float>(sa) +
+                               sc_b * x.sb * static_cast<float>(sb));
+  }
+};
+
+// After a warp wrote rows [row0, row0 + nr) of the gate or up product (within one group of 32
+// rows): count them; the warp that completes a group's 64 rows computes its 32 SwiGLU outputs
+// (the arithmetic of the SwiGLU kernel) and their quantization, and clears the count.
+__device__ __forceinline__ void GluEpilogue(const GemvParams& p, int row0, int nr) {
+  const int lane = threadIdx.x & 31, g = row0 / 32;
+  uint32_t done = 0;
+  if (lane == 0) {
+    __threadfence();  // this lane's writes of y before the count
+    done = atomicAdd(&p.glu_counters[g], static_cast<uint32_t>(nr)) + static_cast<uint32_t>(nr);
+  }
+  done = __shfl_sync(0xffffffffu, done, 0);
+  if (done != 64) return;
+  __threadfence();
+  const int i = 32 * g + lane;
+  const float gv = __ldcg(p.jobs[0].y + i), uv = __ldcg(p.jobs[1].y + i);
+  const float v = gv / (1.0f + expf(-gv)) * uv;
+  p.glu_out[i] = v;
+  if (p.glu_xq) QuantizeWarpStore(v, i, p.glu_xq, p.glu_xs);
+  if (lane == 0) p.glu_counters[g] = 0;
+}
+
+// Kernel shapes (R rows per warp, U units per lane in flight, warps per block), by variant.
+struct RpShape {
+  int r, u, warps;
+};
+constexpr RpShape kRpShapes[kGemvVariants] = {{1, 4, 4}, {2, 4, 4}, {2, 2, 4},
+                                              {4, 2, 4}, {1, 8, 4}, {2, 4, 8}};
+
+template <int T, int NT, int R, int U, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS) GemvRpKernel(const __grid_constant__ GemvParams p) {
+  using D = Rp<T>;
+  int j = 0;
+  while (j + 1 < p.n_jobs && static_cast<int>(blockIdx.x) >= p.block_start[j + 1]) ++j;
+  const GemvJob& job = p.jobs[j];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row0 = ((static_cast<int>(blockIdx.x) - p.block_start[j]) * WARPS + warp) * R;
+  const int nr = min(R, job.rows - row0);  // <= 0: a warp past the job's rows
+  const int64_t cols = p.cols;
+  const int n_units = D::Units(cols);
+  const uint8_t* w[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)  // a missing last row reads the one before (unused)
+    w[r] = job.w + static_cast<int64_t>(row0 + max(0, min(r, nr - 1))) * job.row_bytes;
+  typename D::W wv[R][U];
+  auto load = [&](int base) {
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const int u = base + lane + 32 * k;
+      if (u < n_units) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) wv[r][k] = D::Load(w[r], cols, u);
+      }
+    }
+  };
+  if (nr > 0) load(0);
+  PdlStart();
+  if (nr <= 0) return;
+  const int t0 = blockIdx.y * NT, nt = min(NT, p.ntok - t0);
+  const int64_t groups = cols / 32;
+  const int8_t* xq = static_cast<const int8_t*>(job.x) + t0 * cols;
+  const float2* xs = job.xs + t0 * groups;
+  float acc[R][NT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  for (int base = 0; base < n_units; base += 32 * U) {
+    if (base > 0) load(base);
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const int u = base + lane + 32 * k;
+      if (u < n_units) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          if (t < nt) {
+            const typename D::X x = D::LoadX(xq + t * cols, xs + t * groups, u);
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r][t] += D::Dot(wv[r][k], x, lane + 32 * k);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (r < nr) WriteRows<NT>(job, row0 + r, t0, nt, acc[r]);
+  if constexpr (NT == 1) {
+    if (p.glu_out) GluEpilogue(p, row0, nr);
+  }
+}
+
+template <int T, int NT, int V>
+void LaunchRpShape(const GemvParams& p, cudaStream_t stream) {
+  constexpr RpShape s = kRpShapes[V];
+  const dim3 grid(p.block_start[p.n_jobs], (p.ntok + NT - 1) / NT);
+  LaunchKernel(GemvRpKernel<T, NT, s.r, s.u, s.warps>, grid, dim3(32 * s.warps), 0, stream, p);
+}
+
+template <int T, int NT>
+void LaunchRp(const GemvParams& p, cudaStream_t stream) {
+  if constexpr (NT == 1) {  // the other shapes only for one token: the variants' benchmark
+    switch (p.variant) {
+      case 1:
+        return LaunchRpShape<T, NT, 1>(p, stream);
+      case 2:
+        return LaunchRpShape<T, NT, 2>(p, stream);
+      case 3:
+        return LaunchRpShape<T, NT, 3>(p, stream);
+      case 4:
+        return LaunchRpShape<T, NT, 4>(p, stream);
+      case 5:
+        return LaunchRpShape<T, NT, 5>(p, stream);
+      default:
+        break;
+    }
+  }
+  LaunchRpShape<T, NT, 0>(p, stream);
+}
+
 template <int T, int NT>
 __global__ void __launch_bounds__(128) GemvFloatKernel(const __grid_constant__ GemvParams p) {
   PdlStart();
@@ -357,7 +657,27 @@ void LaunchTyped(const GemvParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+int GemvDefaultVariant(int type, int64_t rows) {
+  // Measured on the H200 (bench_cuda_gemv, llama3-8b shapes): two rows per warp and two words
+  // in flight per row won or came within a few percent for Q4_0, Q8_0 and Q6_K, except Q6_K's
+  // tall output matrix, where one row and four words stream 7 % faster; Q4_K (more arithmetic
+  // per word) does best with two rows and four words, the only shape faster than its GGUF
+  // kernel on every matrix.
+  if ((type & ~kRepacked) == kTypeQ6_K && rows >= 32768) return 0;
+  if ((type & ~kRepacked) == kTypeQ4_K) return 1;
+  return 2;
+}
+
+int GemvRowsPerBlock(int type, bool fast, int variant) {
+  if (type & kRepacked) {
+    const RpShape s = kRpShapes[variant >= 0 && variant < kGemvVariants ? variant : 0];
+    return s.r * s.warps;
+  }
+  return fast ? kGemvFastRowsPerBlock : kGemvRowsPerBlock;
+}
+
 bool GemvFastType(int type, int64_t cols, int64_t row_bytes, const void* w) {
+  if (type & kRepacked) return true;  // repacked only where the shape suits (RepackedRowBytes)
   // Rows are streamed in 16-byte words: whole words per row, from a 16-byte aligned start.
   if (row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) return false;
   switch (type) {
@@ -374,6 +694,23 @@ bool GemvFastType(int type, int64_t cols, int64_t row_bytes, const void* w) {
 
 void LaunchGemv(const void* params, cudaStream_t stream) {
   const GemvParams& p = *static_cast<const GemvParams*>(params);
+  if (DispatchRepacked(p.type, [&]<int T>() {
+        switch (p.nt) {
+          case 1:
+            LaunchRp<T, 1>(p, stream);
+            break;
+          case 2:
+            LaunchRp<T, 2>(p, stream);
+            break;
+          case 4:
+            LaunchRp<T, 4>(p, stream);
+            break;
+          default:
+            LaunchRp<T, 8>(p, stream);
+            break;
+        }
+      }))
+    return;
   const bool ok = DispatchType(p.type, [&]<int T>() {
     switch (p.nt) {
       case 1:

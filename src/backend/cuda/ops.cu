@@ -21,8 +21,20 @@ unsigned Blocks(int64_t n, int per = kThreads) {
   return static_cast<unsigned>(std::max<int64_t>(1, (n + per - 1) / per));
 }
 
-__device__ void Dequant8Any(int type, const uint8_t* row, int64_t j0, float* y) {
+__device__ void Dequant8Any(int type, const uint8_t* row, int64_t cols, int64_t j0, float* y) {
   switch (type) {
+    case kTypeQ4_0 | kRepacked:
+      Dequant8Repacked<kTypeQ4_0>(row, cols, j0, y);
+      return;
+    case kTypeQ8_0 | kRepacked:
+      Dequant8Repacked<kTypeQ8_0>(row, cols, j0, y);
+      return;
+    case kTypeQ4_K | kRepacked:
+      Dequant8Repacked<kTypeQ4_K>(row, cols, j0, y);
+      return;
+    case kTypeQ6_K | kRepacked:
+      Dequant8Repacked<kTypeQ6_K>(row, cols, j0, y);
+      return;
     case kTypeF32:
       Dequant8<kTypeF32>(row, j0, y);
       return;
@@ -99,7 +111,7 @@ __global__ void DequantKernel(const __grid_constant__ DequantParams p) {
     const uint8_t* row = p.parts[k].w + r * p.parts[k].row_bytes;
     float t[8];
     if (m == 8) {
-      Dequant8Any(p.parts[k].type, row, j0, t);
+      Dequant8Any(p.parts[k].type, row, p.cols, j0, t);
     } else {
       for (int e = 0; e < m; ++e) t[e] = FloatElemAny(p.parts[k].type, row, j0 + e);
     }
@@ -117,7 +129,7 @@ __global__ void DequantKernel(const __grid_constant__ DequantParams p) {
 // The prefill GEMM's operand: one weight part to half, 32 elements per thread (four
 // Dequant8 of one sub-block, so the type is known at compile time) written as four 16-byte
 // stores. Rows of a multiple of 32 elements, ldo a multiple of 8.
-template <int T>
+template <int T, bool kRp>
 __global__ void DequantHalfKernel(const __grid_constant__ DequantParams p) {
   PdlWait();  // feeds cuBLAS, as DequantKernel
   const int64_t groups = p.cols / 32;
@@ -129,7 +141,11 @@ __global__ void DequantHalfKernel(const __grid_constant__ DequantParams p) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     float v[8];
-    Dequant8<T>(row, j0 + 8 * k, v);
+    if constexpr (kRp) {
+      Dequant8Repacked<T>(row, p.cols, j0 + 8 * k, v);
+    } else {
+      Dequant8<T>(row, j0 + 8 * k, v);
+    }
     __half2* h = reinterpret_cast<__half2*>(&out[k]);
 #pragma unroll
     for (int e = 0; e < 4; ++e) h[e] = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
@@ -275,8 +291,21 @@ __global__ void RopeKernel(const __grid_constant__ RopeParamsDev p) {
   PdlStart();
   const int half = p.n_rot / 2;
   const int heads = p.n_heads + p.n_heads2;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= p.rows * heads * half) return;
+  int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= p.rows * heads * half) {
+    // The threads past the rotation copy v into the cache (a joined StoreKv).
+    idx -= p.rows * heads * half;
+    if (!p.kc || idx >= p.rows * p.v_cols) return;
+    const int64_t t = idx / p.v_cols, c = idx % p.v_cols;
+    const int64_t o = (*p.pos0 + t) * p.v_stride + c;
+    const float v = p.v[idx];
+    if (p.f16) {
+      static_cast<__half*>(p.vc)[o] = __float2half_rn(v);
+    } else {
+      static_cast<float*>(p.vc)[o] = v;
+    }
+    return;
+  }
   const int i = static_cast<int>(idx % half);
   const int h = static_cast<int>((idx / half) % heads);
   const int64_t t = idx / (static_cast<int64_t>(half) * heads);
@@ -297,8 +326,19 @@ __global__ void RopeKernel(const __grid_constant__ RopeParamsDev p) {
   float* xh = h < p.n_heads ? p.x + (t * p.n_heads + h) * p.head_dim
                             : p.x2 + (t * p.n_heads2 + (h - p.n_heads)) * p.head_dim;
   const float x0 = xh[a], x1 = xh[b];
-  xh[a] = x0 * c - x1 * s;
-  xh[b] = x0 * s + x1 * c;
+  const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
+  xh[a] = y0;
+  xh[b] = y1;
+  if (p.kc && h >= p.n_heads) {  // k's rows into the cache (n_rot == head_dim: all of them)
+    const int64_t o = (*p.pos0 + t) * p.k_stride + static_cast<int64_t>(h - p.n_heads) * p.head_dim;
+    if (p.f16) {
+      static_cast<__half*>(p.kc)[o + a] = __float2half_rn(y0);
+      static_cast<__half*>(p.kc)[o + b] = __float2half_rn(y1);
+    } else {
+      static_cast<float*>(p.kc)[o + a] = y0;
+      static_cast<float*>(p.kc)[o + b] = y1;
+    }
+  }
 }
 
 __global__ void GatherKernel(const __grid_constant__ GatherParams p) {
@@ -363,10 +403,15 @@ void LaunchDequant(const void* params, cudaStream_t stream) {
   const DequantParams& p = *static_cast<const DequantParams*>(params);
   if (p.out_half && p.n_parts == 1 && p.cols % 32 == 0 && p.ldo % 8 == 0 && !p.ids) {
     const int64_t threads = p.n * (p.cols / 32);
+    const dim3 grid(Blocks(threads, 128));
     const bool typed = DispatchType(p.parts[0].type, [&]<int T>() {
-      LaunchKernel(DequantHalfKernel<T>, dim3(Blocks(threads, 128)), dim3(128), 0, stream, p);
+      LaunchKernel(DequantHalfKernel<T, false>, grid, dim3(128), 0, stream, p);
     });
     if (typed) return;
+    if (DispatchRepacked(p.parts[0].type, [&]<int T>() {
+          LaunchKernel(DequantHalfKernel<T, true>, grid, dim3(128), 0, stream, p);
+        }))
+      return;
   }
   const dim3 grid(Blocks((p.cols + 7) / 8, 128), static_cast<unsigned>(p.n));
   LaunchKernel(DequantKernel, grid, dim3(128), 0, stream, p);
@@ -418,7 +463,7 @@ void LaunchCopyColumns(const void* params, cudaStream_t stream) {
 
 void LaunchRope(const void* params, cudaStream_t stream) {
   const RopeParamsDev& p = *static_cast<const RopeParamsDev*>(params);
-  const int64_t n = p.rows * (p.n_heads + p.n_heads2) * (p.n_rot / 2);
+  const int64_t n = p.rows * (p.n_heads + p.n_heads2) * (p.n_rot / 2) + (p.kc ? p.rows * p.v_cols : 0);
   LaunchKernel(RopeKernel, dim3(Blocks(n, 128)), dim3(128), 0, stream, p);
 }
 

@@ -200,6 +200,76 @@ __device__ __forceinline__ void Dequant8(const uint8_t* row, int64_t j0, float* 
   }
 }
 
+// Elements [j0, j0 + 8) of a repacked row (kRepacked; T the GGUF type) of `cols` elements: the
+// same arithmetic as Dequant8<T>, with each field read from its plane.
+template <int T>
+__device__ __forceinline__ void Dequant8Repacked(const uint8_t* row, int64_t cols, int64_t j0,
+                                                 float* y) {
+  if constexpr (T == kTypeQ4_0) {
+    const int64_t nb = cols / 32, b = j0 / 32;
+    const int e = static_cast<int>(j0 % 32);
+    const float d = HalfToFloat(U16(row + 16 * nb + 2 * b));
+    const uint8_t* qs = row + 16 * b + (e & 15);
+    const int shift = e >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) y[i] = static_cast<float>(((qs[i] >> shift) & 0xF) - 8) * d;
+  } else if constexpr (T == kTypeQ8_0) {
+    const int64_t nb = cols / 32, b = j0 / 32;
+    const float d = HalfToFloat(U16(row + 32 * nb + 2 * b));
+    const int8_t* qs = reinterpret_cast<const int8_t*>(row + j0);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) y[i] = static_cast<float>(qs[i]) * d;
+  } else if constexpr (T == kTypeQ4_K) {
+    const int64_t nsb = cols / 256, sb = j0 / 256;
+    const uint8_t* meta = row + 128 * nsb + 16 * sb;
+    const float d = HalfToFloat(U16(meta)), dmin = HalfToFloat(U16(meta + 2));
+    const int e = static_cast<int>(j0 % 256);
+    const int pair = e / 64, r = e % 64, hi = r / 32, l0 = r % 32;
+    int sc, mn;
+    ScaleMinK4(pair * 2 + hi, meta + 4, &sc, &mn);
+    const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(mn);
+    const uint8_t* q = row + 128 * sb + pair * 32 + l0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) y[i] = d1 * static_cast<float>(hi ? q[i] >> 4 : q[i] & 0xF) - m1;
+  } else if constexpr (T == kTypeQ6_K) {
+    const int64_t nsb = cols / 256, sb = j0 / 256;
+    const float d = HalfToFloat(U16(row + 208 * nsb + 2 * sb));
+    const int e = static_cast<int>(j0 % 256);
+    const int half = e / 128, r = e % 128, quarter = r / 32, l0 = r % 32;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(row + 192 * nsb + 16 * sb);
+    const float ds = d * static_cast<float>(sc[8 * half + l0 / 16 + 2 * quarter]);
+    const uint8_t* ql = row + 128 * sb + 64 * half + l0 + (quarter & 1) * 32;
+    const uint8_t* qh = row + 128 * nsb + 64 * sb + 32 * half + l0;
+    const int lshift = quarter >= 2 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int q = (((ql[i] >> lshift) & 0xF) | (((qh[i] >> (2 * quarter)) & 3) << 4)) - 32;
+      y[i] = ds * static_cast<float>(q);
+    }
+  }
+}
+
+// Calls f.template operator()<T>() with T the GGUF type of a repacked type id; false for others.
+template <typename F>
+__host__ __device__ bool DispatchRepacked(int type, F&& f) {
+  switch (type) {
+    case kTypeQ4_0 | kRepacked:
+      f.template operator()<kTypeQ4_0>();
+      return true;
+    case kTypeQ8_0 | kRepacked:
+      f.template operator()<kTypeQ8_0>();
+      return true;
+    case kTypeQ4_K | kRepacked:
+      f.template operator()<kTypeQ4_K>();
+      return true;
+    case kTypeQ6_K | kRepacked:
+      f.template operator()<kTypeQ6_K>();
+      return true;
+    default:
+      return false;
+  }
+}
+
 // One element of a float-typed row (the tail of rows whose length is not a multiple of 8).
 template <int T>
 __device__ __forceinline__ float FloatElem(const uint8_t* row, int64_t j) {
