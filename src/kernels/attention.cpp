@@ -6,8 +6,6 @@
 #include <vector>
 
 #include "kernels/attention_simd.h"
-#include "kernels/cpu_features.h"
-#include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "kernels/profile.h"
 #include "quant/quant.h"
@@ -53,15 +51,6 @@ void ReferenceHeads(const AttentionShape& s, const float* q, int64_t n_tokens, i
   });
 }
 
-// The blocked kernel pays for transposing the keys and for its tiles only when several tokens
-// share them; rows that must equal one-token passes (ExactTokenRows) stay on AttentionSimd.
-bool UseBlocked(const AttentionShape& s, int64_t n_tokens, const KvRows& kv) {
-  constexpr int64_t kBlockedMinTokens = 16;
-  return n_tokens >= kBlockedMinTokens && !ExactTokenRows::Active() &&
-         ActiveIsa() >= Isa::kAvx512 && s.n_head_kv > 0 && s.n_head % s.n_head_kv == 0 &&
-         (kv.type == DType::kF32 || kv.type == DType::kF16);
-}
-
 }  // namespace
 
 void AttentionReference(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
@@ -79,11 +68,8 @@ void Attention(const AttentionShape& s, const float* q, int64_t n_tokens, int64_
                const KvRows& kv, float* out, ThreadPool& pool) {
   const bool profile = KernelProfilingEnabled();
   auto t0 = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-  if (UseBlocked(s, n_tokens, kv)) {
-    AttentionBlockedAvx512(s, q, n_tokens, pos0, kv, out, pool);
-  } else if (!AttentionSimd(s, q, n_tokens, pos0, kv, out, pool)) {
+  if (!AttentionSimd(s, q, n_tokens, pos0, kv, out, pool))
     AttentionReference(s, q, n_tokens, pos0, kv, out, pool);
-  }
   if (profile) {
     // K/V bytes touched: every (token, query head) reads its causal history of K and V rows.
     const uint64_t rows = static_cast<uint64_t>(n_tokens * pos0 + n_tokens * (n_tokens + 1) / 2);

@@ -25,12 +25,4 @@ void AttentionAvx2(const AttentionShape& s, const float* q, int64_t n_tokens, in
 void AttentionAvx512(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
                      const KvRows& kv, float* out, ThreadPool& pool);
 
-// Blocked (flash-style) attention for prompts (attention_blocked_avx512.cpp; needs the kAvx512
-// tier, F32 or F16 rows, n_head a multiple of n_head_kv): query rows of one KV head in register
-// tiles against keys transposed once per call, online softmax with a vectorized exp. Rounding
-// differs from AttentionSimd's, so a row is not the one a one-token pass computes; Attention
-// uses it for multi-token passes outside ExactTokenRows.
-void AttentionBlockedAvx512(const AttentionShape& s, const float* q, int64_t n_tokens,
-                            int64_t pos0, const KvRows& kv, float* out, ThreadPool& pool);
-
 }  // namespace substrate
