@@ -133,7 +133,7 @@ TEST_P(PassBatcherTest, ConcurrentSessionsGetTheirAloneTokensInFewerPasses) {
 
 TEST_P(PassBatcherTest, ALongPromptJoinsRunningDecodesInChunks) {
   Job decoding{"def fibonacci(n):", {}};
-  decoding.opt.max_tokens = 48;
+  decoding.opt.max_tokens = 160;  // long enough that the joining prompt arrives mid-decode
   decoding.opt.stop_at_eog = false;
   decoding.opt.sampling.temperature = 0.0f;
   Job joining{"", {}};
