@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/attention_simd.h"
+#include "kernels/cpu_features.h"
 #include "kernels/ops.h"
 #include "kernels/profile.h"
 #include "quant/quant.h"
@@ -51,6 +52,13 @@ void ReferenceHeads(const AttentionShape& s, const float* q, int64_t n_tokens, i
   });
 }
 
+// The blocked kernel serves every pass where the CPU has AVX-512 (one arithmetic for prompts and
+// single tokens, so a row's bits never depend on the pass); AttentionSimd serves AVX2.
+bool UseBlocked(const AttentionShape& s, const KvRows& kv) {
+  return ActiveIsa() >= Isa::kAvx512 && s.n_head_kv > 0 && s.n_head % s.n_head_kv == 0 &&
+         s.dv <= kBlockedMaxDv && (kv.type == DType::kF32 || kv.type == DType::kF16);
+}
+
 }  // namespace
 
 void AttentionReference(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
@@ -68,8 +76,11 @@ void Attention(const AttentionShape& s, const float* q, int64_t n_tokens, int64_
                const KvRows& kv, float* out, ThreadPool& pool) {
   const bool profile = KernelProfilingEnabled();
   auto t0 = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-  if (!AttentionSimd(s, q, n_tokens, pos0, kv, out, pool))
+  if (UseBlocked(s, kv)) {
+    AttentionBlockedAvx512(s, q, n_tokens, pos0, kv, out, pool);
+  } else if (!AttentionSimd(s, q, n_tokens, pos0, kv, out, pool)) {
     AttentionReference(s, q, n_tokens, pos0, kv, out, pool);
+  }
   if (profile) {
     // K/V bytes touched: every (token, query head) reads its causal history of K and V rows.
     const uint64_t rows = static_cast<uint64_t>(n_tokens * pos0 + n_tokens * (n_tokens + 1) / 2);

@@ -1,7 +1,8 @@
 // Causal multi-head attention over a K/V history (the KV cache, float32 or float16 rows), with
 // grouped-query heads.
-// Attention picks the SIMD version (attention_simd.h) where the CPU has it, else the scalar
-// reference; both parallel over (token, head) pairs.
+// Attention picks a SIMD version (attention_simd.h: blocked tiles with AVX-512, per (token, head)
+// with AVX2) where the CPU has it, else the scalar reference. With any of them a row's result is
+// the same whether one token or a whole prompt is in the pass.
 #pragma once
 
 #include <cstdint>
