@@ -692,40 +692,34 @@ bool GemvFastType(int type, int64_t cols, int64_t row_bytes, const void* w) {
   }
 }
 
+// Calls f.template operator()<NT>() with NT the kernel's token count for nt tokens (1, 2, 4, or
+// 8 for more; the caller splits larger batches).
+template <typename F>
+void DispatchTokens(int nt, F&& f) {
+  switch (nt) {
+    case 1:
+      f.template operator()<1>();
+      break;
+    case 2:
+      f.template operator()<2>();
+      break;
+    case 4:
+      f.template operator()<4>();
+      break;
+    default:
+      f.template operator()<8>();
+      break;
+  }
+}
+
 void LaunchGemv(const void* params, cudaStream_t stream) {
   const GemvParams& p = *static_cast<const GemvParams*>(params);
   if (DispatchRepacked(p.type, [&]<int T>() {
-        switch (p.nt) {
-          case 1:
-            LaunchRp<T, 1>(p, stream);
-            break;
-          case 2:
-            LaunchRp<T, 2>(p, stream);
-            break;
-          case 4:
-            LaunchRp<T, 4>(p, stream);
-            break;
-          default:
-            LaunchRp<T, 8>(p, stream);
-            break;
-        }
+        DispatchTokens(p.nt, [&]<int NT>() { LaunchRp<T, NT>(p, stream); });
       }))
     return;
   const bool ok = DispatchType(p.type, [&]<int T>() {
-    switch (p.nt) {
-      case 1:
-        LaunchTyped<T, 1>(p, stream);
-        break;
-      case 2:
-        LaunchTyped<T, 2>(p, stream);
-        break;
-      case 4:
-        LaunchTyped<T, 4>(p, stream);
-        break;
-      default:
-        LaunchTyped<T, 8>(p, stream);
-        break;
-    }
+    DispatchTokens(p.nt, [&]<int NT>() { LaunchTyped<T, NT>(p, stream); });
   });
   if (!ok) FatalError("gemv: unsupported weight type " + std::to_string(p.type));
 }

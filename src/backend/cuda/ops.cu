@@ -22,19 +22,8 @@ unsigned Blocks(int64_t n, int per = kThreads) {
 }
 
 __device__ void Dequant8Any(int type, const uint8_t* row, int64_t cols, int64_t j0, float* y) {
+  if (DispatchRepacked(type, [&]<int T>() { Dequant8Repacked<T>(row, cols, j0, y); })) return;
   switch (type) {
-    case kTypeQ4_0 | kRepacked:
-      Dequant8Repacked<kTypeQ4_0>(row, cols, j0, y);
-      return;
-    case kTypeQ8_0 | kRepacked:
-      Dequant8Repacked<kTypeQ8_0>(row, cols, j0, y);
-      return;
-    case kTypeQ4_K | kRepacked:
-      Dequant8Repacked<kTypeQ4_K>(row, cols, j0, y);
-      return;
-    case kTypeQ6_K | kRepacked:
-      Dequant8Repacked<kTypeQ6_K>(row, cols, j0, y);
-      return;
     case kTypeF32:
       Dequant8<kTypeF32>(row, j0, y);
       return;
