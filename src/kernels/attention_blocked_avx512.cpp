@@ -4,7 +4,7 @@
 // Against each block of kKeyBlock keys their scores are dot products over 16-element chunks (rows
 // by keys of accumulators in registers, every key chunk loaded once for several rows) whose lanes
 // are summed for 16 keys at once (Sums16: one tree of shuffles instead of a horizontal sum per
-// key); they are the one-token kernel's scores bit for bit. The softmax is online per block
+// key), in the one-token kernel's order of additions. The softmax is online per block
 // (running max and sum, vectorized exp); the value mix is a register tile of rows x 32 outputs,
 // summed in double. The result differs from the reference by rounding only.
 //
@@ -34,23 +34,11 @@ constexpr int kScoreRows = 4;   // rows sharing each loaded key chunk
 constexpr int kKeyBlock = 128;  // keys per online-softmax step
 constexpr int kMixRows = 6;     // rows per value-mix tile: 6 x 4 vectors of doubles
 
-inline __m512 Load16(const float* p) {
-  return _mm512_loadu_ps(p);
-}
-inline __m512 Load16(const uint16_t* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
 inline __m512 Load16(const float* p, __mmask16 m) {
   return _mm512_maskz_loadu_ps(m, p);
 }
 inline __m512 Load16(const uint16_t* p, __mmask16 m) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
-}
-inline float ToFloat(float x) {
-  return x;
-}
-inline float ToFloat(uint16_t h) {
-  return _cvtsh_ss(h);
 }
 
 // e^x for x <= 0 (scores minus their running max): 2^n * e^r with |r| <= ln2/2, a degree-6
@@ -94,8 +82,8 @@ inline __m512 Sums16(const __m512* v) {
 
 // lanes[r * 16 + j] = the 16 per-lane partial sums of q_r . key j for R rows and J keys (key j's
 // elements at key[j]): 16-element chunk c goes to accumulator c % 2 and the two are added, as the
-// one-token kernel's Dot does (attention_simd_avx512.cpp), so with Sums16's tree the scores are
-// its scores bit for bit; the last chunk is masked (zeros add nothing). R x J x 2 accumulators in
+// one-token kernel's Dot does (attention_simd_avx512.cpp), and Sums16 adds lanes in the order of
+// its _mm512_reduce_add_ps; the last chunk is masked (zeros add nothing). R x J x 2 accumulators in
 // registers, each query chunk loaded once per J keys and each key chunk once per R rows.
 template <int R, int J, typename T>
 void DotLanes(const float* const* q, int dk, const T* const* key, __m512* lanes) {

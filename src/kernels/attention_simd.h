@@ -28,9 +28,9 @@ void AttentionAvx512(const AttentionShape& s, const float* q, int64_t n_tokens, 
 // Blocked (flash-style) attention (attention_blocked_avx512.cpp; needs the kAvx512 tier, F32 or
 // F16 rows, n_head a multiple of n_head_kv, dv <= kBlockedMaxDv): query rows of one KV head per
 // work item, keys and values loaded once for all of them, online softmax with a vectorized exp,
-// value sums in double. Its scores are AttentionSimd's; the softmax's rounding differs. A row's
-// bits are the same whichever pass (one token or many) computes it. Attention uses it wherever it
-// can.
+// value sums in double. Its scores add in AttentionSimd's order; the softmax rounds differently.
+// A row's bits are the same whichever pass (one token or many) computes it. Attention uses it
+// wherever it can.
 constexpr int kBlockedMaxDv = 512;
 void AttentionBlockedAvx512(const AttentionShape& s, const float* q, int64_t n_tokens,
                             int64_t pos0, const KvRows& kv, float* out, ThreadPool& pool);
