@@ -69,7 +69,7 @@ Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {
   if (depth < 1 || depth > 64) return InvalidArgument("--prefetch-depth must be 1 to 64");
   ro.prefetch_depth = static_cast<int>(depth);
   ASSIGN_OR_RETURN(ro.io_mode, ParseIoMode(f.Get({"--io"}, "auto")));
-  ASSIGN_OR_RETURN(long long io_threads, f.GetInt({"--io-threads"}, 1));
+  ASSIGN_OR_RETURN(long long io_threads, f.GetInt({"--io-threads"}, ro.io_threads));
   if (io_threads < 1 || io_threads > 16) return InvalidArgument("--io-threads must be 1 to 16");
   ro.io_threads = static_cast<int>(io_threads);
   // Past the store's ladder is the manager's error at load (it names the ladder it found).

@@ -60,9 +60,11 @@ struct ResidencyOptions {
   std::string plan_path;   // a PlanBundle JSON: its resident set, evict_after and fallbacks
   std::string trace_path;  // JSONL trace (runtime/trace_writer.h), "" for none
   IoMode io_mode = IoMode::kAuto;
-  // Reading threads. One (with 16 requests in flight) matched or beat dd iflag=direct on the
-  // test machine; a second overlaps checksums with reads but measured no faster there.
-  int io_threads = 1;
+  // Reading threads; each reads its request and verifies its checksum. On a 2 GB/s disk one
+  // (with 16 requests in flight) matched dd iflag=direct and more changed nothing; on a 6-8 GB/s
+  // NVMe one thread's read-and-verify capped expert streaming at ~2 GB/s and four reached 3.3
+  // (bench/RESULTS.md, "MoE out of core under 2 and 8 GiB").
+  int io_threads = 4;
   bool direct_io = true;
   ExpertCache::Policy expert_policy = ExpertCache::Policy::kLru;
   int expert_slots = 0;  // 0: as many as the budget leaves
