@@ -63,7 +63,7 @@ class RecordingSource : public WeightSource {
     return inner_->Acquire(id, slice, tier);
   }
   int DefaultTier() const override { return inner_->DefaultTier(); }
-  bool WantsLookahead() const override { return true; }
+  int LookaheadLayers() const override { return 1; }
   void BeginOp(const std::string& op) override {
     if (op == OpIdTokenEmbd()) {
       const size_t n = guessed_.size();

@@ -138,7 +138,7 @@ constexpr const char* kUsage =
     "usage: substrate bench -m MODEL [-p 512] [-n 128] [-t N] [-r 2] [--json] [--profile]\n"
     "                       [--bw-bytes 2G] [--kv-type f32|f16] [--device cpu|cuda] [--gpu N]\n"
     "                       [--store STORE/ --max-ram SIZE [--tier N] ...]\n"
-    "                       [--cache-aware-routing DELTA]\n"
+    "                       [--cache-aware-routing DELTA] [--lookahead N]\n"
     "                       [--verify all|margin [--verify-window W] [--verify-tau T] ...]\n"
     "                       [--draft-model M] [--draft-max K] [--prompt-file F]\n"
     "Prompt processing (-p tokens in one batch) and generation (-n tokens one at a time)\n"

@@ -20,7 +20,7 @@ constexpr const char* kUsage =
     "                      [--kv-type f32|f16] [--draft-max K] [--draft-model M] [--session F]\n"
     "                      [--device cpu|cuda] [--gpu N]\n"
     "                      [--store STORE/ --max-ram SIZE [--plan P] [--tier N] ...]\n"
-    "                      [--cache-aware-routing DELTA]\n"
+    "                      [--cache-aware-routing DELTA] [--lookahead N]\n"
     "                      [--verify off|all|margin ...]\n"
     "                      (as for substrate run)\n"
     "  --session F  keep the conversation in F (its KV cache) and F.messages.json, and go on\n"

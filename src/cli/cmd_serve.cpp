@@ -26,7 +26,7 @@ const char* kUsage =
     "                       [--slot-save-path DIR] [--prompt-cache-dir DIR] [--prompt-cache-size SIZE]\n"
     "                       [--store STORE/ --max-ram SIZE [--plan P] [--tier N] [--trace T]\n"
     "                        [--prefetch-depth N] [--io auto|uring|pread] [--io-threads N]\n"
-    "                        [--cache-aware-routing DELTA]]\n"
+    "                        [--cache-aware-routing DELTA] [--lookahead N]]\n"
     "                       [--verify off|all|margin [--verify-window W] [--verify-tau T]\n"
     "                        [--verify-tier N] [--draft-tier N]]  (as for substrate run)\n"
     "  endpoints: GET / (web page), GET /health, GET /metrics, GET /v1/models,\n"

@@ -11,7 +11,8 @@ std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra) {
   for (const char* f : {"--store", "--max-ram", "--plan", "--trace", "--prefetch-depth", "--io",
                         "--io-threads", "--tier", "--verifier", "--probes", "--verifier-script",
                         "--escalation-threshold", "--escalation-persistence", "--escalation-max",
-                        "--escalation-pool", "--device", "--gpu", "--cache-aware-routing"})
+                        "--escalation-pool", "--device", "--gpu", "--cache-aware-routing",
+                        "--lookahead"})
     extra.push_back(f);
   return extra;
 }
@@ -54,7 +55,7 @@ Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {
       if (f.Has(flag)) return InvalidArgument(std::string(flag) + " needs --store STORE/");
     if (!f.Has("--max-ram")) {
       for (const char* flag : {"--plan", "--trace", "--prefetch-depth", "--io", "--io-threads",
-                               "--cache-aware-routing"})
+                               "--cache-aware-routing", "--lookahead"})
         if (f.Has(flag))
           return InvalidArgument(std::string(flag) +
                                  " needs --max-ram SIZE (and a GGUF or --store STORE/)");
@@ -72,6 +73,9 @@ Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {
   ASSIGN_OR_RETURN(long long io_threads, f.GetInt({"--io-threads"}, ro.io_threads));
   if (io_threads < 1 || io_threads > 16) return InvalidArgument("--io-threads must be 1 to 16");
   ro.io_threads = static_cast<int>(io_threads);
+  ASSIGN_OR_RETURN(long long lookahead, f.GetInt({"--lookahead"}, ro.lookahead_layers));
+  if (lookahead < 0 || lookahead > 4) return InvalidArgument("--lookahead must be 0 to 4");
+  ro.lookahead_layers = static_cast<int>(lookahead);
   // Past the store's ladder is the manager's error at load (it names the ladder it found).
   ASSIGN_OR_RETURN(long long tier, f.GetInt({"--tier"}, -1));
   if (f.Has("--tier") && (tier < 0 || tier > 1000000))

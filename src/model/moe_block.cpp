@@ -78,8 +78,9 @@ Status MoeBlock(ForwardContext& c, int il, const LayerWeights& w) {
     if (c.observer)
       c.observer->BeforeExperts(w.expert_op0, sel + (n - 1) * K, sel_w + (n - 1) * K, K, xn);
     c.source->HintExperts(il, routing.experts, routing.n_experts);
-    if (c.layers && il + 1 < hp.n_layer && hp.is_moe_layer(il + 1) && c.source->WantsLookahead())
-      RETURN_IF_ERROR(HintLookahead(c, il + 1));
+    const int depth = c.layers ? c.source->LookaheadLayers() : 0;
+    for (int next = il + 1; next <= il + depth && next < hp.n_layer; ++next)
+      if (hp.is_moe_layer(next)) RETURN_IF_ERROR(HintLookahead(c, next));
   }
 
   ASSIGN_OR_RETURN(Tensor acc, c.scratch->Get(Scratch::kMoeAcc, n, d));

@@ -87,15 +87,16 @@ class WeightSource {
   // ignores them). Per forward pass and MoE layer L, in this order:
   //  - inside block_L.moe.router, after routing: the experts layer L will acquire (the union over
   //    the pass's tokens, increasing, no duplicates), before any of them is acquired;
-  //  - then, only when WantsLookahead(), a guess for layer L+1 (when it is a MoE layer): layer
-  //    L+1's router (ffn_norm, ffn_gate_inp, exp_probs_b: acquired inside block_L.moe.router)
-  //    applied to the hidden state entering layer L's MoE. The real hint for L+1 follows at L+1's
-  //    router, so per layer the first hint of a pass is the guess; it may name experts never
+  //  - then, for d = 1 .. LookaheadLayers(), a guess for layer L+d (when it is a MoE layer):
+  //    layer L+d's router (ffn_norm, ffn_gate_inp, exp_probs_b: acquired inside
+  //    block_L.moe.router) applied to the hidden state entering layer L's MoE. Later layers
+  //    guess again, nearer, and the real hint for L+d follows at its router, so per layer the
+  //    hints of a pass before the last are guesses, farthest first; they may name experts never
   //    acquired. `experts` is valid only during the call.
   virtual void HintExperts(int layer, const int32_t* experts, int n) {}
-  // Whether the model computes look-ahead guesses (one small GEMV per MoE layer and token), so
-  // resident runs pay nothing.
-  virtual bool WantsLookahead() const { return false; }
+  // How many layers ahead the model guesses (one small GEMV per MoE layer, token and layer of
+  // look-ahead); 0, the default, so resident runs pay nothing.
+  virtual int LookaheadLayers() const { return 0; }
   // Cache-aware routing: marks cached[0..n_expert) with the experts of `layer` whose weights are
   // in memory or being read, and returns true; false when the source keeps no expert cache
   // (resident: every expert is equally at hand). Called inside block_L.moe.router, before

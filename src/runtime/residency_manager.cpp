@@ -521,7 +521,8 @@ Status ResidencyManager::BeginExpert(int o) {
 void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!experts_ || experts_->n_slots() == 0 || layer < 0 || layer >= hp_.n_layer) return;
-  const int64_t deadline = layer == cur_layer_ ? pos_ : pos_ + ops_per_layer_;
+  // Due when its layer starts: now for this layer's own hint, d layers on for a guess d ahead.
+  const int64_t deadline = pos_ + std::max(0, layer - cur_layer_) * int64_t{ops_per_layer_};
   // Hinted reads may fill all but one slot, so a miss always finds a victim soon.
   int busy = 0;
   for (int i = 0; i < experts_->n_slots(); ++i) {
@@ -532,7 +533,9 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
     if (experts[i] < 0 || experts[i] >= hp_.n_expert) continue;
     const int o = expert_ops_[layer][experts[i]];
     if (o < 0 || experts_->Find(o) >= 0) continue;
-    const int slot = experts_->TakeVictim(pos_ - 2 * ops_per_layer_);
+    // Experts hinted within the look-ahead's reach (and the layer before) stay until used.
+    const int slot =
+        experts_->TakeVictim(pos_ - (1 + std::max(1, options_.lookahead_layers)) * ops_per_layer_);
     if (slot < 0) return;
     ReadExpert(slot, o, deadline);
     experts_->slot(slot).hint_pos = pos_;

@@ -65,6 +65,9 @@ struct ResidencyOptions {
   // NVMe one thread's read-and-verify capped expert streaming at ~2 GB/s and four reached 3.3
   // (bench/RESULTS.md, "MoE out of core under 2 and 8 GiB").
   int io_threads = 4;
+  // How many layers ahead the model guesses routed experts (WeightSource::LookaheadLayers):
+  // deeper guesses give a read more time and are right less often.
+  int lookahead_layers = 1;
   bool direct_io = true;
   ExpertCache::Policy expert_policy = ExpertCache::Policy::kLru;
   int expert_slots = 0;  // 0: as many as the budget leaves
@@ -138,7 +141,9 @@ class ResidencyManager : public WeightSource {
     return o < 0 ? 0 : index_->ops()[o].SlabBytes(tier);
   }
   // Look-ahead guesses are worth their GEMV only when some experts are not cached.
-  bool WantsLookahead() const override { return stats_.n_ops_expert > stats_.expert_slots; }
+  int LookaheadLayers() const override {
+    return stats_.n_ops_expert > stats_.expert_slots ? options_.lookahead_layers : 0;
+  }
 
   ResidencyStats stats() const;
   std::string StatsJson() const;

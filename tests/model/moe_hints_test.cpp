@@ -1,8 +1,9 @@
 // The MoE routing hints (WeightSource::HintExperts): a recording source over the resident one
 // checks that every acquired expert was hinted first, in its own op, and that the hint names
 // exactly the experts acquired; logits do not change when the look-ahead runs; and it measures
-// how many of a layer's experts the look-ahead (layer L+1's router on layer L's hidden state)
-// predicted, on heldout text.
+// how many of a layer's experts the look-ahead (layer L+d's router on layer L's hidden state, d =
+// 1 and 2) predicted, on heldout text.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -20,11 +21,11 @@ namespace {
 
 class RecordingSource : public WeightSource {
  public:
-  RecordingSource(WeightSource* inner, bool lookahead) : inner_(inner), lookahead_(lookahead) {}
+  RecordingSource(WeightSource* inner, int depth) : inner_(inner), depth_(depth) {}
 
   TensorId Resolve(const std::string& name) const override { return inner_->Resolve(name); }
   const TensorInfo& Info(TensorId id) const override { return inner_->Info(id); }
-  bool WantsLookahead() const override { return lookahead_; }
+  int LookaheadLayers() const override { return depth_; }
 
   void BeginOp(const std::string& op) override {
     if (op == OpIdTokenEmbd()) EndPass();
@@ -37,11 +38,12 @@ class RecordingSource : public WeightSource {
     if (static_cast<int>(s.size()) != n) ++errors;  // duplicates
     for (int i = 1; i < n; ++i)
       if (experts[i] <= experts[i - 1]) ++errors;  // not increasing
-    // With the look-ahead on, the first hint of a layer in a pass is the guess (layer 0 has none).
-    const bool guess = lookahead_ && layer > 0 && !hinted_.count(layer);
-    hinted_[layer] = true;
-    if (guess) {
-      guess_[layer] = s;
+    // With the look-ahead d layers deep, the first min(d, layer) hints of a layer in a pass are
+    // guesses, farthest first (every layer of the fixture is a MoE layer).
+    const int k = hinted_[layer]++;
+    const int n_guesses = std::min(depth_, layer);
+    if (k < n_guesses) {
+      guess_[n_guesses - k][layer] = s;
       ++guesses;
     } else {
       if (real_.count(layer)) ++errors;  // two real hints for one layer
@@ -69,28 +71,30 @@ class RecordingSource : public WeightSource {
   void EndPass() {
     for (const auto& [layer, s] : real_)
       if (acquired_[layer] != s) ++errors;  // hinted experts never acquired, or the reverse
-    for (const auto& [layer, g] : guess_) {
-      const std::set<int>& a = real_[layer];
-      if (static_cast<int>(a.size()) > decode_k) continue;  // score decode steps only
-      for (int e : a) predicted += g.count(e);
-      actual += static_cast<int64_t>(a.size());
-    }
+    for (int d = 1; d <= depth_; ++d)
+      for (const auto& [layer, g] : guess_[d]) {
+        const std::set<int>& a = real_[layer];
+        if (static_cast<int>(a.size()) > decode_k) continue;  // score decode steps only
+        for (int e : a) predicted[d] += g.count(e);
+        actual[d] += static_cast<int64_t>(a.size());
+      }
     real_.clear();
-    guess_.clear();
+    for (auto& g : guess_) g.clear();
     acquired_.clear();
     hinted_.clear();
   }
 
   int decode_k = 1 << 30;  // a real hint with more experts is a prefill pass
   int errors = 0, unhinted = 0, outside_op = 0, guesses = 0;
-  int64_t expert_acquires = 0, shared_acquires = 0, predicted = 0, actual = 0;
+  int64_t expert_acquires = 0, shared_acquires = 0;
+  int64_t predicted[3] = {}, actual[3] = {};  // by look-ahead depth (1, 2)
 
  private:
   WeightSource* inner_;
-  bool lookahead_;
+  int depth_;
   std::multiset<std::string> open_;
-  std::map<int, std::set<int>> real_, guess_, acquired_;
-  std::map<int, bool> hinted_;
+  std::map<int, std::set<int>> real_, guess_[3], acquired_;
+  std::map<int, int> hinted_;
 };
 
 // Prefill `prefill` tokens, then teacher-forced decode of the rest one at a time.
@@ -128,16 +132,16 @@ TEST(MoeHints, EveryAcquiredExpertIsHintedAndLookaheadIsMeasured) {
   ASSERT_GT(toks.size(), 64u);
   const size_t prefill = 32;
 
-  std::vector<float> plain, hinted, ahead;
+  std::vector<float> plain, hinted, ahead, ahead2;
   RunText(*m, m->source.get(), toks, prefill, &plain, &ledger);
-  RecordingSource no_look(m->source.get(), false), look(m->source.get(), true);
-  look.decode_k = m->model->hparams().n_expert_used;
+  RecordingSource no_look(m->source.get(), 0), look(m->source.get(), 1), look2(m->source.get(), 2);
+  look.decode_k = look2.decode_k = m->model->hparams().n_expert_used;
   RunText(*m, &no_look, toks, prefill, &hinted, &ledger);
   RunText(*m, &look, toks, prefill, &ahead, &ledger);
-  no_look.EndPass();
-  look.EndPass();
+  RunText(*m, &look2, toks, prefill, &ahead2, &ledger);
+  for (RecordingSource* r : {&no_look, &look, &look2}) r->EndPass();
 
-  for (RecordingSource* r : {&no_look, &look}) {
+  for (RecordingSource* r : {&no_look, &look, &look2}) {
     EXPECT_GT(r->expert_acquires, 0);
     EXPECT_GT(r->shared_acquires, 0);
     EXPECT_EQ(r->errors, 0);
@@ -146,10 +150,12 @@ TEST(MoeHints, EveryAcquiredExpertIsHintedAndLookaheadIsMeasured) {
   }
   EXPECT_EQ(no_look.guesses, 0);
   EXPECT_GT(look.guesses, 0);
+  EXPECT_GT(look2.guesses, look.guesses);
   // The hooks change no arithmetic; nor does running a decode step's experts together.
   ASSERT_EQ(plain.size(), ahead.size());
   EXPECT_EQ(plain, hinted);
   EXPECT_EQ(plain, ahead);
+  EXPECT_EQ(plain, ahead2);
   std::vector<float> one_by_one;
   const int64_t old = SetBatchedExpertMaxTokens(0);
   RunText(*m, m->source.get(), toks, prefill, &one_by_one, &ledger);
@@ -157,13 +163,18 @@ TEST(MoeHints, EveryAcquiredExpertIsHintedAndLookaheadIsMeasured) {
   EXPECT_EQ(plain, one_by_one);
 
   const int K = m->model->hparams().n_expert_used, E = m->model->hparams().n_expert;
-  const double precision = static_cast<double>(look.predicted) / static_cast<double>(look.actual);
-  std::printf("{\"lookahead_precision\": %.4f, \"predicted\": %lld, \"actual\": %lld, "
-              "\"chance\": %.4f, \"tokens\": %zu}\n",
-              precision, static_cast<long long>(look.predicted),
-              static_cast<long long>(look.actual), static_cast<double>(K) / E, toks.size());
-  // Far better than chance (K/E), or the look-ahead is not using the next layer's router.
-  EXPECT_GT(precision, 2.0 * K / E);
+  auto precision = [](const RecordingSource& r, int d) {
+    return static_cast<double>(r.predicted[d]) / static_cast<double>(r.actual[d]);
+  };
+  // Depth 1 scores the same whether or not a depth-2 guess came before it.
+  EXPECT_EQ(look.predicted[1], look2.predicted[1]);
+  std::printf("{\"lookahead_precision\": %.4f, \"lookahead2_precision\": %.4f, \"predicted\": %lld, "
+              "\"actual\": %lld, \"chance\": %.4f, \"tokens\": %zu}\n",
+              precision(look, 1), precision(look2, 2), static_cast<long long>(look.predicted[1]),
+              static_cast<long long>(look.actual[1]), static_cast<double>(K) / E, toks.size());
+  // Far better than chance (K/E), or the look-ahead is not using the later layers' routers.
+  EXPECT_GT(precision(look, 1), 2.0 * K / E);
+  EXPECT_GT(precision(look2, 2), 2.0 * K / E);
 }
 
 // A Q8_0 MoE loaded as engines load it: 2-D Q8_0 matrices (here the shared expert's) take the
