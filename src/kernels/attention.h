@@ -19,6 +19,17 @@ namespace substrate {
 void Attention(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
                const KvRows& kv, float* out, ThreadPool& pool);
 
+// Calls f(k, v) with kv's key and value rows at their element type: const float* for F32, const
+// uint16_t* (fp16 bits) for F16. The kernels are templates over that type.
+template <typename F>
+void WithKvElements(const KvRows& kv, F&& f) {
+  if (kv.type == DType::kF16) {
+    f(static_cast<const uint16_t*>(kv.k), static_cast<const uint16_t*>(kv.v));
+  } else {
+    f(static_cast<const float*>(kv.k), static_cast<const float*>(kv.v));
+  }
+}
+
 // The scalar reference the SIMD version is tested against: float q.k, softmax with a double
 // sum, value mix accumulated in double.
 void AttentionReference(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,

@@ -359,13 +359,9 @@ void Blocked(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t 
 
 void AttentionBlockedAvx512(const AttentionShape& s, const float* q, int64_t n_tokens, int64_t pos0,
                             const KvRows& kv, float* out, ThreadPool& pool) {
-  if (kv.type == DType::kF16) {
-    Blocked(s, q, n_tokens, pos0, static_cast<const uint16_t*>(kv.k), kv.k_stride,
-            static_cast<const uint16_t*>(kv.v), kv.v_stride, out, pool);
-  } else {
-    Blocked(s, q, n_tokens, pos0, static_cast<const float*>(kv.k), kv.k_stride,
-            static_cast<const float*>(kv.v), kv.v_stride, out, pool);
-  }
+  WithKvElements(kv, [&](const auto* k, const auto* v) {
+    Blocked(s, q, n_tokens, pos0, k, kv.k_stride, v, kv.v_stride, out, pool);
+  });
 }
 
 }  // namespace substrate
