@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <thread>
 
 #include "model/model_test_util.h"
@@ -131,6 +133,25 @@ TEST_P(PassBatcherTest, ConcurrentSessionsGetTheirAloneTokensInFewerPasses) {
   EXPECT_LT(s.steps * 2, static_cast<uint64_t>(alone_passes)) << s.steps << " steps";
 }
 
+// Forwards to a runner and notes that a first pass was submitted through it.
+class NotingRunner : public PassRunner {
+ public:
+  explicit NotingRunner(PassRunner* inner) : inner_(inner) {}
+  Status Forward(const int32_t* tokens, int64_t n, KvCache& cache, bool all_logits,
+                 std::vector<float>* logits, bool token_step) override {
+    submitted = true;
+    return inner_->Forward(tokens, n, cache, all_logits, logits, token_step);
+  }
+  Status Exclusive(const std::function<Status()>& fn) override { return inner_->Exclusive(fn); }
+  void BeginGeneration() override { inner_->BeginGeneration(); }
+  void EndGeneration() override { inner_->EndGeneration(); }
+
+  std::atomic<bool> submitted{false};
+
+ private:
+  PassRunner* inner_;
+};
+
 TEST_P(PassBatcherTest, ALongPromptJoinsRunningDecodesInChunks) {
   Job decoding{"def fibonacci(n):", {}};
   decoding.opt.max_tokens = 160;  // long enough that the joining prompt arrives mid-decode
@@ -147,15 +168,21 @@ TEST_P(PassBatcherTest, ALongPromptJoinsRunningDecodesInChunks) {
   PassBatcherOptions o = Invariant();
   o.ubatch_size = 16;  // the prompt (well over 100 tokens) joins 16 tokens a step
   PassBatcher batcher(engine_.get(), o);
+  NotingRunner joining_passes(&batcher);
   std::atomic<bool> started{false};
   Outcome got_decoding, got_joining;
   std::thread first([&] {
     got_decoding = Run(decoding, &batcher, [&](int64_t n) {
       if (n == 4) started = true;
+      // The decode waits (at most 10 s) for the prompt's first pass, so however fast this
+      // machine decodes, the prompt's later chunks meet decode rows.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (n == 5 && !joining_passes.submitted && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
     });
   });
   while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::thread second([&] { got_joining = Run(joining, &batcher); });
+  std::thread second([&] { got_joining = Run(joining, &joining_passes); });
   first.join();
   second.join();
   EXPECT_EQ(got_decoding.tokens, want_decoding.tokens);
