@@ -25,9 +25,9 @@ constexpr int kD = kMeta<Block>;
 template <typename Block>
 constexpr int kDmin = kD<Block> + 2 * kInterleavedRows;
 template <typename Block>
-constexpr int kLow = kDmin<Block> + 2 * kInterleavedRows;
+constexpr int kScale = kDmin<Block> + 2 * kInterleavedRows;
 template <typename Block>
-constexpr int kHigh = kLow<Block> + 8 * kInterleavedRows;
+constexpr int kMinLow = kScale<Block> + 8 * kInterleavedRows;
 
 // The inverse of scalar::UnpackQ4KScales: 8 scales and 8 mins (6 bits each) to 12 bytes.
 void PackQ4KScales(const uint8_t* sc, const uint8_t* mn, uint8_t* q) {
@@ -50,12 +50,10 @@ void PutRow(const Block& x, int i, uint8_t* dst) {
   uint8_t sc[8], mn[8];
   scalar::UnpackQ4KScales(x.scales, sc, mn);
   for (int s = 0; s < 8; ++s)
-    dst[kLow<Block> + kInterleavedRows * s + i] =
-        static_cast<uint8_t>((sc[s] & 15) | (mn[s] & 15) << 4);
+    dst[kScale<Block> + kInterleavedRows * s + i] = static_cast<uint8_t>(sc[s] | (mn[s] >> 4) << 6);
   for (int p = 0; p < 4; ++p)
-    dst[kHigh<Block> + kInterleavedRows * p + i] = static_cast<uint8_t>(
-        (sc[2 * p] >> 4) | (mn[2 * p] >> 4) << 2 | (sc[2 * p + 1] >> 4) << 4 |
-        (mn[2 * p + 1] >> 4) << 6);
+    dst[kMinLow<Block> + kInterleavedRows * p + i] =
+        static_cast<uint8_t>((mn[2 * p] & 15) | (mn[2 * p + 1] & 15) << 4);
 }
 
 // Row i's block from interleaved block `src`.
@@ -69,11 +67,11 @@ void GetRow(const uint8_t* src, int i, Block* x) {
   std::memcpy(&x->dmin, src + kDmin<Block> + 2 * i, 2);
   uint8_t sc[8], mn[8];
   for (int s = 0; s < 8; ++s) {
-    const uint8_t low = src[kLow<Block> + kInterleavedRows * s + i];
-    const uint8_t high =
-        static_cast<uint8_t>(src[kHigh<Block> + kInterleavedRows * (s / 2) + i] >> (4 * (s % 2)));
-    sc[s] = static_cast<uint8_t>((low & 15) | (high & 3) << 4);
-    mn[s] = static_cast<uint8_t>((low >> 4) | ((high >> 2) & 3) << 4);
+    const uint8_t scale = src[kScale<Block> + kInterleavedRows * s + i];
+    const uint8_t min_low =
+        static_cast<uint8_t>(src[kMinLow<Block> + kInterleavedRows * (s / 2) + i] >> (4 * (s % 2)));
+    sc[s] = scale & 63;
+    mn[s] = static_cast<uint8_t>((min_low & 15) | (scale >> 6) << 4);
   }
   PackQ4KScales(sc, mn, x->scales);
 }

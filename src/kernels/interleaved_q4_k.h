@@ -17,9 +17,9 @@
 //                                          32j + 4k.. of each row (low nibbles: elements
 //                                          64j + 4k.., sub-block 2j; high: 64j + 32 + 4k..)
 //   [16 rows] d (fp16)   [16 rows] dmin (fp16)
-//   [8 sub-blocks][16 rows]  scale & 15 | (min & 15) << 4
-//   [4 pairs][16 rows]       bits 0-1: scale 2p >> 4, 2-3: min 2p >> 4, 4-5: scale 2p+1 >> 4,
-//                            6-7: min 2p+1 >> 4
+//   [8 sub-blocks][16 rows]  scale | (min >> 4) << 6   (the whole scale in one byte: one
+//                                                      zero-extend and a mask per sub-block)
+//   [4 pairs][16 rows]       (min 2p & 15) | (min 2p+1 & 15) << 4
 // Integer sums equal the row kernels' (and the scalar reference's); per token the float
 // operations do not depend on how many tokens share a pass, so a prefill row has decode's bits.
 //

@@ -16,9 +16,9 @@
 namespace substrate::avx512 {
 namespace {
 
-// Offsets within a block's metadata (d, dmin, low and high scale bytes), which follows the
-// quant bytes (Q4_K) or the quant bytes and the high-bit plane (Q5_K).
-constexpr int kD = 0, kDmin = kD + 32, kLow = kDmin + 32, kHigh = kLow + 128;
+// Offsets within a block's metadata (d, dmin, scale bytes, low bits of the mins), which follows
+// the quant bytes (Q4_K) or the quant bytes and the high-bit plane (Q5_K).
+constexpr int kD = 0, kDmin = kD + 32, kScale = kDmin + 32, kMinLow = kScale + 128;
 constexpr int kQh = kQ4KInterleaved_QuantBytes;  // Q5_K's high-bit plane
 
 inline __m512i Word(const int8_t* p) {  // 4 activation quants, broadcast to 16 lanes
@@ -43,21 +43,18 @@ inline __m512i Bit4(__m512i v, int bit) {
 // Sub-block s's scale (6 bits) for the 16 rows of block `m`'s metadata, one per 32-bit lane
 // with a zero high word, as dpwssd wants it.
 inline __m512i Scale(const uint8_t* m, int s) {
-  const __m512i low = _mm512_and_si512(Bytes16(m + kLow + 16 * s), _mm512_set1_epi32(15));
-  const __m512i high = _mm512_srli_epi32(Bytes16(m + kHigh + 16 * (s / 2)), 4 * (s % 2));
-  return _mm512_or_si512(low, _mm512_slli_epi32(_mm512_and_si512(high, _mm512_set1_epi32(3)), 4));
+  return _mm512_and_si512(Bytes16(m + kScale + 16 * s), _mm512_set1_epi32(63));
 }
 
-// Mins of sub-blocks 2p and 2p + 1 as the two words of each lane.
+// Mins of sub-blocks 2p and 2p + 1 as the two words of each lane: low 4 bits from the pair's
+// byte, bits 4-5 from the top of each scale byte.
 inline __m512i MinPair(const uint8_t* m, int p) {
-  const __m512i high = Bytes16(m + kHigh + 16 * p);
-  const __m512i three = _mm512_set1_epi32(3);
-  const __m512i m0 = _mm512_or_si512(
-      _mm512_srli_epi32(Bytes16(m + kLow + 16 * (2 * p)), 4),
-      _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high, 2), three), 4));
-  const __m512i m1 = _mm512_or_si512(
-      _mm512_srli_epi32(Bytes16(m + kLow + 16 * (2 * p + 1)), 4),
-      _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high, 6), three), 4));
+  const __m512i low = Bytes16(m + kMinLow + 16 * p);
+  const __m512i top = _mm512_set1_epi32(0x30);
+  const __m512i m0 = _mm512_or_si512(_mm512_and_si512(low, _mm512_set1_epi32(15)),
+                                     _mm512_and_si512(_mm512_srli_epi32(Bytes16(m + kScale + 16 * (2 * p)), 2), top));
+  const __m512i m1 = _mm512_or_si512(_mm512_srli_epi32(low, 4),
+                                     _mm512_and_si512(_mm512_srli_epi32(Bytes16(m + kScale + 16 * (2 * p + 1)), 2), top));
   return _mm512_or_si512(m0, _mm512_slli_epi32(m1, 16));
 }
 
@@ -72,8 +69,12 @@ template <bool kFive, int NT>
 void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float* const* out) {
   constexpr int kBlockBytes = kFive ? kQ5KInterleaved_BlockBytes : kQ4KInterleaved_BlockBytes;
   constexpr int kMeta = kFive ? kQh + kQ5KInterleaved_HighBitBytes : kQ4KInterleaved_QuantBytes;
-  // Bytes of the block after next requested per half chunk (8 of them) when NT > 1.
+  // Bytes requested ahead per half chunk (8 of them).
   constexpr int kAheadStep = (kBlockBytes / 8 + 63) / 64 * 64;
+  // Few tokens: the high nibbles stay in place (16 times their value) and each token's chain is
+  // shifted down once, instead of shifting every weight word; with more tokens sharing the
+  // words, shifting the words once is cheaper. The integer sums are the same either way.
+  constexpr bool kHighInPlace = !kFive && NT <= 2;
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
@@ -82,29 +83,26 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float
     const uint8_t* meta = p + kMeta;
     // Decode reads every weight once per token: keep enough lines in flight to cover DRAM
     // latency (into L1 2 KiB ahead, into L2 8 KiB ahead). A tile of tokens computes long enough
-    // per block for the block after next to arrive meanwhile: its lines are requested a few per
-    // step below, not in one burst that would wait for the core's line fill buffers.
-    if constexpr (NT == 1) {
-      for (int o = 0; o < kBlockBytes; o += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(p) + o + 2048, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(p) + o + 8192, _MM_HINT_T1);
-      }
-    }
+    // per block for the block after next to arrive meanwhile. Either way the lines are requested
+    // a few per step below, not in one burst per block, which would wait for the core's line
+    // fill buffers (one burst cost decode 15 % of the bandwidth).
+    constexpr int kAheadL1 = NT == 1 ? 2048 : 2 * kBlockBytes;
     __m512i isum[NT];
     for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j) {
       const __m512i sc_lo = Scale(meta, 2 * j), sc_hi = Scale(meta, 2 * j + 1);
       for (int h = 0; h < 2; ++h) {
-        if constexpr (NT > 1) {
-          const char* next =
-              reinterpret_cast<const char*>(p) + 2 * kBlockBytes + kAheadStep * (2 * j + h);
-          for (int o = 0; o < kAheadStep; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+        const char* step = reinterpret_cast<const char*>(p) + kAheadStep * (2 * j + h);
+        for (int o = 0; o < kAheadStep; o += 64) {
+          _mm_prefetch(step + kAheadL1 + o, _MM_HINT_T0);
+          if constexpr (NT == 1) _mm_prefetch(step + 8192 + o, _MM_HINT_T1);
         }
         __m512i lo[4], hi[4];
         for (int k = 0; k < 4; ++k) {
           const __m512i w = _mm512_loadu_si512(p + 64 * (8 * j + 4 * h + k));
           lo[k] = _mm512_and_si512(w, m4);
-          hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+          hi[k] = kHighInPlace ? _mm512_andnot_si512(m4, w)
+                               : _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
           if constexpr (kFive) {  // qh word 4h + k: elements 16h + 4k.. of every sub-block
             const __m512i qh = _mm512_loadu_si512(p + kQh + 64 * (4 * h + k));
             lo[k] = _mm512_or_si512(lo[k], Bit4(qh, 2 * j));
@@ -122,6 +120,7 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float
               cl = _mm512_dpbusd_epi32(cl, lo[k], Word(a + 4 * k));
               ch = _mm512_dpbusd_epi32(ch, hi[k], Word(a + 32 + 4 * k));
             }
+            if constexpr (kHighInPlace) ch = _mm512_srai_epi32(ch, 4);  // exact: 16 * chain
             isum[t] = _mm512_dpwssd_epi32(isum[t], cl, sc_lo);
             isum[t] = _mm512_dpwssd_epi32(isum[t], ch, sc_hi);
           }

@@ -57,9 +57,12 @@ inline void SubBlocks(const uint8_t* blk, int n, __m512 d, const BlockQ8_K* cons
                       __m512* acc) {
   const __m512i pair = ScalePair(blk, 4 * n + k);
   for (int lh = 0; lh < 2; ++lh) {
-    if constexpr (NT > 1) {  // 16 steps per block, 4 lines each: the block after next
-      const char* next = reinterpret_cast<const char*>(blk) + 2 * kBlockBytes + 256 * (8 * n + 2 * k + lh);
-      for (int o = 0; o < 256; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+    // 16 steps per block, 4 lines each (GroupDot says how far ahead).
+    constexpr int kAheadL1 = NT == 1 ? 2048 : 2 * kBlockBytes;
+    const char* step = reinterpret_cast<const char*>(blk) + 256 * (8 * n + 2 * k + lh);
+    for (int o = 0; o < 256; o += 64) {
+      _mm_prefetch(step + kAheadL1 + o, _MM_HINT_T0);
+      if constexpr (NT == 1) _mm_prefetch(step + 8192 + o, _MM_HINT_T1);
     }
     const __m512i sc = lh ? _mm512_srai_epi32(pair, 16) : _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16);
     const __m512 fsc = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
@@ -86,14 +89,9 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = group + b * kBlockBytes;
     // Decode reads every weight once per token: keep enough lines in flight to cover DRAM
-    // latency (into L1 2 KiB ahead, into L2 8 KiB ahead). A tile of tokens requests the block
-    // after next a few lines per sub-block instead (SubBlocks), as Q4_K's kernel does.
-    if constexpr (NT == 1) {
-      for (int o = 0; o < kBlockBytes; o += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(blk) + o + 2048, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(blk) + o + 8192, _MM_HINT_T1);
-      }
-    }
+    // latency (into L1 2 KiB ahead, into L2 8 KiB ahead); a tile of tokens computes long enough
+    // per block to request the block after next. SubBlocks requests a few lines per step, not a
+    // block's worth in one burst, which would wait for the core's line fill buffers.
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + kD)));
     __m512 part[NT];
     for (int t = 0; t < NT; ++t) part[t] = _mm512_setzero_ps();
