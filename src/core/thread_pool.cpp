@@ -20,10 +20,16 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::RunChunks(int thread_index) {
+  // Guided: each chunk is a share of what is left (never under the grain), so the chunks shrink
+  // toward the end and the threads finish together instead of one waiting for the other's last
+  // large chunk.
+  int64_t begin = next_.load(std::memory_order_relaxed);
   for (;;) {
-    int64_t begin = next_.fetch_add(chunk_);
     if (begin >= n_) break;
-    (*job_)(begin, std::min(n_, begin + chunk_), thread_index);
+    const int64_t size = std::max(chunk_, (n_ - begin) / (2 * n_threads_));
+    if (!next_.compare_exchange_weak(begin, begin + size)) continue;
+    (*job_)(begin, std::min(n_, begin + size), thread_index);
+    begin = next_.load(std::memory_order_relaxed);
   }
 }
 
@@ -72,8 +78,9 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     fn(0, n, 0);
     return;
   }
-  // About 4 chunks per thread balances load without much contention on next_.
-  int64_t chunk = std::max(grain, (n + 4 * n_threads_ - 1) / (4 * n_threads_));
+  // The smallest chunk: the grain, and no less than 1/16 of a thread's share, which keeps the
+  // number of chunks (and contention on next_) small.
+  int64_t chunk = std::max(grain, (n + 16 * n_threads_ - 1) / (16 * n_threads_));
   uint64_t generation;
   {
     std::lock_guard<std::mutex> lock(mu_);
