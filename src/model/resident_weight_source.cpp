@@ -46,6 +46,13 @@ Expected<std::unique_ptr<ResidentWeightSource>> ResidentWeightSource::Load(
     if (options.backend && t.ne.size() == 2) {
       src->layouts_[i] = options.backend->AdoptResidentWeight(
           t.type, static_cast<int64_t>(t.ne[1]), static_cast<int64_t>(t.ne[0]), buf->data());
+    } else if (options.backend && t.ne.size() == 3) {
+      // Stacked experts: each expert's matrix is adopted on its own, so that a slice is a whole
+      // matrix in the backend's layout (the experts are most of a MoE's bytes per token).
+      for (uint64_t e = 0; e < t.ne[2]; ++e)
+        src->layouts_[i] = options.backend->AdoptResidentWeight(
+            t.type, static_cast<int64_t>(t.ne[1]), static_cast<int64_t>(t.ne[0]),
+            buf->data() + e * t.slice_bytes());
     } else if (options.backend) {
       options.backend->AdoptResidentBytes(buf->data(), t.bytes);
     }
@@ -64,7 +71,7 @@ TensorId ResidentWeightSource::Resolve(const std::string& name) const {
 Expected<WeightHandle> ResidentWeightSource::Acquire(TensorId id, int slice, int tier) {
   if (id < 0 || static_cast<size_t>(id) >= infos_.size())
     return InvalidArgument("weight source: no tensor with id " + std::to_string(id));
-  if (slice >= 0 && layouts_[id] != WeightLayout::kRows)
+  if (slice >= 0 && layouts_[id] != WeightLayout::kRows && infos_[id].ne.size() != 3)
     return InvalidArgument("tensor '" + infos_[id].name +
                            "': rows of an interleaved matrix cannot be sliced");
   ASSIGN_OR_RETURN(WeightView v, MakeWeightView(infos_[id], data_[id].data(), slice));

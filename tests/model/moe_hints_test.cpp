@@ -177,11 +177,12 @@ TEST(MoeHints, EveryAcquiredExpertIsHintedAndLookaheadIsMeasured) {
   EXPECT_GT(precision(look2, 2), 2.0 * K / E);
 }
 
-// A Q8_0 MoE loaded as engines load it: 2-D Q8_0 matrices (here the shared expert's) take the
-// interleaved decode layout. Its decode steps still run the experts together (the shared
-// expert's interleaved products inside the same batches), with the same logits as expert by
-// expert: on the interleaved kernel, and on AVX2, where the groups are put back into rows.
-TEST(MoeHints, BatchedEqualsOneByOneWithInterleavedSharedExpert) {
+// A Q8_0 MoE loaded as engines load it: its Q8_0 matrices (the shared expert's, and each routed
+// expert's slice of the stacked tensors) take the interleaved decode layout. Its decode steps
+// still run the experts together (interleaved products inside the same batches), with the same
+// logits as expert by expert: on the interleaved kernel, and on AVX2, where the groups are put
+// back into rows.
+TEST(MoeHints, BatchedEqualsOneByOneWithInterleavedExperts) {
   const std::string path = SharedDir() + "/gguf/tiny-coder-moe-Q8_0.gguf";
   if (!Exists(path)) GTEST_SKIP() << "no fixture " << path;
   if (DetectedIsa() < Isa::kAvx512) GTEST_SKIP() << "no interleaved layout below AVX-512";
@@ -200,6 +201,9 @@ TEST(MoeHints, BatchedEqualsOneByOneWithInterleavedSharedExpert) {
     auto h = m.source->Acquire(m.source->Resolve("blk.0.ffn_gate_shexp.weight"));
     ASSERT_TRUE(h.ok()) << h.status().ToString();
     ASSERT_EQ(h->view().layout, WeightLayout::kQ8_0Interleaved);
+    auto e = m.source->Acquire(m.source->Resolve("blk.0.ffn_down_exps.weight"), 31);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    ASSERT_EQ(e->view().layout, WeightLayout::kQ8_0Interleaved);
   }
   std::vector<int32_t> toks;
   for (int i = 0; i < 40; ++i) toks.push_back(static_cast<int32_t>((i * 37 + 11) % 8000));
