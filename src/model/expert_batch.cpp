@@ -7,7 +7,9 @@
 // Ops: every selected expert's op is begun, in increasing expert order, and its tensors
 // acquired inside it, before any expert computes; the ops end, in the same order, after all
 // have computed. So a streaming source sees every read of the layer's experts up front (it can
-// issue them together) and may free them at the first EndOp.
+// issue them together) and may free them at the first EndOp. The exception: when a streaming
+// source says some experts' reads are still in flight (WeightSource::ExpertsReady), the ready
+// ones and the shared expert are begun and computed first, the late ones after.
 #include "model/expert_batch.h"
 
 #include <algorithm>
@@ -67,32 +69,43 @@ class OpenExperts {
 thread_local std::vector<WeightHandle> OpenExperts::handles;
 thread_local std::vector<int> OpenExperts::begun;
 
-Status RunBatched(ForwardContext& c, int il, const LayerWeights& w, const Tensor& xn,
-                  const ExpertRouting& r, const Tensor& acc, const Tensor* shared_out) {
-  const int64_t d = c.hp->n_embd, n = c.n;
-  Backend& be = *c.be;
-  const int ne = r.n_experts;
+// The rows of a batched decode step: rows p of the gathered input, gate, up and output belong
+// to expert slot p's token (tokens[p0 + p]); expert e's rows start at offset[e] - p0.
+struct BatchRows {
+  Tensor xn, xg, g, u, out;  // xn: the tokens themselves (the shared expert's input)
+  Tensor gs, us, sg;         // the shared expert's gate, up and sigmoid gate
+  const Tensor* shared_out = nullptr;
+  int64_t p0 = 0;
+};
+
+// Experts r.experts[i] for i in `which` (and the shared expert, when `with_shared`): their ops
+// begun and tensors acquired (a streaming source waits here for reads still in flight), then
+// one batch of every gate and up product, SwiGLU, and one batch of every down product.
+Status RunGroup(ForwardContext& c, const LayerWeights& w, const ExpertRouting& r,
+                const std::vector<int>& which, bool with_shared, const BatchRows& b,
+                OpenExperts& open) {
+  const int64_t d = c.hp->n_embd;
   const int64_t ff = static_cast<int64_t>(c.source->Info(w.gate_exps).ne[1]);
-  const bool shared = shared_out != nullptr;
-  const bool shared_gate = shared && w.gate_inp_shexp != kNoTensor;
-  const int64_t ffs = shared ? static_cast<int64_t>(c.source->Info(w.gate_shexp).ne[1]) : 0;
-  OpenExperts open(c);
+  const bool shared_gate = with_shared && w.gate_inp_shexp != kNoTensor;
   std::vector<WeightHandle>& h = OpenExperts::handles;
-  h.reserve(static_cast<size_t>(3 * c.hp->n_expert + 4));
-  for (int i = 0; i < ne; ++i) {
+  const size_t h0 = h.size();
+  for (int i : which) {
     const int e = r.experts[i];
     open.Begin(w.expert_op0 + e);
     for (TensorId id : {w.gate_exps, w.up_exps, w.down_exps}) {
       ASSIGN_OR_RETURN(WeightHandle hd, c.Acquire(id, w.expert_op0 + e, e));
       h.push_back(std::move(hd));
     }
-    RETURN_IF_ERROR(CheckShape(c, w.gate_exps, h[3 * i].view(), d, ff));
-    RETURN_IF_ERROR(CheckShape(c, w.up_exps, h[3 * i + 1].view(), d, ff));
-    RETURN_IF_ERROR(CheckShape(c, w.down_exps, h[3 * i + 2].view(), ff, d));
+    const size_t k = h.size() - 3;
+    RETURN_IF_ERROR(CheckShape(c, w.gate_exps, h[k].view(), d, ff));
+    RETURN_IF_ERROR(CheckShape(c, w.up_exps, h[k + 1].view(), d, ff));
+    RETURN_IF_ERROR(CheckShape(c, w.down_exps, h[k + 2].view(), ff, d));
   }
-  // The shared expert joins the batch in its own op, after the routed ones (topological order).
+  // The shared expert in its own op, after the group's routed ones (topological order).
   const size_t hs = h.size();  // its handles: gate, up, down, [sigmoid gate]
-  if (shared) {
+  int64_t ffs = 0;
+  if (with_shared) {
+    ffs = static_cast<int64_t>(c.source->Info(w.gate_shexp).ne[1]);
     open.Begin(w.shared_op);
     for (TensorId id : {w.gate_shexp, w.up_shexp, w.down_shexp, w.gate_inp_shexp}) {
       if (id == kNoTensor) continue;
@@ -105,46 +118,81 @@ Status RunBatched(ForwardContext& c, int il, const LayerWeights& w, const Tensor
     if (shared_gate) RETURN_IF_ERROR(CheckShape(c, w.gate_inp_shexp, h[hs + 3].view(), d, 1));
   }
 
-  // Rows p of the gathered input / hidden / output belong to expert slot p's token
-  // (tokens[p0 + p]); expert i's rows start at offset[experts[i]] - p0.
-  const int64_t total = r.offset[r.experts[ne - 1] + 1] - r.offset[r.experts[0]];
-  const int64_t p0 = r.offset[r.experts[0]];
-  ASSIGN_OR_RETURN(Tensor xg, c.scratch->Get(Scratch::kGathered, total, d));
-  ASSIGN_OR_RETURN(Tensor gs, c.scratch->Get(Scratch::kSharedGate, n, std::max<int64_t>(1, ffs)));
-  ASSIGN_OR_RETURN(Tensor us, c.scratch->Get(Scratch::kSharedUp, n, std::max<int64_t>(1, ffs)));
-  ASSIGN_OR_RETURN(Tensor sg, c.scratch->Get(Scratch::kVec, n, 1));
-  ASSIGN_OR_RETURN(Tensor g, c.scratch->Get(Scratch::kGate, total, ff));
-  ASSIGN_OR_RETURN(Tensor u, c.scratch->Get(Scratch::kUp, total, ff));
-  ASSIGN_OR_RETURN(Tensor out, c.scratch->Get(Scratch::kExpertHidden, total, d));
-  be.GatherRows(xn, r.tokens + p0, total, xg);
-
-  // Gate and up of every expert (the shared one reads the tokens themselves, with its sigmoid
-  // gate), then every down: two batches. Grow-once op lists.
+  // Grow-once op lists.
+  Backend& be = *c.be;
   thread_local std::vector<MatMulOp> up_ops, down_ops;
   up_ops.clear();
   down_ops.clear();
-  for (int i = 0; i < ne; ++i) {
-    const int e = r.experts[i];
-    const int64_t row0 = r.offset[e] - p0, m = r.offset[e + 1] - r.offset[e];
-    up_ops.push_back({&h[3 * i].view(), xg.Rows(row0, m), g.Rows(row0, m)});
-    up_ops.push_back({&h[3 * i + 1].view(), xg.Rows(row0, m), u.Rows(row0, m)});
-    down_ops.push_back({&h[3 * i + 2].view(), g.Rows(row0, m), out.Rows(row0, m)});
+  for (size_t j = 0; j < which.size(); ++j) {
+    const int e = r.experts[which[j]];
+    const int64_t row0 = r.offset[e] - b.p0, m = r.offset[e + 1] - r.offset[e];
+    const size_t k = h0 + 3 * j;
+    up_ops.push_back({&h[k].view(), b.xg.Rows(row0, m), b.g.Rows(row0, m)});
+    up_ops.push_back({&h[k + 1].view(), b.xg.Rows(row0, m), b.u.Rows(row0, m)});
+    down_ops.push_back({&h[k + 2].view(), b.g.Rows(row0, m), b.out.Rows(row0, m)});
   }
-  if (shared) {
-    up_ops.push_back({&h[hs].view(), xn, gs});
-    up_ops.push_back({&h[hs + 1].view(), xn, us});
-    if (shared_gate) up_ops.push_back({&h[hs + 3].view(), xn, sg});
-    down_ops.push_back({&h[hs + 2].view(), gs, *shared_out});
+  if (with_shared) {
+    up_ops.push_back({&h[hs].view(), b.xn, b.gs});
+    up_ops.push_back({&h[hs + 1].view(), b.xn, b.us});
+    if (shared_gate) up_ops.push_back({&h[hs + 3].view(), b.xn, b.sg});
+    down_ops.push_back({&h[hs + 2].view(), b.gs, *b.shared_out});
   }
   be.MatMulBatch(up_ops.data(), static_cast<int>(up_ops.size()));
-  be.SwiGlu(g, u, g);
-  if (shared) be.SwiGlu(gs, us, gs);
+  if (static_cast<int>(which.size()) == r.n_experts) {
+    be.SwiGlu(b.g, b.u, b.g);
+  } else {  // element-wise: a group's rows alone give the same bits
+    for (int i : which) {
+      const int e = r.experts[i];
+      const int64_t row0 = r.offset[e] - b.p0, m = r.offset[e + 1] - r.offset[e];
+      be.SwiGlu(b.g.Rows(row0, m), b.u.Rows(row0, m), b.g.Rows(row0, m));
+    }
+  }
+  if (with_shared) be.SwiGlu(b.gs, b.us, b.gs);
   be.MatMulBatch(down_ops.data(), static_cast<int>(down_ops.size()));
   // qwen2moe: the shared expert's output is scaled by sigmoid(w . x) per token.
-  if (shared_gate) be.ScaleRowsBySigmoid(*shared_out, sg);
+  if (shared_gate) be.ScaleRowsBySigmoid(*b.shared_out, b.sg);
+  return Status::Ok();
+}
+
+Status RunBatched(ForwardContext& c, int il, const LayerWeights& w, const Tensor& xn,
+                  const ExpertRouting& r, const Tensor& acc, const Tensor* shared_out) {
+  const int64_t d = c.hp->n_embd, n = c.n;
+  const int ne = r.n_experts;
+  const int64_t ff = static_cast<int64_t>(c.source->Info(w.gate_exps).ne[1]);
+  const bool shared = shared_out != nullptr;
+  const int64_t ffs = shared ? static_cast<int64_t>(c.source->Info(w.gate_shexp).ne[1]) : 0;
+  OpenExperts open(c);
+  OpenExperts::handles.reserve(static_cast<size_t>(3 * c.hp->n_expert + 4));
+
+  BatchRows b;
+  b.xn = xn;
+  b.shared_out = shared_out;
+  b.p0 = r.offset[r.experts[0]];
+  const int64_t total = r.offset[r.experts[ne - 1] + 1] - b.p0;
+  ASSIGN_OR_RETURN(b.xg, c.scratch->Get(Scratch::kGathered, total, d));
+  ASSIGN_OR_RETURN(b.gs, c.scratch->Get(Scratch::kSharedGate, n, std::max<int64_t>(1, ffs)));
+  ASSIGN_OR_RETURN(b.us, c.scratch->Get(Scratch::kSharedUp, n, std::max<int64_t>(1, ffs)));
+  ASSIGN_OR_RETURN(b.sg, c.scratch->Get(Scratch::kVec, n, 1));
+  ASSIGN_OR_RETURN(b.g, c.scratch->Get(Scratch::kGate, total, ff));
+  ASSIGN_OR_RETURN(b.u, c.scratch->Get(Scratch::kUp, total, ff));
+  ASSIGN_OR_RETURN(b.out, c.scratch->Get(Scratch::kExpertHidden, total, d));
+  c.be->GatherRows(xn, r.tokens + b.p0, total, b.xg);
+
+  // Experts whose reads are still in flight go last: the ready ones and the shared expert
+  // compute meanwhile (two groups, each with its two batches). Each product's bits do not
+  // depend on its batch, so the split changes no result.
+  thread_local std::vector<uint8_t> ready;
+  thread_local std::vector<int> now, later;
+  ready.assign(static_cast<size_t>(ne), 1);
+  now.clear();
+  later.clear();
+  c.source->ExpertsReady(il, r.experts, ne, ready.data());
+  for (int i = 0; i < ne; ++i) (ready[static_cast<size_t>(i)] ? now : later).push_back(i);
+  RETURN_IF_ERROR(RunGroup(c, w, r, now, shared, b, open));
+  if (!later.empty()) RETURN_IF_ERROR(RunGroup(c, w, r, later, false, b, open));
 
   // Weighted sum in expert order, as the expert-by-expert path adds.
-  be.ScatterAddRows(out, r.tokens + p0, r.weights + p0, total, acc);
+  c.be->ScatterAddRows(b.out, r.tokens + b.p0, r.weights + b.p0, total, acc);
   return Status::Ok();
 }
 

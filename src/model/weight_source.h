@@ -102,6 +102,12 @@ class WeightSource {
   // (resident: every expert is equally at hand). Called inside block_L.moe.router, before
   // the layer's hint.
   virtual bool CachedExperts(int layer, uint8_t* cached) { return false; }
+  // Which of `experts` (n of layer `layer`) could be acquired now without waiting for a read:
+  // ready[i] for experts[i]; false, the default, when the source cannot tell (resident: all
+  // are). A decode step computes the ready ones (and the shared expert) while the rest arrive.
+  virtual bool ExpertsReady(int layer, const int32_t* experts, int n, uint8_t* ready) {
+    return false;
+  }
 
   // Calibration: when ObservesInputs(), every matrix product reports its input rows before it
   // runs (n rows of `cols` floats meeting tensor `id`, expert `slice` or -1), so a source can

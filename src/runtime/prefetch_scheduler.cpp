@@ -79,17 +79,27 @@ Status PrefetchScheduler::Wait(ReadTicket* t, int64_t* waited_us) {
   return t->state == ReadTicket::kDone ? Status::Ok() : t->error;
 }
 
-void PrefetchScheduler::Cancel(ReadTicket* t) {
-  std::unique_lock<std::mutex> lock(mu_);
+bool PrefetchScheduler::DropQueuedLocked(ReadTicket* t) {
   for (size_t i = 0; i < queue_.size(); ++i) {
     if (queue_[i].req.ticket != t) continue;
     queued_bytes_ -= queue_[i].bytes;
     queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(i));
     t->state = ReadTicket::kIdle;
-    return;
+    return true;
   }
+  return false;
+}
+
+void PrefetchScheduler::Cancel(ReadTicket* t) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (DropQueuedLocked(t)) return;
   done_cv_.wait(lock, [&] { return t->state != ReadTicket::kRunning; });
   t->state = ReadTicket::kIdle;
+}
+
+bool PrefetchScheduler::CancelQueued(ReadTicket* t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return t->state == ReadTicket::kQueued && DropQueuedLocked(t);
 }
 
 double PrefetchScheduler::bandwidth() const {

@@ -66,6 +66,9 @@ class PrefetchScheduler {
   bool Ready(const ReadTicket* t);
   // A queued request is dropped; a running one is waited for. The ticket is idle after.
   void Cancel(ReadTicket* t);
+  // Drops the request if it is still queued (the ticket is idle after) and says so; never
+  // waits: a running, done or idle ticket is left as it is.
+  bool CancelQueued(ReadTicket* t);
 
   double bandwidth() const;       // bytes/s of read time so far; 0 before the first read
   uint64_t queued_bytes() const;  // bytes of queued requests
@@ -79,6 +82,7 @@ class PrefetchScheduler {
     uint64_t bytes;
   };
   void WorkerLoop(int index);
+  bool DropQueuedLocked(ReadTicket* t);  // under mu_: removes t's queued request if there is one
   Status Execute(IoReader& io, const ReadRequest& r);
   int64_t NowUs() const;
 

@@ -529,6 +529,7 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
     const auto st = experts_->slot(i).ticket.state.load();
     busy += st == ReadTicket::kQueued || st == ReadTicket::kRunning;
   }
+  if (layer <= cur_layer_) busy -= DropWrongGuesses(layer, experts, n);
   for (int i = 0; i < n && busy + 1 < experts_->n_slots(); ++i) {
     if (experts[i] < 0 || experts[i] >= hp_.n_expert) continue;
     const int o = expert_ops_[layer][experts[i]];
@@ -545,6 +546,30 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
   }
 }
 
+int ResidencyManager::DropWrongGuesses(int layer, const int32_t* experts, int n) {
+  // The layer's real routing is known: guessed reads for its other experts that no reader has
+  // started yet would only delay the misses, so they are dropped and their slots freed. A read
+  // already running is left to finish (its expert stays cached).
+  std::vector<uint8_t>& routed = routed_scratch_;
+  routed.assign(static_cast<size_t>(hp_.n_expert), 0);
+  for (int i = 0; i < n; ++i)
+    if (experts[i] >= 0 && experts[i] < hp_.n_expert) routed[static_cast<size_t>(experts[i])] = 1;
+  int dropped = 0;
+  for (int e = 0; e < hp_.n_expert; ++e) {
+    const int o = expert_ops_[layer][e];
+    const int slot = o >= 0 && !routed[static_cast<size_t>(e)] ? experts_->Find(o) : -1;
+    if (slot < 0) continue;
+    ExpertCache::Slot& sl = experts_->slot(slot);
+    if (!sl.hint_unused || sl.pins > 0 || sl.upgrade.state.load() != ReadTicket::kIdle) continue;
+    if (!sched_->CancelQueued(&sl.ticket)) continue;
+    experts_->Clear(slot);
+    sl.hint_unused = false;
+    ++experts_->hint_dropped;
+    ++dropped;
+  }
+  return dropped;
+}
+
 bool ResidencyManager::CachedExperts(int layer, uint8_t* cached) {
   std::lock_guard<std::mutex> lock(mu_);
   // A cache with room for every expert favours nothing worth a changed choice.
@@ -553,6 +578,19 @@ bool ResidencyManager::CachedExperts(int layer, uint8_t* cached) {
   for (int e = 0; e < hp_.n_expert; ++e) {
     const int o = expert_ops_[layer][e];
     cached[e] = o >= 0 && (st_[o].where != Where::kExpert || experts_->Find(o) >= 0);
+  }
+  return true;
+}
+
+bool ResidencyManager::ExpertsReady(int layer, const int32_t* experts, int n, uint8_t* ready) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!experts_ || experts_->n_slots() >= stats_.n_ops_expert || layer < 0 || layer >= hp_.n_layer)
+    return false;
+  for (int i = 0; i < n; ++i) {
+    const int o = experts[i] >= 0 && experts[i] < hp_.n_expert ? expert_ops_[layer][experts[i]] : -1;
+    const int slot = o >= 0 && st_[o].where == Where::kExpert ? experts_->Find(o) : -1;
+    ready[i] = o < 0 || st_[o].where != Where::kExpert ||
+               (slot >= 0 && sched_->Ready(&experts_->slot(slot).ticket));
   }
   return true;
 }

@@ -97,6 +97,7 @@ struct ResidencyStats {
   uint64_t demand_loads = 0;       // tensors acquired outside their op's window
   uint64_t expert_hits = 0, expert_misses = 0, expert_late = 0, expert_hinted = 0;
   uint64_t expert_hint_used = 0;  // hinted reads whose expert was then acquired
+  uint64_t expert_hint_dropped = 0;  // guessed reads dropped unstarted once the routing was known
   bool uring = false;
   bool direct = false;
   int serve_tier = 0;
@@ -135,6 +136,7 @@ class ResidencyManager : public WeightSource {
   // In memory: resident, or in an expert slot (read, or being read after a hint). False when
   // the expert cache has a slot for every expert.
   bool CachedExperts(int layer, uint8_t* cached) override;
+  bool ExpertsReady(int layer, const int32_t* experts, int n, uint8_t* ready) override;
   void BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) override;
   uint64_t OpBytes(const std::string& op_id, int tier) const override {
     const int o = index_->FindOp(op_id);
@@ -172,6 +174,9 @@ class ResidencyManager : public WeightSource {
   bool tracing() const { return trace_ != nullptr; }
 
  private:
+  // HintExperts with the layer's real routing: drops the unstarted guessed reads of its other
+  // experts; returns how many.
+  int DropWrongGuesses(int layer, const int32_t* experts, int n);
   enum class Where { kResident, kStreamed, kExpert };
   struct OpState {
     Where where = Where::kResident;
@@ -267,6 +272,7 @@ class ResidencyManager : public WeightSource {
   bool plan_schedules_ = false;                // some op's read follows the plan's start_during
   std::vector<std::vector<int>> evict_lists_;  // per op: ops evicted at its EndOp
   std::vector<std::vector<int>> expert_ops_;   // [layer][expert] -> op, -1
+  std::vector<uint8_t> routed_scratch_;        // DropWrongGuesses: [expert] routed this layer
   int ops_per_layer_ = 1;
   std::vector<std::unique_ptr<Slab>> slabs_;
   uint64_t slab_bytes_ = 0;

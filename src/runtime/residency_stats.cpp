@@ -37,6 +37,7 @@ ResidencyStats ResidencyManager::stats() const {
   s.expert_late = experts_->late;
   s.expert_hinted = experts_->hinted;
   s.expert_hint_used = experts_->hint_used;
+  s.expert_hint_dropped = experts_->hint_dropped;
   return s;
 }
 
@@ -51,7 +52,7 @@ std::string ResidencyManager::StatsJson() const {
       "\"read_seconds\":%.4f,\"read_bandwidth\":%.1f,\"hits\":%llu,\"misses\":%llu,"
       "\"stall_us\":%lld,\"predicted_late\":%llu,\"demoted\":%llu,\"demand_loads\":%llu,"
       "\"expert_hits\":%llu,\"expert_misses\":%llu,\"expert_late\":%llu,\"expert_hinted\":%llu,"
-      "\"expert_hint_used\":%llu,"
+      "\"expert_hint_used\":%llu,\"expert_hint_dropped\":%llu,"
       "\"uring\":%s,\"direct\":%s,\"source\":\"%s\"}",
       s.serve_tier, s.n_ops_resident, s.n_ops_streamed, s.n_ops_expert,
       static_cast<unsigned long long>(s.resident_bytes), s.n_slabs, s.slabs_wanted,
@@ -66,7 +67,8 @@ std::string ResidencyManager::StatsJson() const {
       static_cast<unsigned long long>(s.expert_misses),
       static_cast<unsigned long long>(s.expert_late),
       static_cast<unsigned long long>(s.expert_hinted),
-      static_cast<unsigned long long>(s.expert_hint_used), s.uring ? "true" : "false",
+      static_cast<unsigned long long>(s.expert_hint_used),
+      static_cast<unsigned long long>(s.expert_hint_dropped), s.uring ? "true" : "false",
       s.direct ? "true" : "false", index_->gguf_path().empty() ? "store" : "gguf");
   return b;
 }

@@ -1,8 +1,9 @@
 // The MoE routing hints (WeightSource::HintExperts): a recording source over the resident one
 // checks that every acquired expert was hinted first, in its own op, and that the hint names
-// exactly the experts acquired; logits do not change when the look-ahead runs; and it measures
-// how many of a layer's experts the look-ahead (layer L+d's router on layer L's hidden state, d =
-// 1 and 2) predicted, on heldout text.
+// exactly the experts acquired; logits do not change when the look-ahead runs or when experts
+// still being read run after the others; and it measures how many of a layer's experts the
+// look-ahead (layer L+d's router on layer L's hidden state, d = 1 and 2) predicted, on heldout
+// text.
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -51,6 +52,15 @@ class RecordingSource : public WeightSource {
     }
   }
 
+  // With `split`, every other routed expert of a decode step reads as still in flight, so the
+  // step computes the others (and the shared expert) first.
+  bool ExpertsReady(int layer, const int32_t* experts, int n, uint8_t* ready) override {
+    if (!split) return false;
+    for (int i = 0; i < n; ++i) ready[i] = i % 2 == 0;
+    splits += n > 1;
+    return true;
+  }
+
   Expected<WeightHandle> Acquire(TensorId id, int slice, int tier) override {
     if (slice >= 0) {
       const std::string& name = Info(id).name;  // blk.L.ffn_*_exps.weight
@@ -84,6 +94,8 @@ class RecordingSource : public WeightSource {
     hinted_.clear();
   }
 
+  bool split = false;
+  int splits = 0;
   int decode_k = 1 << 30;  // a real hint with more experts is a prefill pass
   int errors = 0, unhinted = 0, outside_op = 0, guesses = 0;
   int64_t expert_acquires = 0, shared_acquires = 0;
@@ -132,16 +144,20 @@ TEST(MoeHints, EveryAcquiredExpertIsHintedAndLookaheadIsMeasured) {
   ASSERT_GT(toks.size(), 64u);
   const size_t prefill = 32;
 
-  std::vector<float> plain, hinted, ahead, ahead2;
+  std::vector<float> plain, hinted, ahead, ahead2, late_last;
   RunText(*m, m->source.get(), toks, prefill, &plain, &ledger);
-  RecordingSource no_look(m->source.get(), 0), look(m->source.get(), 1), look2(m->source.get(), 2);
+  RecordingSource no_look(m->source.get(), 0), look(m->source.get(), 1), look2(m->source.get(), 2),
+      split(m->source.get(), 1);
   look.decode_k = look2.decode_k = m->model->hparams().n_expert_used;
+  split.split = true;
   RunText(*m, &no_look, toks, prefill, &hinted, &ledger);
   RunText(*m, &look, toks, prefill, &ahead, &ledger);
   RunText(*m, &look2, toks, prefill, &ahead2, &ledger);
-  for (RecordingSource* r : {&no_look, &look, &look2}) r->EndPass();
+  RunText(*m, &split, toks, prefill, &late_last, &ledger);
+  for (RecordingSource* r : {&no_look, &look, &look2, &split}) r->EndPass();
+  EXPECT_GT(split.splits, 0) << "no decode step ran its late experts last";
 
-  for (RecordingSource* r : {&no_look, &look, &look2}) {
+  for (RecordingSource* r : {&no_look, &look, &look2, &split}) {
     EXPECT_GT(r->expert_acquires, 0);
     EXPECT_GT(r->shared_acquires, 0);
     EXPECT_EQ(r->errors, 0);
@@ -156,6 +172,7 @@ TEST(MoeHints, EveryAcquiredExpertIsHintedAndLookaheadIsMeasured) {
   EXPECT_EQ(plain, hinted);
   EXPECT_EQ(plain, ahead);
   EXPECT_EQ(plain, ahead2);
+  EXPECT_EQ(plain, late_last) << "running late experts in a second batch changed the logits";
   std::vector<float> one_by_one;
   const int64_t old = SetBatchedExpertMaxTokens(0);
   RunText(*m, m->source.get(), toks, prefill, &one_by_one, &ledger);

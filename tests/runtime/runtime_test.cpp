@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "compiler/plan_bundle.h"
+#include "core/fault_env.h"
 #include "core/memory_ledger.h"
 #include "core/thread_pool.h"
 #include "format/model_file.h"
@@ -102,6 +103,35 @@ TEST(Runtime, GoldenGreedyUnderCapWithPrefetch) {
   EXPECT_GT(reads, 0);
   m->reset();
   fs::remove(o.trace_path);
+}
+
+// Guessed expert reads that the layer's real routing does not name are dropped while still
+// queued (slow reads through one reader keep a queue), and the output stays the golden one.
+TEST(Runtime, WrongGuessesAreDroppedBeforeTheyRun) {
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
+  const json g = Golden();
+  const auto prompt = g["greedy"]["prompt"].get<std::vector<int32_t>>();
+  const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
+  FaultEnv env;
+  FaultEnv::Fault slow;
+  slow.kind = FaultEnv::Kind::kSlowRead;
+  slow.delay_ms = 2;
+  env.Add(slow);
+  ResidencyOptions o = SmallRun();
+  o.env = &env;
+  o.io_threads = 1;
+  o.lookahead_layers = 2;
+  o.expert_slots = 24;
+  MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()));
+  auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  Status err;
+  EXPECT_EQ(GreedyThrough(m->get(), (*m)->metadata(), &ledger, prompt, 8, &err),
+            std::vector<int32_t>(want.begin(), want.begin() + 8));
+  EXPECT_TRUE(err.ok()) << err.ToString();
+  const ResidencyStats s = (*m)->stats();
+  EXPECT_GT(s.expert_hint_dropped, 0u) << "no queued wrong guess was dropped";
+  EXPECT_LE(s.expert_hint_used + s.expert_hint_dropped, s.expert_hinted);
 }
 
 // A plan's resident set is what the manager keeps: here the routers, embedding and output head
