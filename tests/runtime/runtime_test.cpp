@@ -52,6 +52,17 @@ ResidencyOptions SmallRun() {
   return o;
 }
 
+// Through m: the first n tokens of the golden greedy continuation, and no error.
+void ExpectGoldenStart(ResidencyManager* m, MemoryLedger* ledger, size_t n) {
+  const json g = Golden();
+  const auto prompt = g["greedy"]["prompt"].get<std::vector<int32_t>>();
+  const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
+  Status err;
+  EXPECT_EQ(GreedyThrough(m, m->metadata(), ledger, prompt, n, &err),
+            std::vector<int32_t>(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(n)));
+  EXPECT_TRUE(err.ok()) << err.ToString();
+}
+
 TEST(Runtime, GoldenGreedyUnderCapWithPrefetch) {
   if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
   const json g = Golden();
@@ -109,9 +120,6 @@ TEST(Runtime, GoldenGreedyUnderCapWithPrefetch) {
 // queued (slow reads through one reader keep a queue), and the output stays the golden one.
 TEST(Runtime, WrongGuessesAreDroppedBeforeTheyRun) {
   if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
-  const json g = Golden();
-  const auto prompt = g["greedy"]["prompt"].get<std::vector<int32_t>>();
-  const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
   FaultEnv env;
   FaultEnv::Fault slow;
   slow.kind = FaultEnv::Kind::kSlowRead;
@@ -125,10 +133,7 @@ TEST(Runtime, WrongGuessesAreDroppedBeforeTheyRun) {
   MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()));
   auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
-  Status err;
-  EXPECT_EQ(GreedyThrough(m->get(), (*m)->metadata(), &ledger, prompt, 8, &err),
-            std::vector<int32_t>(want.begin(), want.begin() + 8));
-  EXPECT_TRUE(err.ok()) << err.ToString();
+  ExpectGoldenStart(m->get(), &ledger, 8);
   const ResidencyStats s = (*m)->stats();
   EXPECT_GT(s.expert_hint_dropped, 0u) << "no queued wrong guess was dropped";
   EXPECT_LE(s.expert_hint_used + s.expert_hint_dropped, s.expert_hinted);
@@ -171,9 +176,6 @@ TEST(Runtime, PlanChoosesTheResidentSet) {
 
 TEST(Runtime, PreadAndLruAndFrequencyPoliciesAgree) {
   if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
-  const json g = Golden();
-  const auto prompt = g["greedy"]["prompt"].get<std::vector<int32_t>>();
-  const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
   ResidencyOptions o = SmallRun();
   o.io_mode = IoMode::kPread;
   o.direct_io = false;
@@ -183,10 +185,7 @@ TEST(Runtime, PreadAndLruAndFrequencyPoliciesAgree) {
   MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()) * 3 / 5);
   auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
-  Status err;
-  EXPECT_EQ(GreedyThrough(m->get(), (*m)->metadata(), &ledger, prompt, 8, &err),
-            std::vector<int32_t>(want.begin(), want.begin() + 8));
-  EXPECT_TRUE(err.ok()) << err.ToString();
+  ExpectGoldenStart(m->get(), &ledger, 8);
   EXPECT_GT((*m)->stats().expert_misses + (*m)->stats().expert_late, 0u);
   EXPECT_FALSE((*m)->stats().uring);
 }
