@@ -188,7 +188,7 @@ Status RunBatched(ForwardContext& c, int il, const LayerWeights& w, const Tensor
   later.clear();
   c.source->ExpertsReady(il, r.experts, ne, ready.data());
   for (int i = 0; i < ne; ++i) (ready[static_cast<size_t>(i)] ? now : later).push_back(i);
-  RETURN_IF_ERROR(RunGroup(c, w, r, now, shared, b, open));
+  if (!now.empty() || shared) RETURN_IF_ERROR(RunGroup(c, w, r, now, shared, b, open));
   if (!later.empty()) RETURN_IF_ERROR(RunGroup(c, w, r, later, false, b, open));
 
   // Weighted sum in expert order, as the expert-by-expert path adds.
