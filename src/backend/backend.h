@@ -44,16 +44,18 @@ class Backend {
   virtual void Upload(const float* host, const Tensor& dst) = 0;
   // Waits for every op issued so far.
   virtual void Synchronize() {}
-  // A resident weight's bytes, once, before any op reads them: the backend may rearrange them in
-  // place into the layout its kernels read fastest (the same bytes: no second copy) and returns
-  // the layout the views of this tensor must carry. Default: kept as they are.
+  // A resident matrix's bytes (a 2-D tensor, or one expert's slice of a 3-D one), once, before
+  // any op reads them: the backend may rearrange them in place into the layout its kernels read
+  // fastest (the same bytes: no second copy) and returns the layout the views of this tensor
+  // must carry. Default: kept as they are.
   virtual WeightLayout AdoptResidentWeight(DType type, int64_t rows, int64_t cols,
                                            uint8_t* bytes) {
     return WeightLayout::kRows;
   }
-  // A resident tensor's bytes that stay as they are (vectors, 3-D expert tensors), once: a
-  // backend with memory of its own may keep a copy, so that views into them (an expert slice)
-  // need no upload per op. The bytes must stay valid and unchanged while the backend lives.
+  // A resident tensor's bytes that stay as they are (vectors: whatever is neither a matrix nor
+  // a stack of expert matrices), once: a backend with memory of its own may keep a copy, so
+  // that views into them need no upload per op. The bytes must stay valid and unchanged while
+  // the backend lives.
   virtual void AdoptResidentBytes(const uint8_t* bytes, uint64_t size) {}
 
   // ---- device information (benchmarks) ----

@@ -18,11 +18,12 @@ namespace substrate {
 class ResidentWeightSource : public WeightSource {
  public:
   struct Options {
-    // The backend that will compute with the weights: each 2-D tensor is handed to its
-    // AdoptResidentWeight once loaded (the CPU backend rearranges Q8_0 matrices in place for its
-    // decode kernel; a GPU backend keeps a device copy), and views carry the layout it returns;
-    // every other tensor goes to its AdoptResidentBytes. For engines; tools that read raw
-    // tensor bytes through the source leave it null (plain rows).
+    // The backend that will compute with the weights: each 2-D tensor, and each expert's slice
+    // of a 3-D one, is handed to its AdoptResidentWeight once loaded (the CPU backend rearranges
+    // quantized matrices in place for its decode kernels; a GPU backend keeps a device copy),
+    // and views carry the layout it returns; every other tensor goes to its
+    // AdoptResidentBytes. For engines; tools that read raw tensor bytes through the source
+    // leave it null (plain rows).
     Backend* backend = nullptr;
   };
 
