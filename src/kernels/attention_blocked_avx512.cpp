@@ -200,8 +200,11 @@ void MixRows(const float* p, int n, const T* v, int64_t v_stride, double* const*
     case 2:
       MixTile<R, 2>(p, n, v, v_stride, o, d0, last);
       break;
-    default:
+    case 3:
       MixTile<R, 3>(p, n, v, v_stride, o, d0, last);
+      break;
+    default:  // 25-31 elements left: four vectors, the last one masked
+      MixTile<R, 4>(p, n, v, v_stride, o, d0, last);
       break;
   }
 }
