@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "kernels/attention_simd.h"
+#include "kernels/token_tile.h"
 
 namespace substrate {
 namespace {
@@ -132,20 +133,8 @@ void Scores(int rows, const float* const* q, int dk, float scale, const T* k, in
     for (int j = 0; j < 16; ++j) key[j] = k + (j0 + std::min(j, nk - 1)) * k_stride;
     for (int r0 = 0; r0 < rows; r0 += kScoreRows) {
       __m512* out = lanes + r0 * 16;
-      switch (std::min(kScoreRows, rows - r0)) {
-        case 1:
-          DotLanes16<1>(q + r0, dk, key, out);
-          break;
-        case 2:
-          DotLanes16<2>(q + r0, dk, key, out);
-          break;
-        case 3:
-          DotLanes16<3>(q + r0, dk, key, out);
-          break;
-        default:
-          DotLanes16<4>(q + r0, dk, key, out);
-          break;
-      }
+      WithTile<kScoreRows>(std::min(kScoreRows, rows - r0),
+                           [&](auto nr) { DotLanes16<nr.value>(q + r0, dk, key, out); });
     }
     for (int r = 0; r < rows; ++r) {
       for (int j = nk; j < 16; ++j) lanes[r * 16 + j] = _mm512_setzero_ps();  // keys past n
@@ -193,20 +182,8 @@ void MixRows(const float* p, int n, const T* v, int64_t v_stride, double* const*
   const int rest = dv - d0;
   if (rest == 0) return;
   const auto last = static_cast<__mmask8>(rest % 8 == 0 ? 0xFF : (1u << (rest % 8)) - 1);
-  switch ((rest + 7) / 8) {
-    case 1:
-      MixTile<R, 1>(p, n, v, v_stride, o, d0, last);
-      break;
-    case 2:
-      MixTile<R, 2>(p, n, v, v_stride, o, d0, last);
-      break;
-    case 3:
-      MixTile<R, 3>(p, n, v, v_stride, o, d0, last);
-      break;
-    default:  // 25-31 elements left: four vectors, the last one masked
-      MixTile<R, 4>(p, n, v, v_stride, o, d0, last);
-      break;
-  }
+  WithTile<4>((rest + 7) / 8,
+              [&](auto nv) { MixTile<R, nv.value>(p, n, v, v_stride, o, d0, last); });
 }
 
 template <typename T>
@@ -214,26 +191,8 @@ void Mix(int rows, const float* p, int n, const T* v, int64_t v_stride, double* 
   for (int r0 = 0; r0 < rows; r0 += kMixRows) {
     const float* pr = p + r0 * kKeyBlock;
     double* const* orow = o + r0;
-    switch (std::min(kMixRows, rows - r0)) {
-      case 1:
-        MixRows<1>(pr, n, v, v_stride, orow, dv);
-        break;
-      case 2:
-        MixRows<2>(pr, n, v, v_stride, orow, dv);
-        break;
-      case 3:
-        MixRows<3>(pr, n, v, v_stride, orow, dv);
-        break;
-      case 4:
-        MixRows<4>(pr, n, v, v_stride, orow, dv);
-        break;
-      case 5:
-        MixRows<5>(pr, n, v, v_stride, orow, dv);
-        break;
-      default:
-        MixRows<6>(pr, n, v, v_stride, orow, dv);
-        break;
-    }
+    WithTile<kMixRows>(std::min(kMixRows, rows - r0),
+                       [&](auto nr) { MixRows<nr.value>(pr, n, v, v_stride, orow, dv); });
   }
 }
 

@@ -1,24 +1,26 @@
-// The interleaved kernels are templates over the tokens of a register tile (1..8), so that a
-// token's float operations are the same whatever tile it shares: WithTokenTile calls `fn` with
-// the tile's size as a compile-time constant (std::integral_constant).
+// Kernels templated over a small count (the tokens of a register tile, the rows or vectors of a
+// tile) so that an element's float operations are the same whatever tile it shares: WithTile
+// calls `fn` with the count as a compile-time constant (std::integral_constant).
 #pragma once
 
 #include <type_traits>
+#include <utility>
 
 namespace substrate {
 
+// fn(integral_constant<int, n>) for n in 1..Max; any other n runs as Max.
+template <int Max, typename Fn>
+inline void WithTile(int n, Fn&& fn) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((n == I + 1 || I + 1 == Max ? (fn(std::integral_constant<int, I + 1>()), true) : false) ||
+     ...);
+  }(std::make_integer_sequence<int, Max>());
+}
+
+// The interleaved kernels' token tiles: 1..8 tokens.
 template <typename Fn>
 inline void WithTokenTile(int nt, Fn&& fn) {
-  switch (nt) {
-    case 1: fn(std::integral_constant<int, 1>()); break;
-    case 2: fn(std::integral_constant<int, 2>()); break;
-    case 3: fn(std::integral_constant<int, 3>()); break;
-    case 4: fn(std::integral_constant<int, 4>()); break;
-    case 5: fn(std::integral_constant<int, 5>()); break;
-    case 6: fn(std::integral_constant<int, 6>()); break;
-    case 7: fn(std::integral_constant<int, 7>()); break;
-    default: fn(std::integral_constant<int, 8>()); break;
-  }
+  WithTile<8>(nt, std::forward<Fn>(fn));
 }
 
 }  // namespace substrate
