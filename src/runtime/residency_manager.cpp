@@ -550,14 +550,12 @@ int ResidencyManager::DropWrongGuesses(int layer, const int32_t* experts, int n)
   // The layer's real routing is known: guessed reads for its other experts that no reader has
   // started yet would only delay the misses, so they are dropped and their slots freed. A read
   // already running is left to finish (its expert stays cached).
-  std::vector<uint8_t>& routed = routed_scratch_;
-  routed.assign(static_cast<size_t>(hp_.n_expert), 0);
-  for (int i = 0; i < n; ++i)
-    if (experts[i] >= 0 && experts[i] < hp_.n_expert) routed[static_cast<size_t>(experts[i])] = 1;
+  // (A layer's real hint lists its experts in increasing order.)
   int dropped = 0;
   for (int e = 0; e < hp_.n_expert; ++e) {
     const int o = expert_ops_[layer][e];
-    const int slot = o >= 0 && !routed[static_cast<size_t>(e)] ? experts_->Find(o) : -1;
+    const int slot =
+        o >= 0 && !std::binary_search(experts, experts + n, e) ? experts_->Find(o) : -1;
     if (slot < 0) continue;
     ExpertCache::Slot& sl = experts_->slot(slot);
     if (!sl.hint_unused || sl.pins > 0 || sl.upgrade.state.load() != ReadTicket::kIdle) continue;
@@ -570,11 +568,15 @@ int ResidencyManager::DropWrongGuesses(int layer, const int32_t* experts, int n)
   return dropped;
 }
 
+bool ResidencyManager::StreamsExpertsOf(int layer) const {
+  return experts_ && experts_->n_slots() < stats_.n_ops_expert && layer >= 0 &&
+         layer < hp_.n_layer;
+}
+
 bool ResidencyManager::CachedExperts(int layer, uint8_t* cached) {
   std::lock_guard<std::mutex> lock(mu_);
   // A cache with room for every expert favours nothing worth a changed choice.
-  if (!experts_ || experts_->n_slots() >= stats_.n_ops_expert || layer < 0 || layer >= hp_.n_layer)
-    return false;
+  if (!StreamsExpertsOf(layer)) return false;
   for (int e = 0; e < hp_.n_expert; ++e) {
     const int o = expert_ops_[layer][e];
     cached[e] = o >= 0 && (st_[o].where != Where::kExpert || experts_->Find(o) >= 0);
@@ -584,8 +586,7 @@ bool ResidencyManager::CachedExperts(int layer, uint8_t* cached) {
 
 bool ResidencyManager::ExpertsReady(int layer, const int32_t* experts, int n, uint8_t* ready) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!experts_ || experts_->n_slots() >= stats_.n_ops_expert || layer < 0 || layer >= hp_.n_layer)
-    return false;
+  if (!StreamsExpertsOf(layer)) return false;
   for (int i = 0; i < n; ++i) {
     const int o = experts[i] >= 0 && experts[i] < hp_.n_expert ? expert_ops_[layer][experts[i]] : -1;
     const int slot = o >= 0 && st_[o].where == Where::kExpert ? experts_->Find(o) : -1;

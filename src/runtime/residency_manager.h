@@ -177,6 +177,8 @@ class ResidencyManager : public WeightSource {
   // HintExperts with the layer's real routing: drops the unstarted guessed reads of its other
   // experts; returns how many.
   int DropWrongGuesses(int layer, const int32_t* experts, int n);
+  // Whether `layer` is a layer and some of its experts live on disk (the cache lacks room for all).
+  bool StreamsExpertsOf(int layer) const;
   enum class Where { kResident, kStreamed, kExpert };
   struct OpState {
     Where where = Where::kResident;
@@ -272,7 +274,6 @@ class ResidencyManager : public WeightSource {
   bool plan_schedules_ = false;                // some op's read follows the plan's start_during
   std::vector<std::vector<int>> evict_lists_;  // per op: ops evicted at its EndOp
   std::vector<std::vector<int>> expert_ops_;   // [layer][expert] -> op, -1
-  std::vector<uint8_t> routed_scratch_;        // DropWrongGuesses: [expert] routed this layer
   int ops_per_layer_ = 1;
   std::vector<std::unique_ptr<Slab>> slabs_;
   uint64_t slab_bytes_ = 0;
