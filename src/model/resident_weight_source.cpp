@@ -43,16 +43,15 @@ Expected<std::unique_ptr<ResidentWeightSource>> ResidentWeightSource::Load(
     auto buf = AlignedBuffer::Allocate(t.bytes ? t.bytes : 1, ledger, "weights", 64);
     if (!buf.ok()) return buf.status().WithContext("loading tensor '" + t.name + "'");
     RETURN_IF_ERROR(file.ReadTensor(t, buf->data()));
-    if (options.backend && t.ne.size() == 2) {
-      src->layouts_[i] = options.backend->AdoptResidentWeight(
-          t.type, static_cast<int64_t>(t.ne[1]), static_cast<int64_t>(t.ne[0]), buf->data());
-    } else if (options.backend && t.ne.size() == 3) {
-      // Stacked experts: each expert's matrix is adopted on its own, so that a slice is a whole
-      // matrix in the backend's layout (the experts are most of a MoE's bytes per token).
-      for (uint64_t e = 0; e < t.ne[2]; ++e)
+    if (options.backend && (t.ne.size() == 2 || t.ne.size() == 3)) {
+      // A matrix, or stacked experts: each expert's matrix is adopted on its own, so that a
+      // slice is a whole matrix in the backend's layout (experts are most of a MoE's bytes per
+      // token).
+      const uint64_t n_matrices = t.ne.size() == 3 ? t.ne[2] : 1;
+      for (uint64_t e = 0; e < n_matrices; ++e)
         src->layouts_[i] = options.backend->AdoptResidentWeight(
             t.type, static_cast<int64_t>(t.ne[1]), static_cast<int64_t>(t.ne[0]),
-            buf->data() + e * t.slice_bytes());
+            buf->data() + e * (t.bytes / n_matrices));
     } else if (options.backend) {
       options.backend->AdoptResidentBytes(buf->data(), t.bytes);
     }
