@@ -10,11 +10,15 @@ namespace substrate {
 // The bandwidth admission: a read that cannot finish before its op is predicted to start (the
 // queued bytes ahead of it at the measured rate, against the compute time of the ops before it)
 // takes the op's fallback (FallbackPlanner): served at a lower tier when the plan allows, else
-// waited for.
+// waited for. An escalation (a resident op raised above its skeleton) is always read: its
+// residual is kept for the op's next tokens, so a read too late for this one still serves them,
+// and BeginOp runs the op on its skeleton while it is in flight. Leaving it unread would leave
+// it unread for good on a machine whose compute outruns its disk: the admission would predict
+// every later read late too.
 int ResidencyManager::Admit(int op, int64_t abs) {
   const int want = Want(op);
   const double bw = sched_->bandwidth();
-  if (bw <= 0) return want;
+  if (bw <= 0 || st_[op].where == Where::kResident) return want;
   const int64_t n = static_cast<int64_t>(seq_.size());
   double deadline_us = 0;
   for (int64_t q = pos_ + 1; q < abs; ++q) {

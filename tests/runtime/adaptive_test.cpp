@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -213,14 +214,14 @@ TEST(Adaptive, EscalationsDoNotWaitForASlowDisk) {
   }
 }
 
-// The runtime monitor: the disk slows down mid-run (every residual read +40 ms): SSD_BW_CRITICAL
+// The runtime monitor: the disk slows down mid-run (every residual read +100 ms): SSD_BW_CRITICAL
 // demotes every escalation and holds new ones; the trace shows the transition and the forced
 // demotions, and trace-report summarizes them.
 TEST(Adaptive, ASlowingDiskForcesEveryEscalationDown) {
   if (PackedTinyCoderStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-bf16.gguf";
   FaultEnv env;
   Capped c;
-  EngineOptions eo = ScriptedOptions(&c, 256);
+  EngineOptions eo = ScriptedOptions(&c, 1024);
   const std::string trace = StoreTestPath("adaptive_monitor.jsonl");
   eo.residency.env = &env;
   eo.residency.trace_path = trace;
@@ -228,26 +229,35 @@ TEST(Adaptive, ASlowingDiskForcesEveryEscalationDown) {
   eo.adaptive.monitor_options.min_window_bytes = 64 << 10;
   eo.adaptive.monitor_options.latency_enter = 1e9;  // the disk alone (a loaded test machine's
                                                     // jitter must not trip latency first)
-  // Drifting two tokens of three: each escalation decays and comes back, so its residual is read
-  // again (one held throughout is read once and kept: a slow disk would not show).
-  std::vector<float> drift(200, 1.0f);
+  // Reads of a few hundred KB are latency-bound: a busy machine's windows swing by 2x, while a read
+  // 100 ms slower is 10x slower even on a cold network disk.
+  eo.adaptive.monitor_options.bw_enter = 0.2;
+  eo.adaptive.monitor_options.bw_exit = 0.4;
+  // block_1.ffn drifts two tokens of three: it decays and comes back, so its residual is read
+  // again (one held throughout is read once and kept: a slow disk would not show). block_4.attn
+  // drifts throughout, so the monitor's forced demotion always has an escalation to take down.
+  std::vector<float> drift(1000, 1.0f);
   for (size_t i = 2; i < drift.size(); i += 3) drift[i] = 0;
   eo.adaptive.script["block_1.ffn"] = drift;
-  eo.adaptive.script["block_4.attn"] = drift;
+  eo.adaptive.script["block_4.attn"] = std::vector<float>(1000, 1.0f);
   auto e = Engine::Load("", eo);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   Engine& a = **e;
-  auto s = a.NewSession(256);
+  auto s = a.NewSession(1024);
   ASSERT_TRUE(s.ok());
   ASSERT_TRUE(a.Prefill(**s, Prompt(a)).ok());
   GreedySteps greedy(a, **s);
   for (int t = 0; t < 24; ++t) ASSERT_TRUE(greedy.Step().ok());
   const TierController& ctl = *a.tier_controller();
   EXPECT_GE(ctl.stats().escalations, 8u);
-  env.Add({FaultEnv::Kind::kSlowRead, ".t1.bin", 0, -1, 40, 0});
-  env.Add({FaultEnv::Kind::kSlowRead, ".t2.bin", 0, -1, 40, 0});
+  env.Add({FaultEnv::Kind::kSlowRead, ".t1.bin", 0, -1, 100, 0});
+  env.Add({FaultEnv::Kind::kSlowRead, ".t2.bin", 0, -1, 100, 0});
+  // The reads are not waited for, so the tokens run on while a slow read is out: step until the
+  // monitor has seen one complete (bounded by wall time, not by a token count a fast machine
+  // would finish before the first slow read lands).
   bool critical = false, held_at_base = false;
-  for (int t = 0; t < 40 && !held_at_base; ++t) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (int t = 0; t < 900 && !held_at_base && std::chrono::steady_clock::now() < give_up; ++t) {
     ASSERT_TRUE(greedy.Step().ok());
     critical |= a.runtime_monitor()->state() == RuntimeState::kSsdBwCritical;
     held_at_base = critical && ctl.held() && ctl.escalated().empty();
