@@ -4,11 +4,17 @@
 // too) and integer/float operations per second (prefill). Times are the best of repeated calls;
 // a matrix small enough for L2 (--rows 256) shows the kernels' compute speed without memory.
 //
-//   bench_matmul_kernels [--threads N] [--rows 14336] [--cols 4096] [--tokens 64]
+//   bench_matmul_kernels [--threads N] [--rows 14336] [--cols 4096] [--tokens 64] [--matrices N]
+//     [--prefetch L1:L2,...]
 //     [--isa best|all|scalar|avx2|avx512|prefill (avx512 dot kernels vs the amx GEMM)]
 //     [--types Q4_K,Q6_K,Q8_0,Q4_0] [--seconds S] [--layout rows|decode]
 // --layout decode lays out the weights as the CPU backend does at load (interleaved Q8_0,
-// Q4_0 and Q4_K on AVX-512). "vnni_peak_gops_per_core": one core issuing nothing but independent 512-bit dpbusd
+// Q4_0 and Q4_K on AVX-512). --matrices N (decode, default 1) cycles the GEMV through N
+// distinct copies of the matrix, as a model's decode meets them: each one cold in every cache
+// once N copies exceed the last level, so the figure is DRAM's and not a cache's (the time is
+// then the mean call's). --prefetch L1:L2,L1:L2,... compares the decode kernels' prefetch
+// distances (cpu_features.h) on those cold matrices, alternating per call so that every setting
+// meets the same neighbours on a shared machine: "prefetch" has each one's weight bytes/s. "vnni_peak_gops_per_core": one core issuing nothing but independent 512-bit dpbusd
 // (64 multiply-adds each, 2 operations per multiply-add), the ceiling of any int8 kernel here.
 // GCC 12's 512-bit reduce intrinsics pass an "undefined" vector that its own -Wuninitialized
 // then flags; the warning is about the header, not this code.
@@ -28,6 +34,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/aligned_buffer.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu_features.h"
 #include "kernels/interleaved.h"
@@ -40,18 +47,22 @@ using namespace substrate;
 namespace {
 
 // The fastest of repeated calls: on a shared machine the minimum is the run nobody preempted.
-double TimeIt(const std::function<void()>& fn, double min_seconds) {
+// The best call's time, or with `mean` the mean of every call's (cold matrices: each call is as
+// cold as the next, and the best of them would be the one a neighbour left the most room).
+double TimeIt(const std::function<void()>& fn, double min_seconds, bool mean = false) {
   fn();  // warm
   auto start = std::chrono::steady_clock::now();
   double best = 1e30, el = 0;
+  int64_t calls = 0;
   do {
     auto t0 = std::chrono::steady_clock::now();
     fn();
     auto t1 = std::chrono::steady_clock::now();
     best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
     el = std::chrono::duration<double>(t1 - start).count();
+    ++calls;
   } while (el < min_seconds);
-  return best;
+  return mean ? el / static_cast<double>(calls) : best;
 }
 
 // Integer operations per second of one core's dpbusd stream (16 independent accumulators).
@@ -96,6 +107,8 @@ int main(int argc, char** argv) {
   int64_t rows = 14336, cols = 4096, tokens = 64;
   std::string types = "Q4_K,Q6_K,Q8_0,Q4_0,Q5_K,Q3_K,Q2_K,IQ4_XS,F16,BF16", isa_arg = "best";
   std::string layout = "rows";
+  int64_t matrices = 1;
+  std::vector<PrefetchDistances> prefetch;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
     if (a == "--threads") threads = std::stoi(v);
@@ -106,6 +119,13 @@ int main(int argc, char** argv) {
     else if (a == "--isa") isa_arg = v;
     else if (a == "--seconds") seconds = std::stod(v);
     else if (a == "--layout") layout = v;
+    else if (a == "--matrices") matrices = std::max<int64_t>(1, std::stoll(v));
+    else if (a == "--prefetch")
+      for (const auto& d : Split(v)) {
+        const size_t colon = d.find(':');
+        prefetch.push_back({std::stoi(d.substr(0, colon)),
+                            colon == std::string::npos ? 0 : std::stoi(d.substr(colon + 1))});
+      }
   }
   ThreadPool pool(threads);
   std::vector<Isa> tiers;
@@ -151,11 +171,50 @@ int main(int argc, char** argv) {
     view.bytes = w.size();
     view.rows = rows;
     view.cols = cols;
+    // Copies 1..N-1 (copy 0 is w), on huge pages as the engine's resident weights are.
+    std::vector<AlignedBuffer> copies;
+    for (int64_t m = 1; m < matrices; ++m) {
+      auto b = AlignedBuffer::Allocate(w.size());
+      if (!b.ok()) {
+        std::fprintf(stderr, "%s\n", b.status().ToString().c_str());
+        return 1;
+      }
+      std::memcpy(b->data(), w.data(), w.size());
+      copies.push_back(std::move(b).value());
+    }
+    size_t next = 0;
+    auto gemv_one = [&] {
+      WeightView v = view;
+      if (next > 0) v.data = copies[next - 1].data();
+      next = (next + 1) % static_cast<size_t>(matrices);
+      MatMul(v, x.data(), 1, y.data(), pool);
+    };
     for (Isa isa : tiers) {
       if (isa > DetectedIsa()) continue;
       Isa prev = SetIsaForTesting(isa);
-      double gemv = TimeIt([&] { MatMul(view, x.data(), 1, y.data(), pool); }, seconds);
+      double gemv = TimeIt(gemv_one, seconds, matrices > 1);
       double gemm = TimeIt([&] { MatMul(view, x.data(), tokens, y.data(), pool); }, seconds);
+      nlohmann::json by_distance = nlohmann::json::array();
+      if (!prefetch.empty()) {
+        const PrefetchDistances before = DecodePrefetch();
+        std::vector<double> secs(prefetch.size(), 0);
+        int64_t rounds = 0;  // each setting once per round, for `seconds` each in all
+        for (double all = 0; all < seconds * static_cast<double>(prefetch.size()); ++rounds)
+          for (size_t k = 0; k < prefetch.size(); ++k) {
+            SetDecodePrefetchForTesting(prefetch[k]);
+            const auto t0 = std::chrono::steady_clock::now();
+            gemv_one();
+            const double dt =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            secs[k] += dt;
+            all += dt;
+          }
+        SetDecodePrefetchForTesting(before);
+        for (size_t k = 0; k < prefetch.size(); ++k)
+          by_distance.push_back({{"l1", prefetch[k].l1}, {"l2", prefetch[k].l2},
+                                 {"gemv_weight_bytes_per_s",
+                                  static_cast<double>(w.size()) * static_cast<double>(rounds) / secs[k]}});
+      }
       SetIsaForTesting(prev);
       double ops = 2.0 * static_cast<double>(rows) * static_cast<double>(cols);
       out["results"].push_back({{"type", tn}, {"isa", IsaName(isa)},
@@ -167,7 +226,8 @@ int main(int argc, char** argv) {
                                                           : 0.0},
                                 {"gemm_tokens", tokens},
                                 {"gemm_ms", gemm * 1e3},
-                                {"gemm_gops", ops * static_cast<double>(tokens) / gemm / 1e9}});
+                                {"gemm_gops", ops * static_cast<double>(tokens) / gemm / 1e9},
+                                {"prefetch", by_distance}});
     }
   }
   std::printf("%s\n", out.dump(2).c_str());

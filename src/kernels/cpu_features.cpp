@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -65,6 +67,36 @@ Isa FromEnv(Isa detected) {
   return std::min(want, detected);
 }
 
+bool IsAmd() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  char vendor[13];
+  std::memcpy(vendor, &b, 4);
+  std::memcpy(vendor + 4, &d, 4);
+  std::memcpy(vendor + 8, &c, 4);
+  vendor[12] = 0;
+  return !std::strcmp(vendor, "AuthenticAMD");
+#else
+  return false;
+#endif
+}
+
+PrefetchDistances DetectPrefetch() {
+  PrefetchDistances d;
+  if (IsAmd()) d = {6144, 0};
+  if (const char* env = std::getenv("SUBSTRATE_PREFETCH")) {
+    int l1 = 0, l2 = 0;
+    if (std::sscanf(env, "%d,%d", &l1, &l2) == 2 && l1 >= 0 && l2 >= 0) d = {l1, l2};
+  }
+  return d;
+}
+
+PrefetchDistances& PrefetchStorage() {
+  static PrefetchDistances d = DetectPrefetch();
+  return d;
+}
+
 std::atomic<int>& ActiveStorage() {
   static std::atomic<int> active{static_cast<int>(FromEnv(DetectedIsa()))};
   return active;
@@ -92,6 +124,12 @@ const char* IsaName(Isa isa) {
     case Isa::kAmx: return "amx";
   }
   return "?";
+}
+
+PrefetchDistances DecodePrefetch() { return PrefetchStorage(); }
+
+PrefetchDistances SetDecodePrefetchForTesting(PrefetchDistances d) {
+  return std::exchange(PrefetchStorage(), d);
 }
 
 }  // namespace substrate

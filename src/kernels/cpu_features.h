@@ -18,4 +18,20 @@ Isa ActiveIsa();
 Isa SetIsaForTesting(Isa isa);
 const char* IsaName(Isa isa);
 
+// How far ahead of the weight line it reads a one-token (decode) kernel of Q4_0, Q4_K, Q5_K or
+// Q6_K requests lines: into L1 `l1` bytes ahead, into L2 `l2` bytes ahead (0: no L2 request).
+// Decode streams every weight once per token, so the distances decide how many lines are in
+// flight, and the best ones differ by core; measured with bench_matmul_kernels --prefetch on
+// cold matrices, alternating per call so both settings meet the same neighbours.
+struct PrefetchDistances {
+  int l1 = 2048;
+  int l2 = 8192;
+};
+// This CPU's: Intel cores {2 KiB, 8 KiB}; AMD Zen cores {6 KiB, none}: 4-13 % more bandwidth
+// than Intel's distances on a Zen 5 EPYC (Q8_0 cannot tell the two apart and keeps Intel's).
+// SUBSTRATE_PREFETCH=L1,L2 overrides them.
+PrefetchDistances DecodePrefetch();
+// Sets them (benchmarks comparing distances); returns the previous ones.
+PrefetchDistances SetDecodePrefetchForTesting(PrefetchDistances d);
+
 }  // namespace substrate

@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include "kernels/cpu_features.h"
 #include "kernels/interleaved_q4_0.h"
 #include "kernels/token_tile.h"
 #include "quant/blocks.h"
@@ -33,15 +34,17 @@ template <int NT>
 void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_0* const* y,
               const float* const* yd, const int32_t* const* sums, float* const* out) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
+  // Decode reads every weight once per token: keep enough lines in flight to cover DRAM latency,
+  // past page edges (DecodePrefetch: the distances this core wants).
+  const PrefetchDistances pf = DecodePrefetch();
+  const int ahead_l1 = NT == 1 ? pf.l1 : 2048, ahead_l2 = NT == 1 ? pf.l2 : 0;
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b += 2) {
     const uint8_t* p = group + (b / 2) * kPairBytes;
-    // Decode reads every weight once per token: keep enough lines in flight to cover DRAM
-    // latency (into L1 2 KiB ahead, into L2 8 KiB ahead, past page edges).
     for (int o = 0; o < kPairBytes; o += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(p) + o + 2048, _MM_HINT_T0);
-      if constexpr (NT == 1) _mm_prefetch(reinterpret_cast<const char*>(p) + o + 8192, _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(p) + o + ahead_l1, _MM_HINT_T0);
+      if (ahead_l2) _mm_prefetch(reinterpret_cast<const char*>(p) + o + ahead_l2, _MM_HINT_T1);
     }
     for (int h = 0; h < 2; ++h) {
       const uint8_t* q = p + h * kQuant;

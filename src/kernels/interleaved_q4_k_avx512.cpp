@@ -9,6 +9,7 @@
 
 #include <cstring>
 
+#include "kernels/cpu_features.h"
 #include "kernels/interleaved_q4_k.h"
 #include "kernels/interleaved_k_frame.h"
 #include "quant/blocks.h"
@@ -76,17 +77,18 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float
   // words, shifting the words once is cheaper. The integer sums are the same either way.
   constexpr bool kHighInPlace = !kFive && NT <= 2;
   const __m512i m4 = _mm512_set1_epi8(0x0F);
+  // Decode reads every weight once per token: keep enough lines in flight to cover DRAM latency
+  // (DecodePrefetch: the distances this core wants). A tile of tokens computes long enough per
+  // block for the block after next to arrive meanwhile. Either way the lines are requested a few
+  // per step below, not in one burst per block, which would wait for the core's line fill
+  // buffers (one burst cost decode 15 % of the bandwidth).
+  const PrefetchDistances pf = DecodePrefetch();
+  const int ahead_l1 = NT == 1 ? pf.l1 : 2 * kBlockBytes, ahead_l2 = NT == 1 ? pf.l2 : 0;
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = group + b * kBlockBytes;
     const uint8_t* meta = p + kMeta;
-    // Decode reads every weight once per token: keep enough lines in flight to cover DRAM
-    // latency (into L1 2 KiB ahead, into L2 8 KiB ahead). A tile of tokens computes long enough
-    // per block for the block after next to arrive meanwhile. Either way the lines are requested
-    // a few per step below, not in one burst per block, which would wait for the core's line
-    // fill buffers (one burst cost decode 15 % of the bandwidth).
-    constexpr int kAheadL1 = NT == 1 ? 2048 : 2 * kBlockBytes;
     __m512i isum[NT];
     for (int t = 0; t < NT; ++t) isum[t] = _mm512_setzero_si512();
     for (int j = 0; j < 4; ++j) {
@@ -94,8 +96,8 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float
       for (int h = 0; h < 2; ++h) {
         const char* step = reinterpret_cast<const char*>(p) + kAheadStep * (2 * j + h);
         for (int o = 0; o < kAheadStep; o += 64) {
-          _mm_prefetch(step + kAheadL1 + o, _MM_HINT_T0);
-          if constexpr (NT == 1) _mm_prefetch(step + 8192 + o, _MM_HINT_T1);
+          _mm_prefetch(step + ahead_l1 + o, _MM_HINT_T0);
+          if (ahead_l2) _mm_prefetch(step + ahead_l2 + o, _MM_HINT_T1);
         }
         __m512i lo[4], hi[4];
         for (int k = 0; k < 4; ++k) {

@@ -132,6 +132,37 @@ TEST_P(Interleaved, MatMulEqualsPlainRowsAtEveryTier) {
   }
 }
 
+// The decode prefetch distances (cpu_features.h: each vendor's, or SUBSTRATE_PREFETCH) only move
+// requests: every setting gives the same bits, none requested too (0) or far past the matrix.
+TEST_P(Interleaved, DecodeIsTheSameAtEveryPrefetchDistance) {
+  const Layout l = GetParam();
+  if (DetectedIsa() < Isa::kAvx512) GTEST_SKIP() << "the interleaved kernels need AVX-512";
+  std::mt19937 rng(5);
+  ThreadPool pool(2);
+  const int64_t rows = 64, cols = 4 * l.cols_step;
+  auto m = RandomMatrix(l.type, rows, cols, rng);
+  ASSERT_EQ(InterleaveForDecode(l.type, rows, cols, m.data(), nullptr), l.layout);
+  WeightView v;
+  v.type = l.type;
+  v.layout = l.layout;
+  v.data = m.data();
+  v.bytes = m.size();
+  v.rows = rows;
+  v.cols = cols;
+  const auto x = RandomFloats(cols, rng);
+  const PrefetchDistances before = DecodePrefetch();
+  std::vector<float> first;
+  for (PrefetchDistances d : {PrefetchDistances{2048, 8192}, PrefetchDistances{6144, 0},
+                              PrefetchDistances{0, 0}, PrefetchDistances{1 << 20, 1 << 22}}) {
+    SetDecodePrefetchForTesting(d);
+    std::vector<float> y(rows, NAN);
+    MatMul(v, x.data(), 1, y.data(), pool);
+    if (first.empty()) first = y;
+    EXPECT_EQ(y, first) << "l1=" << d.l1 << " l2=" << d.l2;
+  }
+  SetDecodePrefetchForTesting(before);
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, Interleaved,
                          ::testing::Values(Layout{DType::kQ8_0, WeightLayout::kQ8_0Interleaved, 64},
                                            Layout{DType::kQ4_0, WeightLayout::kQ4_0Interleaved, 64},
