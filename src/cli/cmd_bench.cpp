@@ -539,7 +539,7 @@ int RunBench(const std::vector<std::string>& args) {
         {"bytes_per_s", limit},
         {"buffer_bytes", bw->buffer_bytes},
         {"threads", bw->threads},
-        {"method", "streaming read, widest vector loads, with and without prefetch, best of 3x2"}};
+        {"method", "streaming read, widest vector loads, without and with each prefetch, best pass of 3 repeats"}};
   }
   if (*n > 0) {
     j["tg_bytes_per_s"] = achieved;

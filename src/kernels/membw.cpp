@@ -10,13 +10,14 @@
 
 namespace substrate {
 namespace membw_detail {
-uint64_t ReadSliceAvx512(const uint8_t* p, size_t bytes, bool prefetch);
-uint64_t ReadSliceAvx2(const uint8_t* p, size_t bytes, bool prefetch);
+// `ahead`: the software prefetch's distances, or none.
+uint64_t ReadSliceAvx512(const uint8_t* p, size_t bytes, const PrefetchDistances* ahead);
+uint64_t ReadSliceAvx2(const uint8_t* p, size_t bytes, const PrefetchDistances* ahead);
 }  // namespace membw_detail
 namespace {
 
 // Portable fallback: sums 64-bit words four streams at a time (the sum keeps the loads).
-uint64_t ReadSliceScalar(const uint8_t* bytes_p, size_t bytes, bool) {
+uint64_t ReadSliceScalar(const uint8_t* bytes_p, size_t bytes, const PrefetchDistances*) {
   const auto* p = reinterpret_cast<const uint64_t*>(bytes_p);
   const size_t n = bytes / 8;
   uint64_t a = 0, b = 0, c = 0, d = 0;
@@ -31,7 +32,7 @@ uint64_t ReadSliceScalar(const uint8_t* bytes_p, size_t bytes, bool) {
   return a + b + c + d;
 }
 
-using ReadFn = uint64_t (*)(const uint8_t*, size_t, bool);
+using ReadFn = uint64_t (*)(const uint8_t*, size_t, const PrefetchDistances*);
 
 ReadFn BestReadLoop() {
   Isa isa = ActiveIsa();
@@ -62,12 +63,16 @@ Expected<BandwidthMeasurement> MeasureReadBandwidth(ThreadPool& pool, uint64_t b
   m.buffer_bytes = buffer_bytes;
   m.threads = threads;
   m.repeats = std::max(1, repeats);
-  // Each repeat runs both read loops, plain vector loads and with the decode kernels' software
-  // prefetch: which is faster depends on the machine, and the limit is the best either reaches.
+  // Each repeat runs the read loop with plain vector loads, with the software prefetch the decode
+  // kernels use on this core, and with the other vendor's distances: which is fastest depends on
+  // the machine, and the limit is the best any reaches.
   const ReadFn read = BestReadLoop();
   const auto* bytes = buf.as<uint8_t>();
+  const PrefetchDistances decode = DecodePrefetch(), intel;
+  std::vector<const PrefetchDistances*> settings = {nullptr, &decode};
+  if (decode.l1 != intel.l1 || decode.l2 != intel.l2) settings.push_back(&intel);
   for (int r = 0; r < m.repeats; ++r) {
-    for (bool prefetch : {false, true}) {
+    for (const PrefetchDistances* prefetch : settings) {
       auto start = std::chrono::steady_clock::now();
       pool.ParallelFor(threads, 1, [&](int64_t t0, int64_t t1, int) {
         for (int64_t t = t0; t < t1; ++t) {

@@ -19,8 +19,9 @@ struct BandwidthMeasurement {
 
 // Reads a `buffer_bytes` buffer (touched first, so pages exist) `repeats` times with every
 // thread of `pool`, each thread its own contiguous slice, with the widest vector loads the CPU
-// has (AVX-512, AVX2, else 64-bit words), each repeat once plain and once with the decode
-// kernels' software prefetch, and reports the best pass: the most a streaming read reaches.
+// has (AVX-512, AVX2, else 64-bit words), each repeat once plain, once with the decode
+// kernels' software prefetch on this core and (where they differ) once with the other vendor's
+// distances, and reports the best pass: the most a streaming read reaches.
 Expected<BandwidthMeasurement> MeasureReadBandwidth(ThreadPool& pool, uint64_t buffer_bytes,
                                                     int repeats = 3);
 

@@ -5,16 +5,18 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu_features.h"
+
 namespace substrate::membw_detail {
 
-uint64_t ReadSliceAvx2(const uint8_t* p, size_t bytes, bool prefetch) {
+uint64_t ReadSliceAvx2(const uint8_t* p, size_t bytes, const PrefetchDistances* ahead) {
   __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
   size_t i = 0;
   for (; i + 128 <= bytes; i += 128) {
-    if (prefetch) {
+    if (ahead) {
       for (int k = 0; k < 128; k += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(p + i + k) + 2048, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(p + i + k) + 8192, _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(p + i + k) + ahead->l1, _MM_HINT_T0);
+        if (ahead->l2) _mm_prefetch(reinterpret_cast<const char*>(p + i + k) + ahead->l2, _MM_HINT_T1);
       }
     }
     a = _mm256_add_epi64(a, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));

@@ -10,16 +10,18 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu_features.h"
+
 namespace substrate::membw_detail {
 
-uint64_t ReadSliceAvx512(const uint8_t* p, size_t bytes, bool prefetch) {
+uint64_t ReadSliceAvx512(const uint8_t* p, size_t bytes, const PrefetchDistances* ahead) {
   __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
   size_t i = 0;
   for (; i + 256 <= bytes; i += 256) {
-    if (prefetch) {
+    if (ahead) {
       for (int k = 0; k < 256; k += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(p + i + k) + 2048, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(p + i + k) + 8192, _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(p + i + k) + ahead->l1, _MM_HINT_T0);
+        if (ahead->l2) _mm_prefetch(reinterpret_cast<const char*>(p + i + k) + ahead->l2, _MM_HINT_T1);
       }
     }
     a = _mm512_add_epi64(a, _mm512_load_si512(p + i));
