@@ -390,6 +390,12 @@ void MatMulBatch(const MatMulJob* jobs, int n_jobs, ThreadPool& pool) {
   st.sets.clear();
   st.shared.clear();
   st.first_item.clear();
+  // Room for the most a batch of this size can use (each job's parts in sets of their own): once
+  // a batch this large has run, none allocates, whichever tiers its ops run at (an escalation
+  // whose residual arrives adds sets that the tokens before it did not have).
+  st.sets.reserve(static_cast<size_t>(n_jobs) * kMaxParts);
+  st.shared.reserve(static_cast<size_t>(n_jobs));
+  st.first_item.reserve(static_cast<size_t>(n_jobs) + 1);
   bool any_fast = false;
   for (int j = 0; j < n_jobs; ++j) {
     PlanJob(st, jobs[j], st.plans[static_cast<size_t>(j)]);
