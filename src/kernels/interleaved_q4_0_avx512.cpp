@@ -34,6 +34,10 @@ template <int NT>
 void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_0* const* y,
               const float* const* yd, const int32_t* const* sums, float* const* out) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
+  // Few tokens: the high nibbles stay in place (16 times their value) and each token's chain is
+  // shifted down once, instead of shifting every weight word; with more tokens sharing the
+  // words, shifting the words once is cheaper (as in the Q4_K kernel). The sums are the same.
+  constexpr bool kHighInPlace = NT <= 2;
   // Decode reads every weight once per token: keep enough lines in flight to cover DRAM latency,
   // past page edges (DecodePrefetch: the distances this core wants).
   const PrefetchDistances pf = DecodePrefetch();
@@ -52,7 +56,8 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_0* const* y,
       for (int k = 0; k < 4; ++k) {
         const __m512i w = _mm512_loadu_si512(q + 64 * k);
         lo[k] = _mm512_and_si512(w, m4);
-        hi[k] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+        hi[k] = kHighInPlace ? _mm512_andnot_si512(m4, w)
+                             : _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
       }
       const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
           p + kQ4Interleaved_Scales + h * kInterleavedScaleBytes)));
@@ -64,6 +69,7 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_0* const* y,
           s = _mm512_dpbusd_epi32(s, lo[k], Word(a + 4 * k));
           u = _mm512_dpbusd_epi32(u, hi[k], Word(a + 16 + 4 * k));
         }
+        if constexpr (kHighInPlace) u = _mm512_srai_epi32(u, 4);  // exact: each product is 16x
         acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(yd[t][b + h])),
                                  _mm512_cvtepi32_ps(_mm512_add_epi32(s, u)), acc[t]);
       }
