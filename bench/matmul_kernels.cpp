@@ -14,7 +14,8 @@
 // once N copies exceed the last level, so the figure is DRAM's and not a cache's (the time is
 // then the mean call's). --prefetch L1:L2,L1:L2,... compares the decode kernels' prefetch
 // distances (cpu_features.h) on those cold matrices, alternating per call so that every setting
-// meets the same neighbours on a shared machine: "prefetch" has each one's weight bytes/s. "vnni_peak_gops_per_core": one core issuing nothing but independent 512-bit dpbusd
+// meets the same neighbours on a shared machine: "prefetch" has each one's weight bytes/s.
+// "vnni_peak_gops_per_core": one core issuing nothing but independent 512-bit dpbusd
 // (64 multiply-adds each, 2 operations per multiply-add), the ceiling of any int8 kernel here.
 // GCC 12's 512-bit reduce intrinsics pass an "undefined" vector that its own -Wuninitialized
 // then flags; the warning is about the header, not this code.

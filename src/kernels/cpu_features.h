@@ -33,5 +33,10 @@ struct PrefetchDistances {
 PrefetchDistances DecodePrefetch();
 // Sets them (benchmarks comparing distances); returns the previous ones.
 PrefetchDistances SetDecodePrefetchForTesting(PrefetchDistances d);
+// A kernel's distances for `n_tokens` tokens: DecodePrefetch()'s for one; a tile of several
+// computes long enough per line that an L1 request `tile_l1` bytes ahead is all it needs.
+inline PrefetchDistances PrefetchFor(int n_tokens, int tile_l1) {
+  return n_tokens == 1 ? DecodePrefetch() : PrefetchDistances{tile_l1, 0};
+}
 
 }  // namespace substrate

@@ -40,15 +40,14 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_0* const* y,
   constexpr bool kHighInPlace = NT <= 2;
   // Decode reads every weight once per token: keep enough lines in flight to cover DRAM latency,
   // past page edges (DecodePrefetch: the distances this core wants).
-  const PrefetchDistances pf = DecodePrefetch();
-  const int ahead_l1 = NT == 1 ? pf.l1 : 2048, ahead_l2 = NT == 1 ? pf.l2 : 0;
+  const PrefetchDistances ahead = PrefetchFor(NT, 2048);
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; b += 2) {
     const uint8_t* p = group + (b / 2) * kPairBytes;
     for (int o = 0; o < kPairBytes; o += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(p) + o + ahead_l1, _MM_HINT_T0);
-      if (ahead_l2) _mm_prefetch(reinterpret_cast<const char*>(p) + o + ahead_l2, _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(p) + o + ahead.l1, _MM_HINT_T0);
+      if (ahead.l2) _mm_prefetch(reinterpret_cast<const char*>(p) + o + ahead.l2, _MM_HINT_T1);
     }
     for (int h = 0; h < 2; ++h) {
       const uint8_t* q = p + h * kQuant;

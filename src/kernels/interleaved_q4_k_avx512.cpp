@@ -82,8 +82,7 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float
   // block for the block after next to arrive meanwhile. Either way the lines are requested a few
   // per step below, not in one burst per block, which would wait for the core's line fill
   // buffers (one burst cost decode 15 % of the bandwidth).
-  const PrefetchDistances pf = DecodePrefetch();
-  const int ahead_l1 = NT == 1 ? pf.l1 : 2 * kBlockBytes, ahead_l2 = NT == 1 ? pf.l2 : 0;
+  const PrefetchDistances ahead = PrefetchFor(NT, 2 * kBlockBytes);
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
@@ -96,8 +95,8 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float
       for (int h = 0; h < 2; ++h) {
         const char* step = reinterpret_cast<const char*>(p) + kAheadStep * (2 * j + h);
         for (int o = 0; o < kAheadStep; o += 64) {
-          _mm_prefetch(step + ahead_l1 + o, _MM_HINT_T0);
-          if (ahead_l2) _mm_prefetch(step + ahead_l2 + o, _MM_HINT_T1);
+          _mm_prefetch(step + ahead.l1 + o, _MM_HINT_T0);
+          if (ahead.l2) _mm_prefetch(step + ahead.l2 + o, _MM_HINT_T1);
         }
         __m512i lo[4], hi[4];
         for (int k = 0; k < 4; ++k) {

@@ -88,7 +88,7 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float
   // (DecodePrefetch: the distances this core wants); a tile of tokens computes long enough per
   // block to request the block after next. SubBlocks requests a few lines per step, not a
   // block's worth in one burst, which would wait for the core's line fill buffers.
-  const PrefetchDistances ahead = NT == 1 ? DecodePrefetch() : PrefetchDistances{2 * kBlockBytes, 0};
+  const PrefetchDistances ahead = PrefetchFor(NT, 2 * kBlockBytes);
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
