@@ -80,7 +80,9 @@ int main(int argc, char** argv) {
   eo.max_ram = a.max_ram;
   eo.n_ctx = a.ctx;
   eo.require_tokenizer = false;
-  eo.residency.resident_max_tier = 0;  // the skeletons resident, the residuals streamed
+  // The skeletons resident, the residuals streamed but for those kept (as `run --verify` does).
+  eo.residency.resident_max_tier = 0;
+  eo.residency.keep_residuals = true;
   auto engine = Engine::Load("", eo);
   if (!engine.ok()) {
     std::fprintf(stderr, "%s\n", engine.status().ToString().c_str());

@@ -119,7 +119,9 @@ Expected<VerifyOptions> ParseVerifyFlags(const Flags& f) {
 }
 
 void KeepDraftTierResident(const VerifyOptions& v, EngineOptions* opt) {
-  if (v.mode != VerifyOptions::Mode::kOff) opt->residency.resident_max_tier = v.draft_tier;
+  if (v.mode == VerifyOptions::Mode::kOff) return;
+  opt->residency.resident_max_tier = v.draft_tier;
+  opt->residency.keep_residuals = true;
 }
 
 Expected<std::pair<std::unique_ptr<Engine>, std::unique_ptr<Session>>> LoadForGeneration(

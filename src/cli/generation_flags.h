@@ -36,8 +36,9 @@ Status ParseDraftFlags(const Flags& f, int* draft_max, std::string* draft_model)
 // `--verify off|all|margin [--verify-window W] [--verify-tau T] [--verify-tier N]
 // [--draft-tier N]`: deferred verification (VerifyOptions).
 Expected<VerifyOptions> ParseVerifyFlags(const Flags& f);
-// With verification on, a store's resident ops keep only the draft tier: the verify tier's
-// residuals are read for its passes.
+// With verification on, a store's resident ops keep the draft tier, and the verify tier's
+// residuals where the budget holds them (ResidencyOptions::keep_residuals); the others are
+// read for its passes.
 void KeepDraftTierResident(const VerifyOptions& v, EngineOptions* opt);
 
 // Loads the model (weights resident) and opens a session of the requested context, restored

@@ -110,6 +110,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     RETURN_IF_ERROR(ApplyPlan(options.plan_path));
   } else {
     RETURN_IF_ERROR(ChooseResidency(budget, options.reserve_bytes, min_slots));
+    if (options.keep_residuals) KeepResiduals(budget, options.reserve_bytes, expert_slot * min_slots);
   }
   // Ops no sequence names (a store's "misc") are kept resident: nothing would schedule them.
   for (size_t o = 0; o < ops.size(); ++o)
@@ -120,7 +121,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   for (size_t o = 0; o < ops.size(); ++o) {
     OpState& s = st_[o];
     if (s.where == Where::kResident) {
-      s.resident_top = keep_;
+      s.resident_top = std::max(s.resident_top, keep_);
       resident += ResidentBytes(static_cast<int>(o));
       ++stats_.n_ops_resident;
     } else if (s.where == Where::kStreamed) {
@@ -199,7 +200,8 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     if (!buf.ok()) return buf.status().WithContext("resident op '" + ops[o].id + "'");
     s.resident = std::move(buf).value();
     tickets.push_back(std::make_unique<ReadTicket>());
-    Submit(deadline++, static_cast<int>(o), keep_, s.resident.data(), tickets.back().get());
+    Submit(deadline++, static_cast<int>(o), s.resident_top, s.resident.data(),
+           tickets.back().get());
   }
   // Every ticket is waited for, even after an error: the workers must not write into buffers
   // (or tickets) this function's failure would free.
@@ -263,6 +265,41 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
     used += ResidentBytes(o);
   }
   return Status::Ok();
+}
+
+void ResidencyManager::KeepResiduals(uint64_t budget, uint64_t reserve, uint64_t expert_min) {
+  if (keep_ >= serve_) return;
+  auto residual = [&](int o) { return OpBytes(o) - index_->ops()[o].SlabOffset(keep_ + 1); };
+  std::vector<int> kept;  // candidates: resident ops with residual tiers, largest residual first
+  uint64_t resident = 0, streamed = 0;
+  bool experts_stream = false;
+  for (size_t o = 0; o < st_.size(); ++o) {
+    const int op = static_cast<int>(o);
+    if (st_[o].where == Where::kExpert) experts_stream = true;
+    if (st_[o].seq < 0) continue;
+    if (st_[o].where == Where::kResident) {
+      resident += index_->ops()[op].SlabBytes(keep_);
+      if (residual(op) > 0) kept.push_back(op);
+    } else {
+      streamed = std::max(streamed, OpBytes(op));
+    }
+  }
+  std::stable_sort(kept.begin(), kept.end(), [&](int a, int b) { return residual(a) > residual(b); });
+  const uint64_t slabs = static_cast<uint64_t>(DefaultSlabs());
+  // With k kept, the slabs hold the larger of the streamed ops and the (k+1)-th residual.
+  auto used = [&](size_t k, uint64_t kept_bytes) {
+    const uint64_t slab = std::max(streamed, k < kept.size() ? residual(kept[k]) : 0);
+    return resident + kept_bytes + slabs * slab + reserve + expert_min;
+  };
+  // Routed experts take what the budget leaves: keep no more than the shrinking slabs free.
+  const uint64_t limit = experts_stream ? std::min(budget, used(0, 0)) : budget;
+  size_t best = 0;
+  uint64_t bytes = 0;
+  for (size_t k = 1; k <= kept.size(); ++k) {
+    bytes += residual(kept[k - 1]);
+    if (used(k, bytes) <= limit) best = k;
+  }
+  for (size_t k = 0; k < best; ++k) st_[kept[k]].resident_top = serve_;
 }
 
 // A plan's resident set (its ops' tier-0 residency), evict_after and deadline fallbacks.
@@ -530,19 +567,28 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
     busy += st == ReadTicket::kQueued || st == ReadTicket::kRunning;
   }
   if (layer <= cur_layer_) busy -= DropWrongGuesses(layer, experts, n);
-  for (int i = 0; i < n && busy + 1 < experts_->n_slots(); ++i) {
+  for (int i = 0; i < n; ++i) {
     if (experts[i] < 0 || experts[i] >= hp_.n_expert) continue;
     const int o = expert_ops_[layer][experts[i]];
-    if (o < 0 || experts_->Find(o) >= 0) continue;
-    // Experts hinted within the look-ahead's reach (and the layer before) stay until used.
-    const int slot =
-        experts_->TakeVictim(pos_ - (1 + std::max(1, options_.lookahead_layers)) * ops_per_layer_);
-    if (slot < 0) return;
-    ReadExpert(slot, o, deadline);
-    experts_->slot(slot).hint_pos = pos_;
-    experts_->slot(slot).hint_unused = true;
-    ++experts_->hinted;
-    ++busy;
+    if (o < 0) continue;
+    int slot = experts_->Find(o);
+    if (slot < 0) {
+      if (busy + 1 >= experts_->n_slots()) continue;
+      // Experts hinted within the look-ahead's reach (and the layer before) stay until used.
+      slot = experts_->TakeVictim(pos_ -
+                                  (1 + std::max(1, options_.lookahead_layers)) * ops_per_layer_);
+      if (slot < 0) return;
+      ReadExpert(slot, o, deadline);
+      experts_->slot(slot).hint_pos = pos_;
+      experts_->slot(slot).hint_unused = true;
+      ++experts_->hinted;
+      ++busy;
+      continue;
+    }
+    // Cached below the tier it will run at (a verify pass after drafts at the skeleton, an
+    // escalation): its residual is read from the hint on, not from the op's begin.
+    ExpertCache::Slot& sl = experts_->slot(slot);
+    if (sl.upgrade_tier == 0 && sl.tier < Want(o)) Upgrade(slot, Want(o), deadline);
   }
 }
 
@@ -690,7 +736,10 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
   // its first tier at the start (`read` points where tier 0 would be).
   const uint8_t* read = nullptr;
   int loaded = s.resident_top;
-  if (s.where == Where::kExpert) {
+  const int asked = tier < 0 ? serve_ : tier;
+  if (s.where != Where::kExpert && asked <= s.resident_top) {
+    // The tiers it keeps serve (a look-ahead guess on the skeleton): no read to wait for.
+  } else if (s.where == Where::kExpert) {
     int slot = experts_->Find(o);
     if (slot >= 0 && sched_->Ready(&experts_->slot(slot).ticket)) {
       read = experts_->slot(slot).data;
@@ -715,7 +764,7 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
   } else if (Want(o) > s.resident_top) {
     ASSIGN_OR_RETURN(read, DemandLoad(o, &loaded));
   }
-  const int use = std::min({tier < 0 ? serve_ : tier, loaded, u->n_tiers - 1});
+  const int use = std::min({asked, loaded, u->n_tiers - 1});
   const uint8_t* ptr[3] = {nullptr, nullptr, nullptr};
   for (int k = 0; k <= use; ++k)
     ptr[k] =

@@ -48,6 +48,11 @@ struct ResidencyOptions {
   // higher tiers are read into slabs, residuals only, for the passes that run them there
   // (deferred verification's top-tier passes, escalations).
   int resident_max_tier = -1;
+  // Resident ops also keep their residual tiers, largest first, where that costs the expert
+  // cache nothing: the slabs shrink to the largest residual still streamed (to none once all are
+  // kept), and with no routed experts to stream the whole budget may hold them. For deferred
+  // verification, whose every verify pass would otherwise read each resident op's residuals.
+  bool keep_residuals = false;
   // A late read of an op the plan gives no fallback (or with no plan) is waited for unless
   // this is set: then it goes to a lower tier, down to skipping the residual of a resident
   // skeleton for that token (the adaptive runtime's escalations: no stall for an escalation).
@@ -221,6 +226,8 @@ class ResidencyManager : public WeightSource {
   ResidencyManager() = default;
   Status Setup(MemoryLedger* ledger, const ResidencyOptions& options);
   Status ChooseResidency(uint64_t budget, uint64_t fixed, int min_expert_slots);
+  // ResidencyOptions::keep_residuals: raises resident ops' resident_top to the served tier.
+  void KeepResiduals(uint64_t budget, uint64_t reserve, uint64_t expert_min);
   Status ApplyPlan(const std::string& path);
   void AdvanceTo(int seq);
   void ScheduleAhead();
@@ -242,9 +249,12 @@ class ResidencyManager : public WeightSource {
   Status SettleUpgrade(int slot);
   Expected<const uint8_t*> DemandLoad(int op, int* tier);
   int64_t NowUs() const;
-  // The tier op o runs at now: the model's per-op table (BindOpTiers), within the served ladder.
+  // The tier op o runs at now: the model's per-op table (BindOpTiers), within the served ladder
+  // and the op's own (an op packed without residuals, such as a token embedding, is whole at
+  // tier 0).
   int Want(int o) const {
-    return tiers_ && model_op_[o] >= 0 ? std::min<int>(tiers_[model_op_[o]], serve_) : serve_;
+    const int top = std::min(serve_, std::max(0, index_->ops()[o].n_tiers - 1));
+    return tiers_ && model_op_[o] >= 0 ? std::min<int>(tiers_[model_op_[o]], top) : top;
   }
   // Whether op o's buffer, read for tier `asked`, is behind a later raise of its tier.
   bool Raised(int o, int asked) const { return Want(o) > asked; }
@@ -254,7 +264,9 @@ class ResidencyManager : public WeightSource {
     return st_[o].where != Where::kExpert && Want(o) > st_[o].resident_top;
   }
   // Bytes of the tiers a resident op keeps, and of what a slab read of op o holds.
-  uint64_t ResidentBytes(int op) const { return index_->ops()[op].SlabBytes(keep_); }
+  uint64_t ResidentBytes(int op) const {
+    return index_->ops()[op].SlabBytes(std::max(st_[op].resident_top, keep_));
+  }
   uint64_t StreamedBytes(int op) const;
   uint64_t OpBytes(int op) const { return index_->ops()[op].SlabBytes(serve_); }
 

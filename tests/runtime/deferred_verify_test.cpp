@@ -32,14 +32,17 @@ struct Outcome {
 };
 
 // An engine over the packed store: every tier resident (keep = -1) or skeletons resident and
-// residuals streamed (keep = 0) under `max_ram`.
-std::unique_ptr<Engine> Open(int keep, uint64_t max_ram, MemoryLedger* ledger) {
+// residuals streamed (keep = 0) under `max_ram`, but for those kept where the budget holds them
+// (keep_residuals, as `run --verify` opens it).
+std::unique_ptr<Engine> Open(int keep, uint64_t max_ram, MemoryLedger* ledger,
+                             bool keep_residuals = false) {
   EngineOptions eo;
   eo.store = PackedTinyCoderStore();
   eo.max_ram = max_ram;
   eo.ledger = ledger;
   eo.n_ctx = 256;
   eo.residency.resident_max_tier = keep;
+  eo.residency.keep_residuals = keep_residuals;
   auto e = Engine::Load("", eo);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   return e.ok() ? std::move(e).value() : nullptr;
@@ -106,6 +109,39 @@ TEST(DeferredVerify, AllModeGivesTheTopTiersGreedyTokensResidentAndStreamed) {
   EXPECT_GT(rollbacks, 0) << "the skeleton never disagreed: the test shows no rollback";
   EXPECT_LE(capped.peak(), cap);
   EXPECT_EQ(streamed->runtime()->stats().n_ops_streamed, 0);  // skeletons resident
+}
+
+// Residuals the budget holds are kept beside the skeletons: a verify pass reads only the rest,
+// with the same tokens. With room for all, the top tier decodes without reading anything after
+// open (also the token embedding, packed without residuals: it is whole at tier 0).
+TEST(DeferredVerify, ResidualsTheBudgetHoldsAreKeptAndNotReadAgain) {
+  if (PackedTinyCoderStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-bf16.gguf";
+  const uint64_t data = StoreDataBytes(PackedTinyCoderStore());
+  const uint64_t roomy_cap = 4 * data + (64ull << 20);
+  MemoryLedger roomy, l_streamed, l_kept, l_all;
+  auto resident = Open(-1, roomy_cap, &roomy);
+  ASSERT_TRUE(resident);
+  const uint64_t cap = data * 3 / 4 + EstimateRunReserve(resident->model().hparams(), 256, 256);
+  auto streamed = Open(0, cap, &l_streamed);
+  auto kept = Open(0, cap, &l_kept, true);
+  auto all = Open(0, roomy_cap, &l_all, true);
+  ASSERT_TRUE(streamed && kept && all);
+  EXPECT_GT(kept->runtime()->stats().resident_bytes, streamed->runtime()->stats().resident_bytes);
+  EXPECT_GT(kept->runtime()->stats().n_slabs, 0) << "the cap should hold some residuals, not all";
+  EXPECT_EQ(all->runtime()->stats().n_slabs, 0);
+  for (const std::string& p : Prompts()) {
+    const Outcome want = Generate(*resident, p, Greedy(24));
+    const Outcome a = Generate(*streamed, p, VerifyAll(24, 8));
+    const Outcome b = Generate(*kept, p, VerifyAll(24, 8));
+    EXPECT_EQ(a.tokens, want.tokens) << p;
+    EXPECT_EQ(b.tokens, want.tokens) << p;
+    EXPECT_LT(b.stats.verify_bytes, a.stats.verify_bytes) << p;
+    const uint64_t read0 = all->runtime()->stats().stream_bytes_read;
+    EXPECT_EQ(Generate(*all, p, Greedy(24)).tokens, want.tokens) << p;
+    EXPECT_EQ(all->runtime()->stats().stream_bytes_read, read0) << p;
+  }
+  EXPECT_EQ(all->runtime()->stats().demand_loads, 0u);
+  EXPECT_LE(l_kept.peak(), cap);
 }
 
 // Rows [0, n) of one layer's keys, as floats, for a comparison across caches.
