@@ -102,9 +102,13 @@ struct ForwardContext {
   float cached_bonus = 0;
   PassObserver* observer = nullptr;  // Model::set_observer (the MoE block tells it its routing)
 
+  // A look-ahead guess (the next layer's router, to hint its experts) runs on tier 0: it steers
+  // reads, not logits, and must not wait for a residual that its op reads later anyway.
+  bool guessing = false;
+
   // A weight of op `op` (its index in Model::ops()) at that op's tier.
   Expected<WeightHandle> Acquire(TensorId id, int op, int slice = -1) const {
-    return source->Acquire(id, slice, tiers[op]);
+    return source->Acquire(id, slice, guessing ? 0 : tiers[op]);
   }
   const std::string& op_id(int op) const { return ops[op].id; }
   // In diagnosis mode: an error naming op `op` when t holds a NaN or infinity.

@@ -48,7 +48,10 @@ Status HintLookahead(ForwardContext& c, int next) {
   ASSIGN_OR_RETURN(int32_t* sel, c.scratch->Host<int32_t>(Scratch::kLookSel, n * K));
   ASSIGN_OR_RETURN(float* sel_w, c.scratch->Host<float>(Scratch::kLookSelWeight, n * K));
   ASSIGN_OR_RETURN(int32_t* list, c.scratch->Host<int32_t>(Scratch::kLookList, 2 * E));
-  RETURN_IF_ERROR(Route(c, c.layers[next], next, xn, logits, sel, sel_w));
+  c.guessing = true;
+  const Status routed = Route(c, c.layers[next], next, xn, logits, sel, sel_w);
+  c.guessing = false;
+  RETURN_IF_ERROR(routed);
   const int m = UnionExperts(sel, n * K, E, list + E, list);
   c.source->HintExperts(next, list, m);
   return Status::Ok();
