@@ -110,10 +110,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     RETURN_IF_ERROR(ApplyPlan(options.plan_path));
   } else {
     RETURN_IF_ERROR(ChooseResidency(budget, options.reserve_bytes, min_slots));
-    if (options.keep_residuals) {
-      KeepResiduals(budget, options.reserve_bytes, expert_slot * min_slots);
-      if (KeepExpertSkeletons(budget, options.reserve_bytes, min_slots)) expert_slot = ExpertSlotBytes();
-    }
+    if (options.keep_residuals) KeepResiduals(budget, options.reserve_bytes, expert_slot * min_slots);
   }
   // Ops no sequence names (a store's "misc") are kept resident: nothing would schedule them.
   for (size_t o = 0; o < ops.size(); ++o)
@@ -131,7 +128,6 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
       ++stats_.n_ops_streamed;
     } else {
       ++stats_.n_ops_expert;
-      if (s.resident_top >= 0) resident += ResidentBytes(static_cast<int>(o));
     }
     if (s.where != Where::kExpert)
       slab_bytes_ = std::max(slab_bytes_, StreamedBytes(static_cast<int>(o)));
@@ -199,8 +195,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   int64_t deadline = INT64_MIN / 2;
   for (size_t o = 0; o < ops.size(); ++o) {
     OpState& s = st_[o];
-    if (s.where != Where::kResident && !(s.where == Where::kExpert && s.resident_top >= 0))
-      continue;
+    if (s.where != Where::kResident) continue;
     auto buf = AlignedBuffer::Allocate(ResidentBytes(static_cast<int>(o)), ledger_, "weights");
     if (!buf.ok()) return buf.status().WithContext("resident op '" + ops[o].id + "'");
     s.resident = std::move(buf).value();
@@ -270,40 +265,6 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
     used += ResidentBytes(o);
   }
   return Status::Ok();
-}
-
-bool ResidencyManager::KeepExpertSkeletons(uint64_t budget, uint64_t reserve, int min_slots) {
-  if (keep_ >= serve_) return false;
-  uint64_t fixed = reserve, skeletons = 0, slab = 0;
-  for (size_t o = 0; o < st_.size(); ++o) {
-    const int op = static_cast<int>(o);
-    if (st_[o].where == Where::kExpert) {
-      skeletons += index_->ops()[op].SlabBytes(keep_);
-    } else if (st_[o].where == Where::kResident) {
-      // (residuals KeepResiduals kept are in ResidentBytes; the others stream through slabs)
-      fixed += ResidentBytes(op);
-      const int top = std::max(st_[o].resident_top, keep_);
-      slab = std::max(slab, OpBytes(op) - index_->ops()[op].SlabOffset(top + 1));
-    } else {
-      slab = std::max(slab, OpBytes(op));
-    }
-  }
-  if (skeletons == 0) return false;
-  for (size_t o = 0; o < st_.size(); ++o)
-    if (st_[o].where == Where::kExpert) st_[o].resident_top = keep_;
-  const uint64_t need = fixed + skeletons + static_cast<uint64_t>(DefaultSlabs()) * slab +
-                        ExpertSlotBytes() * static_cast<uint64_t>(min_slots);
-  if (need <= budget) return true;
-  for (size_t o = 0; o < st_.size(); ++o)
-    if (st_[o].where == Where::kExpert) st_[o].resident_top = -1;
-  return false;
-}
-
-uint64_t ResidencyManager::ExpertSlotBytes() const {
-  uint64_t slot = 0;
-  for (size_t o = 0; o < st_.size(); ++o)
-    if (st_[o].where == Where::kExpert) slot = std::max(slot, StreamedBytes(static_cast<int>(o)));
-  return slot;
 }
 
 void ResidencyManager::KeepResiduals(uint64_t budget, uint64_t reserve, uint64_t expert_min) {
@@ -494,13 +455,6 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
 
 void ResidencyManager::ReadExpert(int slot, int o, int64_t deadline) {
   const int want = Want(o);
-  if (st_[o].resident_top >= 0) {
-    // Its skeleton is resident: the slot holds the tiers above it.
-    experts_->Assign(slot, o, want);
-    Submit(deadline, o, want, experts_->slot(slot).data, &experts_->slot(slot).ticket,
-           st_[o].resident_top + 1);
-    return;
-  }
   // An expert that may run on its skeleton while its residual is late (the fallback of an
   // escalation) reads the tiers the runtime keeps first, its residual tiers as an upgrade.
   const int base = fallback_.lowers(o) ? std::min(want, keep_) : want;
@@ -512,9 +466,7 @@ void ResidencyManager::ReadExpert(int slot, int o, int64_t deadline) {
 void ResidencyManager::Upgrade(int slot, int tier, int64_t deadline) {
   ExpertCache::Slot& sl = experts_->slot(slot);
   sl.upgrade_tier = tier;
-  const StoreOp& op = index_->ops()[sl.op];
-  Submit(deadline, sl.op, tier,
-         sl.data + op.SlabOffset(sl.tier + 1) - op.SlabOffset(st_[sl.op].resident_top + 1),
+  Submit(deadline, sl.op, tier, sl.data + index_->ops()[sl.op].SlabOffset(sl.tier + 1),
          &sl.upgrade, sl.tier + 1);
 }
 
@@ -530,10 +482,6 @@ Status ResidencyManager::SettleUpgrade(int slot) {
 Status ResidencyManager::BeginExpert(int o) {
   OpState& s = st_[o];
   const int want = Want(o);
-  if (want <= s.resident_top) {
-    ++experts_->hits;  // its resident skeleton serves
-    return Status::Ok();
-  }
   int slot = experts_->Find(o);
   if (slot >= 0) {
     ExpertCache::Slot& sl = experts_->slot(slot);
@@ -622,7 +570,7 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
   for (int i = 0; i < n; ++i) {
     if (experts[i] < 0 || experts[i] >= hp_.n_expert) continue;
     const int o = expert_ops_[layer][experts[i]];
-    if (o < 0 || Want(o) <= st_[o].resident_top) continue;
+    if (o < 0) continue;
     int slot = experts_->Find(o);
     if (slot < 0) {
       if (busy + 1 >= experts_->n_slots()) continue;
@@ -677,8 +625,7 @@ bool ResidencyManager::CachedExperts(int layer, uint8_t* cached) {
   if (!StreamsExpertsOf(layer)) return false;
   for (int e = 0; e < hp_.n_expert; ++e) {
     const int o = expert_ops_[layer][e];
-    cached[e] = o >= 0 && (st_[o].where != Where::kExpert || Want(o) <= st_[o].resident_top ||
-                           experts_->Find(o) >= 0);
+    cached[e] = o >= 0 && (st_[o].where != Where::kExpert || experts_->Find(o) >= 0);
   }
   return true;
 }
@@ -689,7 +636,7 @@ bool ResidencyManager::ExpertsReady(int layer, const int32_t* experts, int n, ui
   for (int i = 0; i < n; ++i) {
     const int o = experts[i] >= 0 && experts[i] < hp_.n_expert ? expert_ops_[layer][experts[i]] : -1;
     const int slot = o >= 0 && st_[o].where == Where::kExpert ? experts_->Find(o) : -1;
-    ready[i] = o < 0 || st_[o].where != Where::kExpert || Want(o) <= st_[o].resident_top ||
+    ready[i] = o < 0 || st_[o].where != Where::kExpert ||
                (slot >= 0 && sched_->Ready(&experts_->slot(slot).ticket));
   }
   return true;
@@ -790,13 +737,12 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
   const uint8_t* read = nullptr;
   int loaded = s.resident_top;
   const int asked = tier < 0 ? serve_ : tier;
-  if (asked <= s.resident_top) {
-    // The tiers it keeps serve (a look-ahead guess on the skeleton, a draft pass): no read.
+  if (s.where != Where::kExpert && asked <= s.resident_top) {
+    // The tiers it keeps serve (a look-ahead guess on the skeleton): no read to wait for.
   } else if (s.where == Where::kExpert) {
     int slot = experts_->Find(o);
     if (slot >= 0 && sched_->Ready(&experts_->slot(slot).ticket)) {
-      // (a slot holds the tiers above a resident skeleton)
-      read = experts_->slot(slot).data - op.SlabOffset(s.resident_top + 1);
+      read = experts_->slot(slot).data;
       loaded = experts_->slot(slot).tier;
     } else {
       ASSIGN_OR_RETURN(read, DemandLoad(o, &loaded));

@@ -52,8 +52,6 @@ struct ResidencyOptions {
   // cache nothing: the slabs shrink to the largest residual still streamed (to none once all are
   // kept), and with no routed experts to stream the whole budget may hold them. For deferred
   // verification, whose every verify pass would otherwise read each resident op's residuals.
-  // Routed experts keep their skeletons resident too when the budget holds them all (the slots
-  // then hold the tiers above): the draft passes read nothing.
   bool keep_residuals = false;
   // A late read of an op the plan gives no fallback (or with no plan) is waited for unless
   // this is set: then it goes to a lower tier, down to skipping the residual of a resident
@@ -230,12 +228,6 @@ class ResidencyManager : public WeightSource {
   Status ChooseResidency(uint64_t budget, uint64_t fixed, int min_expert_slots);
   // ResidencyOptions::keep_residuals: raises resident ops' resident_top to the served tier.
   void KeepResiduals(uint64_t budget, uint64_t reserve, uint64_t expert_min);
-  // Then, also for keep_residuals: the routed experts keep their skeletons (tiers 0..keep_)
-  // resident when the budget holds all of them beside min_slots slots for the tiers above, so
-  // passes at the draft tier read no expert. Whether they do.
-  bool KeepExpertSkeletons(uint64_t budget, uint64_t reserve, int min_slots);
-  // What an expert slot holds: the largest routed expert's tiers above what it keeps resident.
-  uint64_t ExpertSlotBytes() const;
   Status ApplyPlan(const std::string& path);
   void AdvanceTo(int seq);
   void ScheduleAhead();

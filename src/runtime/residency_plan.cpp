@@ -51,7 +51,7 @@ ResidencyManager::ReadPrediction ResidencyManager::PredictReads() const {
   for (size_t i = 0; i < st_.size(); ++i) {
     const OpState& s = st_[i];
     if (s.where == Where::kExpert) {
-      expert_bytes += StreamedBytes(static_cast<int>(i));  // above a resident skeleton, if kept
+      expert_bytes += OpBytes(static_cast<int>(i));
       ++n_expert;
       moe_layers.insert(s.layer);
       r.expert_ops.push_back(static_cast<int>(i));
@@ -81,15 +81,14 @@ std::string ResidencyManager::PlanText() const {
     const int o = static_cast<int>(i);
     const OpState& s = st_[i];
     if (s.where == Where::kExpert) {
-      expert_bytes += StreamedBytes(o);
+      expert_bytes += OpBytes(o);
       ++n_expert;
-    }
-    if (s.where == Where::kResident || (s.where == Where::kExpert && s.resident_top >= 0)) {
+    } else if (s.where == Where::kResident) {
       KindBytes& k = resident[s.kind];
       ++k.ops;
       k.bytes += ResidentBytes(o);
       resident_bytes += ResidentBytes(o);
-    } else if (s.where == Where::kStreamed) {
+    } else {
       KindBytes& k = streamed[s.kind];
       ++k.ops;
       k.bytes += StreamedBytes(o);

@@ -35,10 +35,9 @@ struct Outcome {
 // residuals streamed (keep = 0) under `max_ram`, but for those kept where the budget holds them
 // (keep_residuals, as `run --verify` opens it).
 std::unique_ptr<Engine> Open(int keep, uint64_t max_ram, MemoryLedger* ledger,
-                             bool keep_residuals = false,
-                             const std::string& store = PackedTinyCoderStore()) {
+                             bool keep_residuals = false) {
   EngineOptions eo;
-  eo.store = store;
+  eo.store = PackedTinyCoderStore();
   eo.max_ram = max_ram;
   eo.ledger = ledger;
   eo.n_ctx = 256;
@@ -143,40 +142,6 @@ TEST(DeferredVerify, ResidualsTheBudgetHoldsAreKeptAndNotReadAgain) {
   }
   EXPECT_EQ(all->runtime()->stats().demand_loads, 0u);
   EXPECT_LE(l_kept.peak(), cap);
-}
-
-// On the MoE the routed experts' skeletons stay resident beside the kept residuals: passes at
-// the draft tier read nothing, the expert slots hold only the tiers above, and the verify
-// passes' tokens are the top tier's.
-TEST(DeferredVerify, MoeExpertSkeletonsStayResidentAndTheSlotsHoldTheirResiduals) {
-  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
-  const uint64_t data = StoreDataBytes(PackedTinyMoeStore());
-  MemoryLedger roomy, capped;
-  auto resident = Open(-1, 4 * data + (64ull << 20), &roomy, false, PackedTinyMoeStore());
-  ASSERT_TRUE(resident);
-  const uint64_t cap = data * 3 / 4 + EstimateRunReserve(resident->model().hparams(), 256, 256);
-  auto e = Open(0, cap, &capped, true, PackedTinyMoeStore());
-  MemoryLedger plain_ledger;
-  auto plain = Open(0, cap, &plain_ledger, false, PackedTinyMoeStore());
-  ASSERT_TRUE(e && plain);
-  const ResidencyStats open = e->runtime()->stats();
-  ASSERT_GT(open.expert_slots, 0);
-  EXPECT_LT(open.expert_slots, open.n_ops_expert) << "the cap should stream some experts";
-  const std::vector<uint8_t> top = e->model().op_tiers();
-  for (const std::string& p : Prompts()) {
-    const Outcome want = Generate(*resident, p, Greedy(24));
-    EXPECT_EQ(Generate(*e, p, VerifyAll(24, 8)).tokens, want.tokens) << p;
-    EXPECT_EQ(Generate(*e, p, Greedy(24)).tokens, want.tokens) << p << " (top tier throughout)";
-    std::fill(e->model().op_tiers().begin(), e->model().op_tiers().end(), 0);
-    const uint64_t read0 = e->runtime()->stats().stream_bytes_read;
-    Generate(*e, p, Greedy(24));
-    EXPECT_EQ(e->runtime()->stats().stream_bytes_read, read0) << p << ": the skeleton read";
-    e->model().op_tiers() = top;
-  }
-  EXPECT_GT(e->runtime()->stats().stream_bytes_read, 0u);
-  // Slots sized for the residual tiers only: less than a whole expert's.
-  EXPECT_LT(open.expert_slot_bytes, plain->runtime()->stats().expert_slot_bytes);
-  EXPECT_LE(capped.peak(), cap);
 }
 
 // Rows [0, n) of one layer's keys, as floats, for a comparison across caches.
