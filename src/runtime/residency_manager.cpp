@@ -110,7 +110,8 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     RETURN_IF_ERROR(ApplyPlan(options.plan_path));
   } else {
     RETURN_IF_ERROR(ChooseResidency(budget, options.reserve_bytes, min_slots));
-    if (options.keep_residuals) KeepResiduals(budget, options.reserve_bytes, expert_slot * min_slots);
+    if (options.keep_residuals)
+      KeepResiduals(budget, options.reserve_bytes, expert_slot * min_slots);
   }
   // Ops no sequence names (a store's "misc") are kept resident: nothing would schedule them.
   for (size_t o = 0; o < ops.size(); ++o)
@@ -284,7 +285,8 @@ void ResidencyManager::KeepResiduals(uint64_t budget, uint64_t reserve, uint64_t
       streamed = std::max(streamed, OpBytes(op));
     }
   }
-  std::stable_sort(kept.begin(), kept.end(), [&](int a, int b) { return residual(a) > residual(b); });
+  std::stable_sort(kept.begin(), kept.end(),
+                   [&](int a, int b) { return residual(a) > residual(b); });
   const uint64_t slabs = static_cast<uint64_t>(DefaultSlabs());
   // With k kept, the slabs hold the larger of the streamed ops and the (k+1)-th residual.
   auto used = [&](size_t k, uint64_t kept_bytes) {
