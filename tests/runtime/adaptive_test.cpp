@@ -433,8 +433,23 @@ void AThousandTokens(const std::string& store) {
     over_cap |= c.ledger.current() > c.cap;
   }
   EXPECT_EQ(AllocationCount(), allocs) << "the adaptive token loop allocated";
-  EXPECT_FALSE(over_cap);
   EXPECT_EQ(ss.cache.n_past(), static_cast<int64_t>(Prompt(a).size()) + 1032);
+  // The hair-trigger monitor flips with the timing's jitter, which a quiet host has little of
+  // (1,000 tokens gave 5 transitions in one run of 16): a few more rounds from a shorter
+  // context, bounded, until it has flipped and demoted often.
+  auto flipped_often = [&] {
+    const TierControllerStats& t = a.tier_controller()->stats();
+    return t.decays + t.force_demotes > 10 && t.force_demotes > 0 &&
+           a.runtime_monitor()->stats().transitions > 10;
+  };
+  for (int round = 0; round < 4 && !flipped_often(); ++round) {
+    ss.cache.Truncate(static_cast<int64_t>(Prompt(a).size()) + 32);
+    for (int t = 0; t < 1000; ++t) {
+      if (!greedy.Step().ok()) break;
+      over_cap |= c.ledger.current() > c.cap;
+    }
+  }
+  EXPECT_FALSE(over_cap);
   const TierControllerStats& st = a.tier_controller()->stats();
   EXPECT_GT(st.escalations, 10u) << "the run must actually escalate";
   // Down by decay or by the monitor's forced demotion: which one wins each time is timing.
