@@ -229,7 +229,7 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
   uint64_t residual_slab = 0;
   if (keep_ < serve_)
     for (int o : seq_)
-      residual_slab = std::max(residual_slab, OpBytes(o) - index_->ops()[o].SlabOffset(keep_ + 1));
+      residual_slab = std::max(residual_slab, ResidualBytes(o));
   uint64_t expert_min = 0;
   for (size_t o = 0; o < st_.size(); ++o)
     if (st_[o].where == Where::kExpert)
@@ -270,35 +270,31 @@ Status ResidencyManager::ChooseResidency(uint64_t budget, uint64_t reserve, int 
 
 void ResidencyManager::KeepResiduals(uint64_t budget, uint64_t reserve, uint64_t expert_min) {
   if (keep_ >= serve_) return;
-  auto residual = [&](int o) { return OpBytes(o) - index_->ops()[o].SlabOffset(keep_ + 1); };
   std::vector<int> kept;  // candidates: resident ops with residual tiers, largest residual first
   uint64_t resident = 0, streamed = 0;
-  bool experts_stream = false;
-  for (size_t o = 0; o < st_.size(); ++o) {
-    const int op = static_cast<int>(o);
-    if (st_[o].where == Where::kExpert) experts_stream = true;
-    if (st_[o].seq < 0) continue;
-    if (st_[o].where == Where::kResident) {
-      resident += index_->ops()[op].SlabBytes(keep_);
-      if (residual(op) > 0) kept.push_back(op);
+  for (int op : seq_) {
+    if (st_[op].where == Where::kResident) {
+      resident += ResidentBytes(op);
+      if (ResidualBytes(op) > 0) kept.push_back(op);
     } else {
       streamed = std::max(streamed, OpBytes(op));
     }
   }
   std::stable_sort(kept.begin(), kept.end(),
-                   [&](int a, int b) { return residual(a) > residual(b); });
+                   [&](int a, int b) { return ResidualBytes(a) > ResidualBytes(b); });
   const uint64_t slabs = static_cast<uint64_t>(DefaultSlabs());
   // With k kept, the slabs hold the larger of the streamed ops and the (k+1)-th residual.
   auto used = [&](size_t k, uint64_t kept_bytes) {
-    const uint64_t slab = std::max(streamed, k < kept.size() ? residual(kept[k]) : 0);
+    const uint64_t slab = std::max(streamed, k < kept.size() ? ResidualBytes(kept[k]) : 0);
     return resident + kept_bytes + slabs * slab + reserve + expert_min;
   };
-  // Routed experts take what the budget leaves: keep no more than the shrinking slabs free.
-  const uint64_t limit = experts_stream ? std::min(budget, used(0, 0)) : budget;
+  // Routed experts (expert_min > 0) take what the budget leaves: keep no more than the
+  // shrinking slabs free.
+  const uint64_t limit = expert_min > 0 ? std::min(budget, used(0, 0)) : budget;
   size_t best = 0;
   uint64_t bytes = 0;
   for (size_t k = 1; k <= kept.size(); ++k) {
-    bytes += residual(kept[k - 1]);
+    bytes += ResidualBytes(kept[k - 1]);
     if (used(k, bytes) <= limit) best = k;
   }
   for (size_t k = 0; k < best; ++k) st_[kept[k]].resident_top = serve_;

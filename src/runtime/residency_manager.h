@@ -268,6 +268,11 @@ class ResidencyManager : public WeightSource {
     return index_->ops()[op].SlabBytes(std::max(st_[op].resident_top, keep_));
   }
   uint64_t StreamedBytes(int op) const;
+  // Bytes of op o's tiers above those every resident op keeps: what a slab holds for its
+  // residual reads while it is resident.
+  uint64_t ResidualBytes(int op) const {
+    return OpBytes(op) - index_->ops()[op].SlabOffset(keep_ + 1);
+  }
   uint64_t OpBytes(int op) const { return index_->ops()[op].SlabBytes(serve_); }
 
   // Declared before the scheduler, destroyed after it: workers may still write into them.

@@ -426,12 +426,15 @@ void AThousandTokens(const std::string& store) {
   Session& ss = **s;
   GreedySteps greedy(a, ss);
   for (int t = 0; t < 32; ++t) ASSERT_TRUE(greedy.Step().ok());  // warm-up
-  const uint64_t allocs = AllocationCount();
   bool over_cap = false;
-  for (int t = 0; t < 1000; ++t) {
-    if (!greedy.Step().ok()) break;
-    over_cap |= c.ledger.current() > c.cap;
-  }
+  auto thousand_tokens = [&] {
+    for (int t = 0; t < 1000; ++t) {
+      if (!greedy.Step().ok()) break;
+      over_cap |= c.ledger.current() > c.cap;
+    }
+  };
+  const uint64_t allocs = AllocationCount();
+  thousand_tokens();
   EXPECT_EQ(AllocationCount(), allocs) << "the adaptive token loop allocated";
   EXPECT_EQ(ss.cache.n_past(), static_cast<int64_t>(Prompt(a).size()) + 1032);
   // The hair-trigger monitor flips with the timing's jitter, which a quiet host has little of
@@ -444,10 +447,7 @@ void AThousandTokens(const std::string& store) {
   };
   for (int round = 0; round < 4 && !flipped_often(); ++round) {
     ss.cache.Truncate(static_cast<int64_t>(Prompt(a).size()) + 32);
-    for (int t = 0; t < 1000; ++t) {
-      if (!greedy.Step().ok()) break;
-      over_cap |= c.ledger.current() > c.cap;
-    }
+    thousand_tokens();
   }
   EXPECT_FALSE(over_cap);
   const TierControllerStats& st = a.tier_controller()->stats();
