@@ -30,6 +30,22 @@ struct MatMulOp {
   Tensor y;
 };
 
+// The routed experts of one MoE layer, chosen and computed by the backend itself
+// (Backend::RoutedExperts): every expert's matrices in the backend's memory, the choice never
+// read back to the host.
+struct RoutedExpertsOp {
+  Tensor logits;                     // [n, E] router scores
+  const WeightView* bias = nullptr;  // selection bias [E] (deepseek-v3) or null
+  RoutingParams routing;             // exact routing: no cached bonus
+  // The stacked expert tensors, whole (rows = E x each expert's rows): expert e's gate and up
+  // [ff, d] and down [d, ff] matrices are their e-th equal slices, skeleton only.
+  const WeightView* gate = nullptr;
+  const WeightView* up = nullptr;
+  const WeightView* down = nullptr;
+  Tensor xn;   // [n, d] the normed input
+  Tensor acc;  // [n, d] receives sum over the token's k experts of weight * expert(xn)
+};
+
 // One layer of a KV cache, writable: position p's key row at k + p * k_stride elements of
 // `type` (F32 or F16), its value row at v + p * v_stride.
 struct KvLayer {

@@ -66,8 +66,7 @@ class WeightSource {
   // tier 0 is the skeleton, tier k adds the first k residuals: the view carries exactly
   // min(tier, what the source holds for the tensor) residuals (a source without residual tiers
   // serves tier 0 for any tier); kDefaultTier asks for DefaultTier().
-  virtual Expected<WeightHandle> Acquire(TensorId id, int slice = -1,
-                                         int tier = kDefaultTier) = 0;
+  virtual Expected<WeightHandle> Acquire(TensorId id, int slice = -1, int tier = kDefaultTier) = 0;
   // The tier ops run at unless told otherwise (Model's per-op tier table starts here): the top
   // of the ladder a store was opened to serve; 0 for sources without residual tiers.
   virtual int DefaultTier() const { return 0; }
@@ -109,6 +108,11 @@ class WeightSource {
     return false;
   }
 
+  // Whether every expert of every layer is in memory for as long as the source lives, so that a
+  // whole stacked expert tensor may be acquired and a backend may choose and read experts
+  // itself (Backend::RoutedExperts) without the source seeing which. False, the default, for
+  // sources that stream experts.
+  virtual bool ExpertsResident() const { return false; }
   // Calibration: when ObservesInputs(), every matrix product reports its input rows before it
   // runs (n rows of `cols` floats meeting tensor `id`, expert `slice` or -1), so a source can
   // gather activation statistics; such passes run experts one by one. Off by default: free.

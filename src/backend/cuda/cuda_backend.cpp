@@ -70,8 +70,8 @@ void CudaBackend::AddGemvJob(int type, bool fast, const Tensor& x, const void* x
   // Repacked, one token: the kernel shape measured best for the type and size (or the one
   // SUBSTRATE_CUDA_GEMV_VARIANT names); other token counts take shape 0.
   const int variant = !(type & kRepacked) || ntok != 1 ? 0
-                      : gemv_variant_ >= 0         ? gemv_variant_
-                                                   : GemvDefaultVariant(type, y.cols);
+                      : gemv_variant_ >= 0             ? gemv_variant_
+                                                       : GemvDefaultVariant(type, y.cols);
   const int per_block = GemvRowsPerBlock(type, fast, variant);
   const int blocks = static_cast<int>((y.cols + per_block - 1) / per_block);
   // Join the previous launch when it is a product of the same kind and neither reads what the
@@ -325,13 +325,11 @@ void CudaBackend::SwiGlu(const Tensor& gate, const Tensor& up, const Tensor& out
     if ((g->type & kRepacked) && g->ntok == 1 && g->n_jobs == 2 && !g->glu_out &&
         j[0].y == gate.data && j[1].y == up.data && j[0].rows == gate.cols &&
         j[1].rows == up.cols && gate.cols == up.cols && out.cols == gate.cols &&
-        gate.cols % 32 == 0 && gate.cols / 32 <= kGluCounterCells && !j[0].add_to &&
-        !j[1].add_to &&
-        (out.data == gate.data ||
-         (!Overlap(out.data, static_cast<size_t>(out.cols) * 4, gate.data,
-                   static_cast<size_t>(gate.cols) * 4) &&
-          !Overlap(out.data, static_cast<size_t>(out.cols) * 4, up.data,
-                   static_cast<size_t>(up.cols) * 4)))) {
+        gate.cols % 32 == 0 && gate.cols / 32 <= kGluCounterCells && !j[0].add_to && !j[1].add_to &&
+        (out.data == gate.data || (!Overlap(out.data, static_cast<size_t>(out.cols) * 4, gate.data,
+                                            static_cast<size_t>(gate.cols) * 4) &&
+                                   !Overlap(out.data, static_cast<size_t>(out.cols) * 4, up.data,
+                                            static_cast<size_t>(up.cols) * 4)))) {
       g->glu_out = out.data;
       g->glu_counters = glu_counters_;
       Wrote(out);
@@ -578,6 +576,168 @@ void CudaBackend::ScatterAddRows(const Tensor& src, const int32_t* rows, const f
   p->n = n;
   p->cols = dst.cols;
   Wrote(dst);
+}
+
+const CudaBackend::ExpertTable* CudaBackend::Experts(const WeightView& v, int n_expert) {
+  auto it = expert_tables_.find(v.data);
+  if (it != expert_tables_.end()) return it->second.dev ? &it->second : nullptr;
+  ExpertTable& t = expert_tables_[v.data];  // stays empty (null) if the checks below fail
+  const auto rb = RowBytes(v.type, static_cast<uint64_t>(v.cols));
+  if (v.layout != WeightLayout::kRows || v.n_residuals != 0 || !rb || n_expert <= 0 ||
+      v.rows % n_expert != 0)
+    return nullptr;
+  const int64_t rows = v.rows / n_expert;
+  const uint64_t slice = *rb * static_cast<uint64_t>(rows);
+  std::vector<const uint8_t*> ptrs(static_cast<size_t>(n_expert));
+  DevPart first;
+  for (int e = 0; e < n_expert; ++e) {
+    DevPart part;
+    if (!FindAdoptedPart(v.data + slice * static_cast<uint64_t>(e), slice, static_cast<int>(v.type),
+                         static_cast<int64_t>(*rb), &part))
+      return nullptr;
+    if (e == 0) first = part;
+    if (part.type != first.type || part.row_bytes != first.row_bytes) return nullptr;
+    ptrs[static_cast<size_t>(e)] = part.w;
+  }
+  const size_t bytes = ptrs.size() * sizeof(ptrs[0]);
+  auto charge = ledger_->Charge("weights", bytes);
+  void* dev = nullptr;
+  if (!charge.ok() || cudaMalloc(&dev, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  CK(cudaMemcpy(dev, ptrs.data(), bytes, cudaMemcpyHostToDevice));
+  t.dev = static_cast<const uint8_t* const*>(dev);
+  t.part = first;
+  t.rows = rows;
+  t.charge = std::move(charge).value();
+  return &t;
+}
+
+void CudaBackend::AddExpertGemv(const DevPart& part, bool fast, int64_t cols, const GemvJob* jobs,
+                                int n_jobs) {
+  auto* p = Add<GemvParams>(&LaunchGemv);
+  p->type = part.type;
+  p->fast = fast ? 1 : 0;
+  p->nt = 1;
+  p->ntok = 1;
+  p->cols = cols;
+  p->variant = !(part.type & kRepacked) ? 0
+               : gemv_variant_ >= 0     ? gemv_variant_
+                                        : GemvDefaultVariant(part.type, jobs[0].rows);
+  const int per_block = GemvRowsPerBlock(part.type, fast, p->variant);
+  p->n_jobs = n_jobs;
+  for (int j = 0; j < n_jobs; ++j) {
+    p->jobs[j] = jobs[j];
+    p->block_start[j + 1] = p->block_start[j] + (jobs[j].rows + per_block - 1) / per_block;
+  }
+}
+
+bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
+  const RoutingParams& rp = op.routing;
+  const int E = rp.n_expert, K = rp.k;
+  const int64_t n = op.xn.rows, d = op.xn.cols;
+  const bool grouped = rp.n_groups > 1 && rp.n_groups_used < rp.n_groups;
+  // Decode-sized passes (a GEMV per slot of expert rows); prefill's experts are GEMMs.
+  if (!route_ || rp.cached || grouped || E > kRouteMaxExperts || K <= 0 || K > E || n < 1 ||
+      n > 8 || op.logits.cols != E || op.logits.rows != n)
+    return false;
+  const ExpertTable* g = Experts(*op.gate, E);
+  const ExpertTable* u = Experts(*op.up, E);
+  const ExpertTable* dn = Experts(*op.down, E);
+  if (!g || !u || !dn) return false;
+  const int64_t ff = g->rows, slots = n * K;
+  // Slots of whole 32-row groups (the SwiGLU's quantization blocks) and of whole warps' rows.
+  if (u->rows != ff || dn->rows != d || op.gate->cols != d || op.up->cols != d ||
+      op.down->cols != ff || ff % 32 != 0 || d % 4 != 0 || slots * std::max(ff, d) > INT32_MAX)
+    return false;
+  const bool fast_g = GemvFastType(g->part.type, d, g->part.row_bytes, g->part.w);
+  const bool fast_u = GemvFastType(u->part.type, d, u->part.row_bytes, u->part.w);
+  const bool fast_d = GemvFastType(dn->part.type, ff, dn->part.row_bytes, dn->part.w);
+
+  EnsureStaging(op.bias ? StagingBytes(*op.bias) : 0);
+  EnsureWork(static_cast<size_t>(E) * 4 + static_cast<size_t>(slots) * 8 +
+             static_cast<size_t>(slots * ff) * 13 + static_cast<size_t>(slots * d) * 4 +
+             static_cast<size_t>(n * d) * 2 + 16 * 256);
+  const float* bias = op.bias ? VectorOf(*op.bias, E) : nullptr;
+  auto* sel = static_cast<int32_t*>(Carve(static_cast<size_t>(slots) * 4));
+  auto* weight = static_cast<float*>(Carve(static_cast<size_t>(slots) * 4));
+  auto* gate = static_cast<float*>(Carve(static_cast<size_t>(slots * ff) * 4));
+  auto* up = static_cast<float*>(Carve(static_cast<size_t>(slots * ff) * 4));
+  auto* hidden = static_cast<float*>(Carve(static_cast<size_t>(slots * ff) * 4));
+  auto* hq = static_cast<int8_t*>(Carve(static_cast<size_t>(slots * ff)));
+  auto* hs = static_cast<float2*>(Carve(static_cast<size_t>(slots * ff / 32) * sizeof(float2)));
+  auto* out = static_cast<float*>(Carve(static_cast<size_t>(slots * d) * 4));
+
+  auto* r = Add<RouteTopKParams>(&LaunchRouteTopK);
+  r->logits = op.logits.data;
+  r->bias = bias;
+  r->n = static_cast<int32_t>(n);
+  r->n_expert = E;
+  r->k = K;
+  r->sigmoid = rp.gating == GatingFunc::kSigmoid ? 1 : 0;
+  r->normalize = rp.normalize ? 1 : 0;
+  r->scale = rp.scale;
+  r->sel = sel;
+  r->weight = weight;
+
+  void* xq = nullptr;
+  void* xs = nullptr;
+  if (fast_g || fast_u) ConvertAct(op.xn, false, &xq, &xs);
+  auto job = [&](const ExpertTable& t, bool fast, const void* x_fast, const void* x_float,
+                 const void* x_scales, float* y, int64_t slot_rows, int x_div) {
+    GemvJob j;
+    j.row_bytes = t.part.row_bytes;
+    j.x = fast ? x_fast : x_float;
+    j.xs = fast ? static_cast<const float2*>(x_scales) : nullptr;
+    j.y = y;
+    j.ldy = slots * slot_rows;
+    j.rows = static_cast<int32_t>(slots * slot_rows);
+    j.slot_expert = sel;
+    j.expert_w = t.dev;
+    j.slot_rows = static_cast<int32_t>(slot_rows);
+    j.x_div = x_div;
+    return j;
+  };
+  const GemvJob gu[2] = {job(*g, fast_g, xq, op.xn.data, xs, gate, ff, K),
+                         job(*u, fast_u, xq, op.xn.data, xs, up, ff, K)};
+  if (g->part.type == u->part.type && fast_g == fast_u) {
+    AddExpertGemv(g->part, fast_g, d, gu, 2);
+  } else {
+    AddExpertGemv(g->part, fast_g, d, &gu[0], 1);
+    AddExpertGemv(u->part, fast_u, d, &gu[1], 1);
+  }
+  auto* last = reinterpret_cast<GemvParams*>(recs_[n_recs_ - 1].p);
+  if (last->n_jobs == 2 && (last->type & kRepacked) && slots * ff / 32 <= kGluCounterCells) {
+    // SwiGLU (and the down product's quantization) in the gate and up launch's epilogue.
+    last->glu_out = hidden;
+    last->glu_counters = glu_counters_;
+    last->glu_xq = fast_d ? hq : nullptr;
+    last->glu_xs = fast_d ? hs : nullptr;
+  } else {
+    auto* e = Add<ElementwiseParams>(&LaunchElementwise);
+    e->kind = kSwiGlu;
+    e->y = hidden;
+    e->a = gate;
+    e->b = up;
+    e->rows = slots;
+    e->cols = ff;
+    e->xq = fast_d ? hq : nullptr;
+    e->xs = fast_d ? hs : nullptr;
+  }
+  const GemvJob down = job(*dn, fast_d, hq, hidden, hs, out, d, 1);
+  AddExpertGemv(dn->part, fast_d, ff, &down, 1);
+
+  auto* c = Add<MoeCombineParams>(&LaunchMoeCombine);
+  c->out = out;
+  c->weight = weight;
+  c->acc = op.acc.data;
+  c->n = n;
+  c->cols = d;
+  c->k = K;
+  Wrote(op.acc);
+  FinishStaged();
+  return true;
 }
 
 std::optional<double> CudaBackend::MeasureReadBandwidth(uint64_t bytes) {

@@ -22,7 +22,7 @@
 
 namespace substrate::cuda {
 
-constexpr size_t kRecBytes = 768;
+constexpr size_t kRecBytes = 1024;
 constexpr int kMinGraphRecs = 8;
 constexpr int64_t kGemmMinTokens = 65;  // from this many tokens: dequantize + cuBLAS
 constexpr size_t kArenaBytes = 4u << 20;
@@ -117,6 +117,7 @@ class CudaBackend final : public Backend {
   void GatherRows(const Tensor& src, const int32_t* rows, int64_t n, const Tensor& dst) override;
   void ScatterAddRows(const Tensor& src, const int32_t* rows, const float* weight, int64_t n,
                       const Tensor& dst) override;
+  bool RoutedExperts(const RoutedExpertsOp& op) override;
 
   void FreeDevice(void* data);
 
@@ -184,6 +185,19 @@ class CudaBackend final : public Backend {
                   const Tensor& y, const DevPart& part, bool accumulate);
   void SetDevice() const { CK(cudaSetDevice(opt_.device)); }
 
+  // The device copies of a stacked expert tensor's E matrices, for the products of routed
+  // experts: a table of their addresses on the device, and their layout.
+  struct ExpertTable {
+    const uint8_t* const* dev = nullptr;  // [E], null: some expert is not adopted
+    DevPart part;                         // expert 0's (every expert's layout is the same)
+    int64_t rows = 0;                     // of one expert
+    LedgerCharge charge;
+  };
+  // v's table (built once per tensor), or null when its experts are not all adopted alike.
+  const ExpertTable* Experts(const WeightView& v, int n_expert);
+  // Records one product of routed experts: job 0 (and job 1 when set), one launch.
+  void AddExpertGemv(const DevPart& part, bool fast, int64_t cols, const GemvJob* jobs, int n_jobs);
+
   CudaBackendOptions opt_;
   MemoryLedger* ledger_;
   FreeContext* free_ctx_ = nullptr;
@@ -214,13 +228,15 @@ class CudaBackend final : public Backend {
     uint64_t size = 0;
     uint8_t* dev = nullptr;
     LedgerCharge charge;
-    int rtype = 0;               // repacked: the device type id (kRepacked set)
-    int64_t row_bytes = 0;       // repacked: host row bytes
-    int64_t dev_row_bytes = 0;   // repacked: device row bytes
+    int rtype = 0;              // repacked: the device type id (kRepacked set)
+    int64_t row_bytes = 0;      // repacked: host row bytes
+    int64_t dev_row_bytes = 0;  // repacked: device row bytes
   };
   std::map<const uint8_t*, Region> adopted_;
+  std::map<const uint8_t*, ExpertTable> expert_tables_;
   bool warned_adopt_ = false;
-  bool repack_ = true;    // SUBSTRATE_CUDA_REPACK=0 keeps the GGUF layout on the device (A/B)
+  bool repack_ = true;     // SUBSTRATE_CUDA_REPACK=0 keeps the GGUF layout on the device (A/B)
+  bool route_ = true;      // SUBSTRATE_CUDA_ROUTE=0: MoE routing on the host, as before (A/B)
   int gemv_variant_ = -1;  // SUBSTRATE_CUDA_GEMV_VARIANT: the repacked products' kernel shape
   // SUBSTRATE_CUDA_HOSTTIME=1: how much of the wall time the host waited for the device (the
   // rest it spent recording, or the device idled), printed when the backend closes.

@@ -55,6 +55,8 @@ Status CudaBackend::Init() {
   }
   if (const char* g = std::getenv("SUBSTRATE_CUDA_REPACK"); g && std::string(g) == "0")
     repack_ = false;
+  if (const char* g = std::getenv("SUBSTRATE_CUDA_ROUTE"); g && std::string(g) == "0")
+    route_ = false;
   if (const char* g = std::getenv("SUBSTRATE_CUDA_GEMV_VARIANT"))
     gemv_variant_ = std::clamp(std::atoi(g), -1, kGemvVariants - 1);
   if (const char* g = std::getenv("SUBSTRATE_CUDA_HOSTTIME"); g && std::string(g) == "1")
@@ -103,6 +105,8 @@ CudaBackend::~CudaBackend() {
   if (free_ctx_) free_ctx_->backend = nullptr;
   for (auto& [host, r] : adopted_) cudaFree(r.dev);
   adopted_.clear();
+  for (auto& [host, t] : expert_tables_) cudaFree(const_cast<const uint8_t**>(t.dev));
+  expert_tables_.clear();
   if (cublas_handle_) cublas_->destroy(cublas_handle_);
   cudaFree(gemm_tmp_);
   cudaFree(staging_);
@@ -198,8 +202,8 @@ void CudaBackend::Adopt(const uint8_t* host, uint64_t size, int rtype, int64_t c
   r.charge = std::move(charge).value();
 }
 
-bool CudaBackend::FindAdoptedPart(const uint8_t* host, uint64_t bytes, int type,
-                                  int64_t row_bytes, DevPart* out) const {
+bool CudaBackend::FindAdoptedPart(const uint8_t* host, uint64_t bytes, int type, int64_t row_bytes,
+                                  DevPart* out) const {
   auto it = adopted_.upper_bound(host);
   if (it == adopted_.begin()) return false;
   --it;
@@ -212,7 +216,8 @@ bool CudaBackend::FindAdoptedPart(const uint8_t* host, uint64_t bytes, int type,
     // Whole rows of a repacked matrix (an expert's slice): the same rows there.
     out->type = r.rtype;
     out->row_bytes = r.dev_row_bytes;
-    out->w = r.dev + off / static_cast<uint64_t>(row_bytes) * static_cast<uint64_t>(r.dev_row_bytes);
+    out->w =
+        r.dev + off / static_cast<uint64_t>(row_bytes) * static_cast<uint64_t>(r.dev_row_bytes);
     return true;
   }
   if (r.rtype) return false;  // bytes of a repacked matrix read another way: upload them

@@ -70,6 +70,14 @@ struct GemvJob {
   int32_t rows = 0;
   int32_t accumulate = 0;   // add to y (a residual tier) instead of writing it
   float* add_to = nullptr;  // also add the result here (the residual stream: y + Add fused)
+  // Routed experts (one token per launch, ntok = 1): the job's rows are slots of slot_rows rows
+  // each (a multiple of 4); slot s computes the matrix of expert slot_expert[s] (written by the
+  // routing kernel before), at expert_w[slot_expert[s]], against activation row s / x_div
+  // (x_div = k: the k slots of a token share its input). y is indexed by the job's row.
+  const int32_t* slot_expert = nullptr;      // device, null: a plain product
+  const uint8_t* const* expert_w = nullptr;  // device [E]
+  int32_t slot_rows = 0;
+  int32_t x_div = 1;
 };
 
 // Jobs of one weight type, one width and one token count, in one launch.
@@ -257,6 +265,32 @@ void AllowAttentionSmem(int bytes);
 constexpr int kAttentionMaxAcc = 16;  // accumulators per thread: rows * dv <= 2048
 
 // ---- mixture of experts ----
+
+// Top-k routing of logits [n, E] on the device, the arithmetic of kernels/routing.cpp (softmax
+// or sigmoid gating, the selection bias, top-k by selection score with the lowest index among
+// equals, normalisation and scale; no groups, no cached bonus): sel/weight [n, k].
+struct RouteTopKParams {
+  const float* logits = nullptr;
+  const float* bias = nullptr;  // [E] or null
+  int32_t n = 0, n_expert = 0, k = 0;
+  int32_t sigmoid = 0, normalize = 0;
+  float scale = 1;
+  int32_t* sel = nullptr;
+  float* weight = nullptr;
+};
+void LaunchRouteTopK(const void* params, cudaStream_t stream);
+constexpr int kRouteMaxExperts = 1024;
+
+// acc[t, :] = sum over j < k of weight[t k + j] * out[t k + j, :] (the routed experts' outputs,
+// summed in the order chosen).
+struct MoeCombineParams {
+  const float* out = nullptr;
+  const float* weight = nullptr;
+  float* acc = nullptr;
+  int64_t n = 0, cols = 0;
+  int32_t k = 0;
+};
+void LaunchMoeCombine(const void* params, cudaStream_t stream);
 
 struct GatherParams {
   const float* src = nullptr;

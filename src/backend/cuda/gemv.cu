@@ -174,6 +174,19 @@ __device__ __forceinline__ bool LocateRow(const GemvParams& p, int* job, int* ro
   return *row < p.jobs[j].rows;
 }
 
+// Row `row` of a job: its weights, and (routed experts) which activation row it reads, in
+// *xrow (0 for a plain product, whose tokens are the launch's). `row` must be below job.rows.
+__device__ __forceinline__ const uint8_t* JobRow(const GemvJob& job, int row, int* xrow) {
+  if (job.slot_expert) {
+    const int s = row / job.slot_rows;
+    *xrow = s / job.x_div;
+    return job.expert_w[job.slot_expert[s]] +
+           static_cast<int64_t>(row - s * job.slot_rows) * job.row_bytes;
+  }
+  *xrow = 0;
+  return job.w + static_cast<int64_t>(row) * job.row_bytes;
+}
+
 template <int NT>
 __device__ __forceinline__ void WriteRows(const GemvJob& job, int row, int t0, int nt,
                                           float (&acc)[NT]) {
@@ -236,11 +249,12 @@ __global__ void __launch_bounds__(128) GemvFastKernel(const __grid_constant__ Ge
   const int nb = static_cast<int>(cols / kQK);
   const int64_t row_bytes = job.row_bytes;  // a multiple of 16 (GemvFastType)
   const uint8_t* w[kFastRows];
+  int xrow = 0;  // a warp's rows lie in one slot (slot_rows % 4 == 0)
 #pragma unroll
   for (int r = 0; r < kFastRows; ++r)  // a missing last row reads the one before (unused)
-    w[r] = job.w + static_cast<int64_t>(row0 + min(r, nr - 1)) * row_bytes;
-  const int8_t* xq = static_cast<const int8_t*>(job.x) + t0 * cols;
-  const float2* xs = job.xs + t0 * groups;
+    w[r] = JobRow(job, row0 + min(r, nr - 1), &xrow);
+  const int8_t* xq = static_cast<const int8_t*>(job.x) + (t0 + xrow) * cols;
+  const float2* xs = job.xs + (t0 + xrow) * groups;
   float acc[kFastRows][NT];
 #pragma unroll
   for (int r = 0; r < kFastRows; ++r)
@@ -459,7 +473,8 @@ struct Rp<kTypeQ6_K> {
   }
   __device__ static float Dot(const W& w, const X& x, int su) {
     const int m = su & 3, s0 = 2 * (m >> 1);
-    const uint32_t ql[4] = {w.ql.x, w.ql.y, w.ql.z, w.ql.w}, qh[4] = {w.qh.x, w.qh.y, w.qh.z, w.qh.w};
+    const uint32_t ql[4] = {w.ql.x, w.ql.y, w.ql.z, w.ql.w},
+                   qh[4] = {w.qh.x, w.qh.y, w.qh.z, w.qh.w};
     const int xa[4] = {x.a.x, x.a.y, x.a.z, x.a.w}, xb[4] = {x.b.x, x.b.y, x.b.z, x.b.w};
     int sa = 0, sb = 0;
 #pragma unroll
@@ -471,8 +486,8 @@ struct Rp<kTypeQ6_K> {
     }
     const float sc_a = static_cast<float>(static_cast<int8_t>(w.sc.x >> (8 * m)));
     const float sc_b = static_cast<float>(static_cast<int8_t>(w.sc.y >> (8 * m)));
-    return HalfToFloat(w.d) * (sc_a * x.sa * static_cast<float>(sa) +
-                               sc_b * x.sb * static_cast<float>(sb));
+    return HalfToFloat(w.d) *
+           (sc_a * x.sa * static_cast<float>(sa) + sc_b * x.sb * static_cast<float>(sb));
   }
 };
 
@@ -515,10 +530,13 @@ __global__ void __launch_bounds__(32 * WARPS) GemvRpKernel(const __grid_constant
   const int nr = min(R, job.rows - row0);  // <= 0: a warp past the job's rows
   const int64_t cols = p.cols;
   const int n_units = D::Units(cols);
+  // Routed experts: the slots' experts come from the kernel before, so wait for it first.
+  if (job.slot_expert) PdlStart();
   const uint8_t* w[R];
+  int xrow = 0;  // a warp's rows lie in one slot (slot_rows % 4 == 0)
 #pragma unroll
   for (int r = 0; r < R; ++r)  // a missing last row reads the one before (unused)
-    w[r] = job.w + static_cast<int64_t>(row0 + max(0, min(r, nr - 1))) * job.row_bytes;
+    w[r] = JobRow(job, nr > 0 ? row0 + min(r, nr - 1) : 0, &xrow);
   typename D::W wv[R][U];
   auto load = [&](int base) {
 #pragma unroll
@@ -535,8 +553,8 @@ __global__ void __launch_bounds__(32 * WARPS) GemvRpKernel(const __grid_constant
   if (nr <= 0) return;
   const int t0 = blockIdx.y * NT, nt = min(NT, p.ntok - t0);
   const int64_t groups = cols / 32;
-  const int8_t* xq = static_cast<const int8_t*>(job.x) + t0 * cols;
-  const float2* xs = job.xs + t0 * groups;
+  const int8_t* xq = static_cast<const int8_t*>(job.x) + (t0 + xrow) * cols;
+  const float2* xs = job.xs + (t0 + xrow) * groups;
   float acc[R][NT];
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -604,8 +622,9 @@ __global__ void __launch_bounds__(128) GemvFloatKernel(const __grid_constant__ G
   const int lane = threadIdx.x & 31;
   const int t0 = blockIdx.y * NT, nt = min(NT, p.ntok - t0);
   const int64_t cols = p.cols, chunks = cols / 8;
-  const uint8_t* w = job.w + static_cast<int64_t>(row) * job.row_bytes;
-  const float* x = static_cast<const float*>(job.x) + t0 * cols;
+  int xrow = 0;
+  const uint8_t* w = JobRow(job, row, &xrow);
+  const float* x = static_cast<const float*>(job.x) + (t0 + xrow) * cols;
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
