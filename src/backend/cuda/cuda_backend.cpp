@@ -638,9 +638,8 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
   const int E = rp.n_expert, K = rp.k;
   const int64_t n = op.xn.rows, d = op.xn.cols;
   const bool grouped = rp.n_groups > 1 && rp.n_groups_used < rp.n_groups;
-  // Decode-sized passes (a GEMV per slot of expert rows); prefill's experts are GEMMs.
   if (!route_ || rp.cached || grouped || E > kRouteMaxExperts || K <= 0 || K > E || n < 1 ||
-      n > 8 || op.logits.cols != E || op.logits.rows != n)
+      op.logits.cols != E || op.logits.rows != n)
     return false;
   const ExpertTable* g = Experts(*op.gate, E);
   const ExpertTable* u = Experts(*op.up, E);
@@ -654,17 +653,25 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
   const bool fast_g = GemvFastType(g->part.type, d, g->part.row_bytes, g->part.w);
   const bool fast_u = GemvFastType(u->part.type, d, u->part.row_bytes, u->part.w);
   const bool fast_d = GemvFastType(dn->part.type, ff, dn->part.row_bytes, dn->part.w);
+  // A few tokens (decode): a GEMV per slot of expert rows. Many (prefill): the slots sorted
+  // into tiles by expert, each expert's matrix read about once (repacked layouts only).
+  const bool tiled = n > 8;
+  if (tiled &&
+      (!(g->part.type & kRepacked) || !(u->part.type & kRepacked) || !(dn->part.type & kRepacked) ||
+       slots > kMoeSortMaxSlots || E > kMoeSortMaxExperts || std::max(d, ff) > GemvTilesMaxCols()))
+    return false;
 
   EnsureStaging(op.bias ? StagingBytes(*op.bias) : 0);
-  EnsureWork(static_cast<size_t>(E) * 4 + static_cast<size_t>(slots) * 8 +
-             static_cast<size_t>(slots * ff) * 13 + static_cast<size_t>(slots * d) * 4 +
+  EnsureWork(static_cast<size_t>(E) * 4 + static_cast<size_t>(slots) * 16 +
+             static_cast<size_t>(slots / kMoeTileSlots + E) * 16 +
+             static_cast<size_t>(slots * ff) * 10 + static_cast<size_t>(slots * d) * 4 +
              static_cast<size_t>(n * d) * 2 + 16 * 256);
   const float* bias = op.bias ? VectorOf(*op.bias, E) : nullptr;
   auto* sel = static_cast<int32_t*>(Carve(static_cast<size_t>(slots) * 4));
   auto* weight = static_cast<float*>(Carve(static_cast<size_t>(slots) * 4));
   auto* gate = static_cast<float*>(Carve(static_cast<size_t>(slots * ff) * 4));
   auto* up = static_cast<float*>(Carve(static_cast<size_t>(slots * ff) * 4));
-  auto* hidden = static_cast<float*>(Carve(static_cast<size_t>(slots * ff) * 4));
+  float* hidden = gate;  // SwiGLU in place
   auto* hq = static_cast<int8_t*>(Carve(static_cast<size_t>(slots * ff)));
   auto* hs = static_cast<float2*>(Carve(static_cast<size_t>(slots * ff / 32) * sizeof(float2)));
   auto* out = static_cast<float*>(Carve(static_cast<size_t>(slots * d) * 4));
@@ -684,37 +691,53 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
   void* xq = nullptr;
   void* xs = nullptr;
   if (fast_g || fast_u) ConvertAct(op.xn, false, &xq, &xs);
-  auto job = [&](const ExpertTable& t, bool fast, const void* x_fast, const void* x_float,
-                 const void* x_scales, float* y, int64_t slot_rows, int x_div) {
-    GemvJob j;
-    j.row_bytes = t.part.row_bytes;
-    j.x = fast ? x_fast : x_float;
-    j.xs = fast ? static_cast<const float2*>(x_scales) : nullptr;
-    j.y = y;
-    j.ldy = slots * slot_rows;
-    j.rows = static_cast<int32_t>(slots * slot_rows);
-    j.slot_expert = sel;
-    j.expert_w = t.dev;
-    j.slot_rows = static_cast<int32_t>(slot_rows);
-    j.x_div = x_div;
-    return j;
-  };
-  const GemvJob gu[2] = {job(*g, fast_g, xq, op.xn.data, xs, gate, ff, K),
-                         job(*u, fast_u, xq, op.xn.data, xs, up, ff, K)};
-  if (g->part.type == u->part.type && fast_g == fast_u) {
-    AddExpertGemv(g->part, fast_g, d, gu, 2);
-  } else {
-    AddExpertGemv(g->part, fast_g, d, &gu[0], 1);
-    AddExpertGemv(u->part, fast_u, d, &gu[1], 1);
-  }
-  auto* last = reinterpret_cast<GemvParams*>(recs_[n_recs_ - 1].p);
-  if (last->n_jobs == 2 && (last->type & kRepacked) && slots * ff / 32 <= kGluCounterCells) {
-    // SwiGLU (and the down product's quantization) in the gate and up launch's epilogue.
-    last->glu_out = hidden;
-    last->glu_counters = glu_counters_;
-    last->glu_xq = fast_d ? hq : nullptr;
-    last->glu_xs = fast_d ? hs : nullptr;
-  } else {
+  const int32_t* pos = nullptr;
+  if (tiled) {
+    const int64_t max_tiles = slots / kMoeTileSlots + E;
+    auto* tiles = static_cast<int4*>(Carve(static_cast<size_t>(max_tiles) * sizeof(int4)));
+    auto* n_tiles = static_cast<int32_t*>(Carve(4));
+    auto* row_src = static_cast<int32_t*>(Carve(static_cast<size_t>(slots) * 4));
+    auto* spos = static_cast<int32_t*>(Carve(static_cast<size_t>(slots) * 4));
+    pos = spos;
+    auto* so = Add<MoeSortParams>(&LaunchMoeSort);
+    so->sel = sel;
+    so->n_slots = static_cast<int32_t>(slots);
+    so->n_expert = E;
+    so->k = K;
+    so->tiles = tiles;
+    so->n_tiles = n_tiles;
+    so->row_src = row_src;
+    so->pos = spos;
+    // One launch of up to two products over the tiles.
+    auto tiles_gemv = [&](const ExpertTable* const* t, float* const* y, int n_jobs, int64_t cols,
+                          int64_t rows, const void* x, const void* x_scales, const int32_t* src) {
+      auto* p = Add<GemvTilesParams>(&LaunchGemvTiles);
+      p->type = t[0]->part.type;
+      p->n_jobs = n_jobs;
+      p->cols = cols;
+      p->rows = static_cast<int32_t>(rows);
+      const int per = GemvTilesRowsPerBlock();
+      p->row_blocks = static_cast<int32_t>((rows + per - 1) / per);
+      p->grid = static_cast<int32_t>(max_tiles * n_jobs * p->row_blocks);
+      for (int j = 0; j < n_jobs; ++j) {
+        p->expert_w[j] = t[j]->dev;
+        p->row_bytes[j] = t[j]->part.row_bytes;
+        p->y[j] = y[j];
+      }
+      p->xq = static_cast<const int8_t*>(x);
+      p->xs = static_cast<const float2*>(x_scales);
+      p->row_src = src;
+      p->tiles = tiles;
+      p->n_tiles = n_tiles;
+    };
+    const ExpertTable* gu_tables[2] = {g, u};
+    float* gu_out[2] = {gate, up};
+    if (g->part.type == u->part.type) {
+      tiles_gemv(gu_tables, gu_out, 2, d, ff, xq, xs, row_src);
+    } else {
+      tiles_gemv(&gu_tables[0], &gu_out[0], 1, d, ff, xq, xs, row_src);
+      tiles_gemv(&gu_tables[1], &gu_out[1], 1, d, ff, xq, xs, row_src);
+    }
     auto* e = Add<ElementwiseParams>(&LaunchElementwise);
     e->kind = kSwiGlu;
     e->y = hidden;
@@ -722,15 +745,59 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
     e->b = up;
     e->rows = slots;
     e->cols = ff;
-    e->xq = fast_d ? hq : nullptr;
-    e->xs = fast_d ? hs : nullptr;
+    e->xq = hq;
+    e->xs = hs;
+    tiles_gemv(&dn, &out, 1, ff, d, hq, hs, nullptr);
+  } else {
+    auto job = [&](const ExpertTable& t, bool fast, const void* x_fast, const void* x_float,
+                   const void* x_scales, float* y, int64_t slot_rows, int x_div) {
+      GemvJob j;
+      j.row_bytes = t.part.row_bytes;
+      j.x = fast ? x_fast : x_float;
+      j.xs = fast ? static_cast<const float2*>(x_scales) : nullptr;
+      j.y = y;
+      j.ldy = slots * slot_rows;
+      j.rows = static_cast<int32_t>(slots * slot_rows);
+      j.slot_expert = sel;
+      j.expert_w = t.dev;
+      j.slot_rows = static_cast<int32_t>(slot_rows);
+      j.x_div = x_div;
+      return j;
+    };
+    const GemvJob gu[2] = {job(*g, fast_g, xq, op.xn.data, xs, gate, ff, K),
+                           job(*u, fast_u, xq, op.xn.data, xs, up, ff, K)};
+    if (g->part.type == u->part.type && fast_g == fast_u) {
+      AddExpertGemv(g->part, fast_g, d, gu, 2);
+    } else {
+      AddExpertGemv(g->part, fast_g, d, &gu[0], 1);
+      AddExpertGemv(u->part, fast_u, d, &gu[1], 1);
+    }
+    auto* last = reinterpret_cast<GemvParams*>(recs_[n_recs_ - 1].p);
+    if (last->n_jobs == 2 && (last->type & kRepacked) && slots * ff / 32 <= kGluCounterCells) {
+      // SwiGLU (and the down product's quantization) in the gate and up launch's epilogue.
+      last->glu_out = hidden;
+      last->glu_counters = glu_counters_;
+      last->glu_xq = fast_d ? hq : nullptr;
+      last->glu_xs = fast_d ? hs : nullptr;
+    } else {
+      auto* e = Add<ElementwiseParams>(&LaunchElementwise);
+      e->kind = kSwiGlu;
+      e->y = hidden;
+      e->a = gate;
+      e->b = up;
+      e->rows = slots;
+      e->cols = ff;
+      e->xq = fast_d ? hq : nullptr;
+      e->xs = fast_d ? hs : nullptr;
+    }
+    const GemvJob down = job(*dn, fast_d, hq, hidden, hs, out, d, 1);
+    AddExpertGemv(dn->part, fast_d, ff, &down, 1);
   }
-  const GemvJob down = job(*dn, fast_d, hq, hidden, hs, out, d, 1);
-  AddExpertGemv(dn->part, fast_d, ff, &down, 1);
 
   auto* c = Add<MoeCombineParams>(&LaunchMoeCombine);
   c->out = out;
   c->weight = weight;
+  c->pos = pos;
   c->acc = op.acc.data;
   c->n = n;
   c->cols = d;

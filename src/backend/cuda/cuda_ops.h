@@ -281,11 +281,56 @@ struct RouteTopKParams {
 void LaunchRouteTopK(const void* params, cudaStream_t stream);
 constexpr int kRouteMaxExperts = 1024;
 
-// acc[t, :] = sum over j < k of weight[t k + j] * out[t k + j, :] (the routed experts' outputs,
-// summed in the order chosen).
+// The routed slots of many tokens (prefill) grouped by expert: sel [n_slots] (slot s = token
+// s / k's choice s % k) counting-sorted by expert, stable, into tiles of up to kMoeTileSlots
+// slots of one expert, {expert, first sorted position, slots, 0}, n_tiles of them; row_src
+// [sorted position] = the slot's token, pos [slot] = its sorted position. One block; at most
+// kMoeSortMaxSlots slots of kMoeSortMaxExperts experts.
+constexpr int kMoeTileSlots = 8;
+constexpr int kMoeSortMaxSlots = 8192;
+constexpr int kMoeSortMaxExperts = 256;
+struct MoeSortParams {
+  const int32_t* sel = nullptr;
+  int32_t n_slots = 0, n_expert = 0, k = 0;
+  int4* tiles = nullptr;  // [n_slots / kMoeTileSlots + n_expert] at most
+  int32_t* n_tiles = nullptr;
+  int32_t* row_src = nullptr;
+  int32_t* pos = nullptr;
+};
+void LaunchMoeSort(const void* params, cudaStream_t stream);
+
+// The products of sorted slots: for each tile (LaunchMoeSort) and job, y[p, :rows] = W_e .
+// x[row_src[p]] (row_src null: x[p]) for the tile's positions p, W_e the tile's expert's
+// matrix in a repacked layout (kRepacked type), x int8 activations. Blocks of a tile are
+// consecutive, so an expert's rows are read from memory about once per layer, the tiles after
+// the first finding them in L2.
+struct GemvTilesParams {
+  int32_t type = 0;    // a kRepacked type
+  int32_t n_jobs = 1;  // 1, or 2: the gate and up products (same tiles and input)
+  int64_t cols = 0;
+  int32_t rows = 0;        // of one expert's matrix
+  int32_t row_blocks = 0;  // blocks per tile and job
+  int32_t grid = 0;        // blocks: for the most tiles the sort can make (the rest return at once)
+  const uint8_t* const* expert_w[2] = {};
+  int64_t row_bytes[2] = {};
+  float* y[2] = {};
+  const int8_t* xq = nullptr;
+  const float2* xs = nullptr;
+  const int32_t* row_src = nullptr;
+  const int4* tiles = nullptr;
+  const int32_t* n_tiles = nullptr;
+};
+void LaunchGemvTiles(const void* params, cudaStream_t stream);
+// Rows of one expert's matrix a block of LaunchGemvTiles computes; the widest rows it takes.
+int GemvTilesRowsPerBlock();
+int64_t GemvTilesMaxCols();
+
+// acc[t, :] = sum over j < k of weight[t k + j] * out[pos[t k + j], :] (pos null: t k + j):
+// the routed experts' outputs, summed in the order chosen.
 struct MoeCombineParams {
   const float* out = nullptr;
   const float* weight = nullptr;
+  const int32_t* pos = nullptr;
   float* acc = nullptr;
   int64_t n = 0, cols = 0;
   int32_t k = 0;

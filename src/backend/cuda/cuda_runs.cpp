@@ -25,15 +25,19 @@ std::string LaunchName(const Rec& r) {
                                                             {&LaunchAttention, "attention"},
                                                             {&LaunchGather, "gather"},
                                                             {&LaunchScatterAdd, "scatter_add"},
-                                                            {&LaunchGemm, "cublas_gemm"}};
+                                                            {&LaunchGemm, "cublas_gemm"},
+                                                            {&LaunchRouteTopK, "route_topk"},
+                                                            {&LaunchMoeSort, "moe_sort"},
+                                                            {&LaunchGemvTiles, "gemv_tiles"},
+                                                            {&LaunchMoeCombine, "moe_combine"}};
   std::string name = "?";
   for (const auto& [fn, n] : kNames)
     if (fn == r.fn) name = n;
   if (r.fn == &LaunchGemv) {
     const auto* g = reinterpret_cast<const GemvParams*>(r.p);
     name += std::string(" ") + DTypeName(static_cast<DType>(g->type & ~kRepacked)) +
-            (g->type & kRepacked ? " repacked" : "") + (g->fast ? " int8" : " float") + " nt" + std::to_string(g->nt) + " jobs" +
-            std::to_string(g->n_jobs);
+            (g->type & kRepacked ? " repacked" : "") + (g->fast ? " int8" : " float") + " nt" +
+            std::to_string(g->nt) + " jobs" + std::to_string(g->n_jobs);
   } else if (r.fn == &LaunchElementwise) {
     static const char* kinds[] = {"add_bias", "fill", "add", "swiglu", "scale_sigmoid"};
     const auto* e = reinterpret_cast<const ElementwiseParams*>(r.p);

@@ -309,6 +309,17 @@ __global__ void __launch_bounds__(128) GemvFastKernel(const __grid_constant__ Ge
     if (r < nr) WriteRows<NT>(job, row0 + r, t0, nt, acc[r]);
 }
 
+// An activation load: through the read-only cache from global memory, or from shared memory
+// (the tiles kernel stages a tile's activations there).
+template <bool kShared, typename V>
+__device__ __forceinline__ V LdAct(const V* p) {
+  if constexpr (kShared) {
+    return *p;
+  } else {
+    return __ldg(p);
+  }
+}
+
 // ---- products over repacked weights (kRepacked) ----
 //
 // A lane's unit is one 16-byte word of a row's quant plane (Q6_K: of its low-bit plane) with the
@@ -339,9 +350,10 @@ struct Rp<kTypeQ4_0> {
     return {__ldcs(reinterpret_cast<const uint4*>(row) + u),
             __ldcs(reinterpret_cast<const unsigned short*>(row + 16 * (cols / 32)) + u)};
   }
+  template <bool S = false>
   __device__ static X LoadX(const int8_t* xq, const float2* xs, int u) {
     const int4* x = reinterpret_cast<const int4*>(xq) + 2 * u;
-    return {__ldg(x), __ldg(x + 1), __ldg(xs + u)};
+    return {LdAct<S>(x), LdAct<S>(x + 1), LdAct<S>(xs + u)};
   }
   __device__ static float Dot(const W& w, const X& x, int) {
     const int q[4] = {static_cast<int>(w.q.x), static_cast<int>(w.q.y), static_cast<int>(w.q.z),
@@ -355,6 +367,30 @@ struct Rp<kTypeQ4_0> {
     }
     // sum (q - 8) x = d_x (sum q qx) - 8 d_x sum qx
     return HalfToFloat(w.d) * (x.s.x * static_cast<float>(sumi) - 8.0f * x.s.y);
+  }
+  // The unit's weights prepared once for several activation rows (the tiles kernel).
+  struct P {
+    int lo[4], hi[4];
+    float d;
+  };
+  __device__ static P Prep(const W& w, int) {
+    const int q[4] = {static_cast<int>(w.q.x), static_cast<int>(w.q.y), static_cast<int>(w.q.z),
+                      static_cast<int>(w.q.w)};
+    P p;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      p.lo[i] = q[i] & 0x0F0F0F0F;
+      p.hi[i] = (q[i] >> 4) & 0x0F0F0F0F;
+    }
+    p.d = HalfToFloat(w.d);
+    return p;
+  }
+  __device__ static float DotP(const P& p, const X& x) {
+    const int xa[4] = {x.a.x, x.a.y, x.a.z, x.a.w}, xb[4] = {x.b.x, x.b.y, x.b.z, x.b.w};
+    int sumi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sumi = __dp4a(p.hi[i], xb[i], __dp4a(p.lo[i], xa[i], sumi));
+    return p.d * (x.s.x * static_cast<float>(sumi) - 8.0f * x.s.y);
   }
 };
 
@@ -374,8 +410,9 @@ struct Rp<kTypeQ8_0> {
     return {__ldcs(reinterpret_cast<const uint4*>(row) + u),
             __ldcs(reinterpret_cast<const unsigned short*>(row + 32 * (cols / 32)) + u / 2)};
   }
+  template <bool S = false>
   __device__ static X LoadX(const int8_t* xq, const float2* xs, int u) {
-    return {__ldg(reinterpret_cast<const int4*>(xq) + u), __ldg(&xs[u / 2].x)};
+    return {LdAct<S>(reinterpret_cast<const int4*>(xq) + u), LdAct<S>(&xs[u / 2].x)};
   }
   __device__ static float Dot(const W& w, const X& x, int) {
     int sumi = __dp4a(static_cast<int>(w.q.x), x.a.x, 0);
@@ -383,6 +420,22 @@ struct Rp<kTypeQ8_0> {
     sumi = __dp4a(static_cast<int>(w.q.z), x.a.z, sumi);
     sumi = __dp4a(static_cast<int>(w.q.w), x.a.w, sumi);
     return HalfToFloat(w.d) * x.s * static_cast<float>(sumi);
+  }
+  struct P {
+    int q[4];
+    float d;
+  };
+  __device__ static P Prep(const W& w, int) {
+    return {{static_cast<int>(w.q.x), static_cast<int>(w.q.y), static_cast<int>(w.q.z),
+             static_cast<int>(w.q.w)},
+            HalfToFloat(w.d)};
+  }
+  __device__ static float DotP(const P& p, const X& x) {
+    int sumi = __dp4a(p.q[0], x.a.x, 0);
+    sumi = __dp4a(p.q[1], x.a.y, sumi);
+    sumi = __dp4a(p.q[2], x.a.z, sumi);
+    sumi = __dp4a(p.q[3], x.a.w, sumi);
+    return p.d * x.s * static_cast<float>(sumi);
   }
 };
 
@@ -404,11 +457,12 @@ struct Rp<kTypeQ4_K> {
     return {__ldcs(reinterpret_cast<const uint4*>(row) + u),
             __ldcs(reinterpret_cast<const uint4*>(row + 128 * (cols / 256)) + u / 8)};
   }
+  template <bool S = false>
   __device__ static X LoadX(const int8_t* xq, const float2* xs, int u) {
     const int sb = u >> 3, p = (u >> 1) & 3, h = u & 1;
     const int4* x = reinterpret_cast<const int4*>(xq + 256 * sb + 64 * p + 16 * h);
     const float2* s = xs + 8 * sb + 2 * p;
-    return {__ldg(x), __ldg(x + 2), __ldg(s), __ldg(s + 1)};
+    return {LdAct<S>(x), LdAct<S>(x + 2), LdAct<S>(s), LdAct<S>(s + 1)};
   }
   __device__ static float Dot(const W& w, const X& x, int su) {
     const int p = (su >> 1) & 3, h = su & 1;
@@ -437,6 +491,44 @@ struct Rp<kTypeQ4_K> {
       r -= dmin * (static_cast<float>(mn & 0xFF) * x.s0.y + static_cast<float>(mn >> 8) * x.s1.y);
     return r;
   }
+  struct P {
+    int lo[4], hi[4];
+    float d0, d1, m0, m1;  // scale x d of both sub-blocks; minimum x dmin (0 for h = 1)
+  };
+  __device__ static P Prep(const W& w, int su) {
+    const int p2 = (su >> 1) & 3, h = su & 1;
+    const int sh = 16 * (p2 & 1);
+    const uint32_t a = (w.m.y >> sh) & 0xFFFFu, b = (w.m.z >> sh) & 0xFFFFu,
+                   c = (w.m.w >> sh) & 0xFFFFu;
+    const uint32_t sc = p2 < 2 ? a & 0x3F3Fu : (c & 0x0F0Fu) | ((a >> 2) & 0x3030u);
+    const uint32_t mn = p2 < 2 ? b & 0x3F3Fu : ((c >> 4) & 0x0F0Fu) | ((b >> 2) & 0x3030u);
+    const int q[4] = {static_cast<int>(w.q.x), static_cast<int>(w.q.y), static_cast<int>(w.q.z),
+                      static_cast<int>(w.q.w)};
+    P p;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      p.lo[i] = q[i] & 0x0F0F0F0F;
+      p.hi[i] = (q[i] >> 4) & 0x0F0F0F0F;
+    }
+    const float d = HalfToFloat(static_cast<uint16_t>(w.m.x & 0xFFFF));
+    const float dmin = h == 0 ? HalfToFloat(static_cast<uint16_t>(w.m.x >> 16)) : 0.0f;
+    p.d0 = d * static_cast<float>(sc & 0xFF);
+    p.d1 = d * static_cast<float>(sc >> 8);
+    p.m0 = dmin * static_cast<float>(mn & 0xFF);
+    p.m1 = dmin * static_cast<float>(mn >> 8);
+    return p;
+  }
+  __device__ static float DotP(const P& p, const X& x) {
+    const int xl[4] = {x.lo.x, x.lo.y, x.lo.z, x.lo.w}, xh[4] = {x.hi.x, x.hi.y, x.hi.z, x.hi.w};
+    int s_lo = 0, s_hi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s_lo = __dp4a(p.lo[i], xl[i], s_lo);
+      s_hi = __dp4a(p.hi[i], xh[i], s_hi);
+    }
+    return p.d0 * x.s0.x * static_cast<float>(s_lo) + p.d1 * x.s1.x * static_cast<float>(s_hi) -
+           (p.m0 * x.s0.y + p.m1 * x.s1.y);
+  }
 };
 
 // Q6_K: unit u of super-block sb = u / 8, c = u % 8 = 4n + m: ql[64n + 16m, +16), whose low
@@ -464,12 +556,13 @@ struct Rp<kTypeQ6_K> {
     w.d = __ldcs(reinterpret_cast<const unsigned short*>(row + 208 * nsb) + sb);
     return w;
   }
+  template <bool S = false>
   __device__ static X LoadX(const int8_t* xq, const float2* xs, int u) {
     const int sb = u >> 3, n = (u >> 2) & 1, m = u & 3;
     const int8_t* x = xq + 256 * sb + 128 * n + 16 * m;
     const float2* s = xs + 8 * sb + 4 * n + (m >> 1);
-    return {__ldg(reinterpret_cast<const int4*>(x)), __ldg(reinterpret_cast<const int4*>(x + 64)),
-            __ldg(&s[0].x), __ldg(&s[2].x)};
+    return {LdAct<S>(reinterpret_cast<const int4*>(x)),
+            LdAct<S>(reinterpret_cast<const int4*>(x + 64)), LdAct<S>(&s[0].x), LdAct<S>(&s[2].x)};
   }
   __device__ static float Dot(const W& w, const X& x, int su) {
     const int m = su & 3, s0 = 2 * (m >> 1);
@@ -488,6 +581,37 @@ struct Rp<kTypeQ6_K> {
     const float sc_b = static_cast<float>(static_cast<int8_t>(w.sc.y >> (8 * m)));
     return HalfToFloat(w.d) *
            (sc_a * x.sa * static_cast<float>(sa) + sc_b * x.sb * static_cast<float>(sb));
+  }
+  struct P {
+    int a[4], b[4];
+    float sa, sb;
+  };
+  __device__ static P Prep(const W& w, int su) {
+    const int m = su & 3, s0 = 2 * (m >> 1);
+    const uint32_t ql[4] = {w.ql.x, w.ql.y, w.ql.z, w.ql.w},
+                   qh[4] = {w.qh.x, w.qh.y, w.qh.z, w.qh.w};
+    P p;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t lo = (ql[i] & 0x0F0F0F0Fu) | (((qh[i] >> s0) & 0x03030303u) << 4);
+      const uint32_t hi = ((ql[i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> (s0 + 4)) & 0x03030303u) << 4);
+      p.a[i] = static_cast<int>(__vsub4(lo, 0x20202020u));
+      p.b[i] = static_cast<int>(__vsub4(hi, 0x20202020u));
+    }
+    const float d = HalfToFloat(w.d);
+    p.sa = d * static_cast<float>(static_cast<int8_t>(w.sc.x >> (8 * m)));
+    p.sb = d * static_cast<float>(static_cast<int8_t>(w.sc.y >> (8 * m)));
+    return p;
+  }
+  __device__ static float DotP(const P& p, const X& x) {
+    const int xa[4] = {x.a.x, x.a.y, x.a.z, x.a.w}, xb[4] = {x.b.x, x.b.y, x.b.z, x.b.w};
+    int sa = 0, sb = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sa = __dp4a(p.a[i], xa[i], sa);
+      sb = __dp4a(p.b[i], xb[i], sb);
+    }
+    return p.sa * x.sa * static_cast<float>(sa) + p.sb * x.sb * static_cast<float>(sb);
   }
 };
 
@@ -611,6 +735,84 @@ void LaunchRp(const GemvParams& p, cudaStream_t stream) {
     }
   }
   LaunchRpShape<T, NT, 0>(p, stream);
+}
+
+// LaunchGemvTiles: a block stages its tile's activations (up to kMoeTileSlots rows) in shared
+// memory once, then its warps take kTileRowsPerBlock / kTileWarps rows each, R at a time, each
+// lane one 16-byte unit of each row per step and every slot's activations of that unit from
+// shared memory: a weight word is loaded once for the tile's slots, an activation word once
+// per R rows.
+constexpr int kTileWarps = 8, kTileR = 4, kTileRowsPerBlock = 128;
+constexpr int kTileMaxCols = 4096;  // 8 rows of int8 activations and their scales: 40 KiB
+
+template <int T>
+__global__ void __launch_bounds__(32 * kTileWarps)
+    GemvTilesKernel(const __grid_constant__ GemvTilesParams p) {
+  constexpr int R = kTileR, NT = kMoeTileSlots;
+  using D = Rp<T>;
+  __shared__ int4 sxq[NT * kTileMaxCols / 16];
+  __shared__ float2 sxs[NT * kTileMaxCols / 32];
+  PdlStart();  // the tiles are the sort kernel's output
+  const int per_tile = p.n_jobs * p.row_blocks;
+  const int tile = static_cast<int>(blockIdx.x) / per_tile;
+  if (tile >= *p.n_tiles) return;
+  const int j = (static_cast<int>(blockIdx.x) / p.row_blocks) % p.n_jobs;
+  const int rb = static_cast<int>(blockIdx.x) % p.row_blocks;
+  const int4 tl = p.tiles[tile];  // expert, first position, slots
+  const int nt = tl.z;
+  const int64_t cols = p.cols, groups = cols / 32;
+  const int words = static_cast<int>(cols / 16);
+  for (int i = threadIdx.x; i < nt * words; i += blockDim.x) {
+    const int t = i / words, k = i % words;
+    const int64_t xr = p.row_src ? p.row_src[tl.y + t] : tl.y + t;
+    sxq[i] = reinterpret_cast<const int4*>(p.xq + xr * cols)[k];
+  }
+  for (int i = threadIdx.x; i < nt * groups; i += blockDim.x) {
+    const int t = static_cast<int>(i / groups);
+    const int64_t xr = p.row_src ? p.row_src[tl.y + t] : tl.y + t;
+    sxs[i] = p.xs[xr * groups + i % groups];
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n_units = D::Units(cols);
+  const uint8_t* base_w = p.expert_w[j][tl.x];
+  const int8_t* xq = reinterpret_cast<const int8_t*>(sxq);
+  for (int g = warp; g < kTileRowsPerBlock / R; g += kTileWarps) {
+    const int row0 = rb * kTileRowsPerBlock + g * R;
+    const int nr = min(R, p.rows - row0);
+    if (nr <= 0) break;
+    const uint8_t* w[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      w[r] = base_w + static_cast<int64_t>(row0 + min(r, nr - 1)) * p.row_bytes[j];
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    for (int u = lane; u < n_units; u += 32) {
+      typename D::P wp[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) wp[r] = D::Prep(D::Load(w[r], cols, u), u);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t < nt) {
+          const typename D::X x = D::template LoadX<true>(xq + t * cols, sxs + t * groups, u);
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[r][t] += D::DotP(wp[r], x);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float v = WarpSum(acc[r][t]);
+        if (lane == 0 && r < nr && t < nt)
+          p.y[j][static_cast<int64_t>(tl.y + t) * p.rows + row0 + r] = v;
+      }
+    }
+  }
 }
 
 template <int T, int NT>
@@ -741,6 +943,22 @@ void LaunchGemv(const void* params, cudaStream_t stream) {
     DispatchTokens(p.nt, [&]<int NT>() { LaunchTyped<T, NT>(p, stream); });
   });
   if (!ok) FatalError("gemv: unsupported weight type " + std::to_string(p.type));
+}
+
+int GemvTilesRowsPerBlock() {
+  return kTileRowsPerBlock;
+}
+int64_t GemvTilesMaxCols() {
+  return kTileMaxCols;
+}
+
+void LaunchGemvTiles(const void* params, cudaStream_t stream) {
+  const GemvTilesParams& p = *static_cast<const GemvTilesParams*>(params);
+  if (!DispatchRepacked(p.type, [&]<int T>() {
+        LaunchKernel(GemvTilesKernel<T>, dim3(static_cast<unsigned>(p.grid)), dim3(32 * kTileWarps),
+                     0, stream, p);
+      }))
+    FatalError("gemv tiles: unsupported weight type " + std::to_string(p.type));
 }
 
 void LaunchQuantizeQ8(const void* params, cudaStream_t stream) {

@@ -452,7 +452,8 @@ void LaunchCopyColumns(const void* params, cudaStream_t stream) {
 
 void LaunchRope(const void* params, cudaStream_t stream) {
   const RopeParamsDev& p = *static_cast<const RopeParamsDev*>(params);
-  const int64_t n = p.rows * (p.n_heads + p.n_heads2) * (p.n_rot / 2) + (p.kc ? p.rows * p.v_cols : 0);
+  const int64_t n =
+      p.rows * (p.n_heads + p.n_heads2) * (p.n_rot / 2) + (p.kc ? p.rows * p.v_cols : 0);
   LaunchKernel(RopeKernel, dim3(Blocks(n, 128)), dim3(128), 0, stream, p);
 }
 
