@@ -11,7 +11,10 @@
 namespace substrate::cuda {
 namespace {
 
-constexpr int kRouteThreads = 256;
+// One warp a token: routers have at most a few hundred experts, so a lane takes a few and the
+// k rounds of the top-k are shuffles with no block-wide barrier (on the H200 no slower than a
+// block of 256 threads, decode or prefill).
+constexpr int kRouteThreads = 32;
 
 // The better of two candidates: the larger score, the lower index among equals.
 __device__ __forceinline__ bool Better(float v, int i, float bv, int bi) {
