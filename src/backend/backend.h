@@ -48,7 +48,8 @@ class Backend {
   // any op reads them: the backend may rearrange them in place into the layout its kernels read
   // fastest (the same bytes: no second copy) and returns the layout the views of this tensor
   // must carry. Default: kept as they are.
-  virtual WeightLayout AdoptResidentWeight(DType type, int64_t rows, int64_t cols, uint8_t* bytes) {
+  virtual WeightLayout AdoptResidentWeight(DType type, int64_t rows, int64_t cols,
+                                           uint8_t* bytes) {
     return WeightLayout::kRows;
   }
   // A resident tensor's bytes that stay as they are (vectors: whatever is neither a matrix nor
@@ -87,12 +88,12 @@ class Backend {
   // y[t, :] *= sigmoid(g[t, 0]) (g: [y.rows, 1]).
   virtual void ScaleRowsBySigmoid(const Tensor& y, const Tensor& g) = 0;
   // dst[t, dst_col + i] = src[t, src_col + i] for i < n_cols, every row.
-  virtual void CopyColumns(const Tensor& src, int64_t src_col, const Tensor& dst, int64_t dst_col,
-                           int64_t n_cols) = 0;
+  virtual void CopyColumns(const Tensor& src, int64_t src_col, const Tensor& dst,
+                           int64_t dst_col, int64_t n_cols) = 0;
   // Rotates dims [head_offset, head_offset + p.n_rot) of each of n_heads heads (head_dim
   // apart) of every row t, at position pos[t] (host array of x.rows positions).
-  virtual void Rope(const Tensor& x, int n_heads, int head_dim, int head_offset, const int32_t* pos,
-                    const RopeParams& p) = 0;
+  virtual void Rope(const Tensor& x, int n_heads, int head_dim, int head_offset,
+                    const int32_t* pos, const RopeParams& p) = 0;
   // False when any element is NaN or infinite (waits for the ops before it).
   virtual bool AllFinite(const Tensor& x) = 0;
 
@@ -103,12 +104,12 @@ class Backend {
   // MLA: for every token, per head h, key = [kvb[h][0, nope), rope_key] and value =
   // kvb[h][nope, nope + dv), with kvb [n, n_head * (nope + dv)] and the shared rope key at
   // columns [rope_col, rope_col + rot) of `latent`; stored like StoreKv.
-  virtual void StoreMlaKv(const KvLayer& kv, int64_t pos0, const Tensor& kvb, const Tensor& latent,
-                          int64_t rope_col, const MlaShape& s) = 0;
+  virtual void StoreMlaKv(const KvLayer& kv, int64_t pos0, const Tensor& kvb,
+                          const Tensor& latent, int64_t rope_col, const MlaShape& s) = 0;
   // Causal attention of q [n, n_head * dk] (token t at position pos0 + t) over cache rows
   // [0, pos0 + t]; out [n, n_head * dv].
-  virtual void Attention(const AttentionShape& s, const Tensor& q, const KvLayer& kv, int64_t pos0,
-                         const Tensor& out) = 0;
+  virtual void Attention(const AttentionShape& s, const Tensor& q, const KvLayer& kv,
+                         int64_t pos0, const Tensor& out) = 0;
 
   // ---- mixture of experts ----
   // Top-k routing of every row of router logits [n, E]: expert ids sel [n, k] and weights
@@ -124,7 +125,8 @@ class Backend {
   // never waits for the host between layers.
   virtual bool RoutedExperts(const RoutedExpertsOp& op) { return false; }
   // dst[i] = src[rows[i]] for i < n (rows: host array).
-  virtual void GatherRows(const Tensor& src, const int32_t* rows, int64_t n, const Tensor& dst) = 0;
+  virtual void GatherRows(const Tensor& src, const int32_t* rows, int64_t n,
+                          const Tensor& dst) = 0;
   // dst[rows[i]] += weight[i] * src[i], for i = 0, 1, ... n - 1 in that order.
   virtual void ScatterAddRows(const Tensor& src, const int32_t* rows, const float* weight,
                               int64_t n, const Tensor& dst) = 0;

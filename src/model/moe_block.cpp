@@ -80,9 +80,9 @@ Status HintLookahead(ForwardContext& c, int next) {
   const int E = hp.n_expert, K = hp.n_expert_used;
   ASSIGN_OR_RETURN(Tensor xn, c.scratch->Get(Scratch::kLookNorm, n, hp.n_embd));
   ASSIGN_OR_RETURN(Tensor logits, c.scratch->Get(Scratch::kLookLogits, n, E));
-  ASSIGN_OR_RETURN(int32_t * sel, c.scratch->Host<int32_t>(Scratch::kLookSel, n * K));
+  ASSIGN_OR_RETURN(int32_t* sel, c.scratch->Host<int32_t>(Scratch::kLookSel, n * K));
   ASSIGN_OR_RETURN(float* sel_w, c.scratch->Host<float>(Scratch::kLookSelWeight, n * K));
-  ASSIGN_OR_RETURN(int32_t * list, c.scratch->Host<int32_t>(Scratch::kLookList, 2 * E));
+  ASSIGN_OR_RETURN(int32_t* list, c.scratch->Host<int32_t>(Scratch::kLookList, 2 * E));
   c.guessing = true;
   Status routed = RouterLogits(c, c.layers[next], xn, logits);
   if (routed.ok()) routed = Choose(c, c.layers[next], next, logits, sel, sel_w);
@@ -100,7 +100,7 @@ Status MoeBlock(ForwardContext& c, int il, const LayerWeights& w) {
   const int64_t d = hp.n_embd, n = c.n;
   const int E = hp.n_expert, K = hp.n_expert_used;
   ASSIGN_OR_RETURN(Tensor xn, c.scratch->Get(Scratch::kXNorm, n, d));
-  ASSIGN_OR_RETURN(int32_t * sel, c.scratch->Host<int32_t>(Scratch::kSel, n * K));
+  ASSIGN_OR_RETURN(int32_t* sel, c.scratch->Host<int32_t>(Scratch::kSel, n * K));
   ASSIGN_OR_RETURN(float* sel_w, c.scratch->Host<float>(Scratch::kSelWeight, n * K));
   ExpertRoutingSpace space;
   ASSIGN_OR_RETURN(space.list, c.scratch->Host<int32_t>(Scratch::kExpertList, 2 * E));

@@ -7,9 +7,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/backend.h"
 #include "core/aligned_buffer.h"
 #include "core/memory_ledger.h"
+#include "backend/backend.h"
 #include "format/model_file.h"
 #include "model/weight_source.h"
 
@@ -37,7 +37,8 @@ class ResidentWeightSource : public WeightSource {
 
   TensorId Resolve(const std::string& name) const override;
   const TensorInfo& Info(TensorId id) const override { return infos_[id]; }
-  Expected<WeightHandle> Acquire(TensorId id, int slice = -1, int tier = kDefaultTier) override;
+  Expected<WeightHandle> Acquire(TensorId id, int slice = -1,
+                                 int tier = kDefaultTier) override;
   bool ExpertsResident() const override { return true; }
 
   uint64_t total_bytes() const { return total_bytes_; }

@@ -66,7 +66,8 @@ class WeightSource {
   // tier 0 is the skeleton, tier k adds the first k residuals: the view carries exactly
   // min(tier, what the source holds for the tensor) residuals (a source without residual tiers
   // serves tier 0 for any tier); kDefaultTier asks for DefaultTier().
-  virtual Expected<WeightHandle> Acquire(TensorId id, int slice = -1, int tier = kDefaultTier) = 0;
+  virtual Expected<WeightHandle> Acquire(TensorId id, int slice = -1,
+                                         int tier = kDefaultTier) = 0;
   // The tier ops run at unless told otherwise (Model's per-op tier table starts here): the top
   // of the ladder a store was opened to serve; 0 for sources without residual tiers.
   virtual int DefaultTier() const { return 0; }

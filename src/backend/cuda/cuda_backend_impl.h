@@ -195,7 +195,7 @@ class CudaBackend final : public Backend {
   };
   // v's table (built once per tensor), or null when its experts are not all adopted alike.
   const ExpertTable* Experts(const WeightView& v, int n_expert);
-  // Records one product of routed experts: job 0 (and job 1 when set), one launch.
+  // Records one launch of n_jobs (1 or 2) products of routed experts, one token.
   void AddExpertGemv(const DevPart& part, bool fast, int64_t cols, const GemvJob* jobs, int n_jobs);
 
   CudaBackendOptions opt_;
