@@ -283,6 +283,19 @@ void CudaBackend::Fill(const Tensor& y, float value) {
 }
 
 void CudaBackend::Add(const Tensor& y, const Tensor& x) {
+  // y += x right after the routed experts' weighted sum wrote x (a MoE layer without a shared
+  // expert): that launch adds it as it writes x.
+  if (n_recs_ > 0 && recs_[n_recs_ - 1].fn == &LaunchMoeCombine) {
+    auto* c = reinterpret_cast<MoeCombineParams*>(recs_[n_recs_ - 1].p);
+    if (c->acc == x.data && !c->add_to && c->n == x.rows && c->cols == x.cols && y.rows == x.rows &&
+        y.cols == x.cols &&
+        !Overlap(y.data, static_cast<size_t>(y.size()) * 4, x.data,
+                 static_cast<size_t>(x.size()) * 4)) {
+      c->add_to = y.data;
+      Wrote(y);
+      return;
+    }
+  }
   // y += x right after the product that wrote x (an output projection, a down projection):
   // the product adds its result to y as it writes x.
   if (n_recs_ > 0 && recs_[n_recs_ - 1].fn == &LaunchGemv) {

@@ -326,12 +326,14 @@ int GemvTilesRowsPerBlock();
 int64_t GemvTilesMaxCols();
 
 // acc[t, :] = sum over j < k of weight[t k + j] * out[pos[t k + j], :] (pos null: t k + j):
-// the routed experts' outputs, summed in the order chosen.
+// the routed experts' outputs, summed in the order chosen; also added to add_to when set (the
+// residual stream: acc + Add fused).
 struct MoeCombineParams {
   const float* out = nullptr;
   const float* weight = nullptr;
   const int32_t* pos = nullptr;
   float* acc = nullptr;
+  float* add_to = nullptr;
   int64_t n = 0, cols = 0;
   int32_t k = 0;
 };

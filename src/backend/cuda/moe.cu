@@ -123,6 +123,7 @@ __global__ void MoeCombineKernel(const __grid_constant__ MoeCombineParams p) {
     acc = fmaf(p.weight[s], p.out[row * p.cols + c], acc);
   }
   p.acc[i] = acc;
+  if (p.add_to) p.add_to[i] += acc;
 }
 
 // A stable counting sort in one block of kSortWarps warps. Warp w owns a contiguous chunk of
