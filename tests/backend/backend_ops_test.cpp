@@ -57,8 +57,7 @@ std::vector<Candidate> Backends() {
   // A CUDA build runs the GPU too when the machine has one (a build machine without a GPU
   // checks the CPU tiers only, and says so).
   if (CudaDeviceCount() > 0) {
-    out.push_back({"cuda",
-                   [] {
+    out.push_back({"cuda", [] {
                      auto b = NewCudaBackend({});
                      EXPECT_TRUE(b.ok()) << b.status().ToString();
                      return std::move(b).value();
@@ -133,8 +132,7 @@ using Failures = std::vector<std::string>;
 void Expect(Failures& f, const std::string& what, const std::vector<float>& got,
             const std::vector<float>& want, double bound) {
   const double e = Nmse(got, want);
-  if (!(e <= bound))
-    f.push_back(what + ": NMSE " + std::to_string(e) + " > " + std::to_string(bound));
+  if (!(e <= bound)) f.push_back(what + ": NMSE " + std::to_string(e) + " > " + std::to_string(bound));
 }
 
 std::vector<float> Random(int64_t n, std::mt19937& rng, float scale = 1.0f) {
@@ -230,8 +228,8 @@ std::vector<double> RowNorms2(const Weight& w, int tier) {
 // |w_r|^2 |x_t|^2 (Cauchy-Schwarz's bound on each output), so a product that happens to be
 // near zero does not make a tiny denominator.
 double ProductError(const std::vector<float>& got, const std::vector<float>& want,
-                    const std::vector<double>& w_norms2, const std::vector<float>& x, int64_t n,
-                    int64_t cols) {
+                    const std::vector<double>& w_norms2, const std::vector<float>& x,
+                    int64_t n, int64_t cols) {
   double err = 0, scale = 0;
   const int64_t rows = static_cast<int64_t>(w_norms2.size());
   for (int64_t t = 0; t < n; ++t) {
@@ -267,14 +265,14 @@ Failures CheckMatMul(Backend& be) {
           be.MatMul(v, xb, yb);
           ref.MatMul(v, xr, yr);
           // Quantized products round the activations to 8 bits; float ones are nearly exact.
-          const bool exact =
-              (type == DType::kF32 || type == DType::kF16 || type == DType::kBF16) && tier == 0;
+          const bool exact = (type == DType::kF32 || type == DType::kF16 || type == DType::kBF16) &&
+                             tier == 0;
           const double bound = exact ? 1e-12 : 4e-6;
           const double e = ProductError(tb.Read(yb), tr.Read(yr), RowNorms2(w, tier), x, n, cols);
           if (!(e <= bound))
             f.push_back(std::string("MatMul ") + DTypeName(type) + " " + std::to_string(rows) +
-                        "x" + std::to_string(cols) + " tier " + std::to_string(tier) +
-                        " n=" + std::to_string(n) + ": error " + std::to_string(e) + " > " +
+                        "x" + std::to_string(cols) + " tier " + std::to_string(tier) + " n=" +
+                        std::to_string(n) + ": error " + std::to_string(e) + " > " +
                         std::to_string(bound));
         }
       }
@@ -302,8 +300,7 @@ Failures CheckNonFinitePropagates(Backend& be) {
           const std::string what = std::string("MatMul ") + DTypeName(type) + " tier " +
                                    std::to_string(tier) + " n=" + std::to_string(n);
           for (int r = 0; r < 16; ++r) {
-            if (std::isfinite(out[r]))
-              f.push_back(what + ": a non-finite input gave a finite output");
+            if (std::isfinite(out[r])) f.push_back(what + ": a non-finite input gave a finite output");
             if (!std::isfinite(out[16 + r])) f.push_back(what + ": the clean token is not finite");
           }
         }
@@ -372,8 +369,7 @@ TEST(BackendOps, ExpertSizedProductsOverManyTokens) {
     std::mt19937 rng(13);
     for (DType type : {DType::kF32, DType::kQ8_0}) {
       const int64_t d = 64, ff = 32, experts = 4;
-      const Weight gate = MakeWeight(type, experts * ff, d, rng),
-                   up = MakeWeight(type, experts * ff, d, rng);
+      const Weight gate = MakeWeight(type, experts * ff, d, rng), up = MakeWeight(type, experts * ff, d, rng);
       const Weight down = MakeWeight(type, experts * d, ff, rng);
       auto be = c.make();
       for (const Weight* w : {&gate, &up, &down})
@@ -399,8 +395,7 @@ TEST(BackendOps, ExpertSizedProductsOverManyTokens) {
           << c.name << " router " << DTypeName(type);
       const Tensor accb = tb.Zeros(n, d), accr = tr.Zeros(n, d);
       const Tensor gb = tb.Zeros(n, d), gr = tr.Zeros(n, d);
-      const Tensor hb = tb.Zeros(n, ff), hr = tr.Zeros(n, ff), ub = tb.Zeros(n, ff),
-                   ur = tr.Zeros(n, ff);
+      const Tensor hb = tb.Zeros(n, ff), hr = tr.Zeros(n, ff), ub = tb.Zeros(n, ff), ur = tr.Zeros(n, ff);
       const Tensor ob = tb.Zeros(n, d), orr = tr.Zeros(n, d);
       for (int e = 0; e < experts; ++e) {
         std::vector<int32_t> rows;
@@ -412,10 +407,8 @@ TEST(BackendOps, ExpertSizedProductsOverManyTokens) {
           }
         const int64_t m = static_cast<int64_t>(rows.size());
         for (auto [be_, g_, h_, u_, o_, acc_, x_] :
-             {std::tuple<Backend*, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>{
-                  be.get(), gb, hb, ub, ob, accb, xb},
-              std::tuple<Backend*, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>{
-                  &ref, gr, hr, ur, orr, accr, xr}}) {
+             {std::tuple<Backend*, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>{be.get(), gb, hb, ub, ob, accb, xb},
+              std::tuple<Backend*, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>{&ref, gr, hr, ur, orr, accr, xr}}) {
           const Tensor g = g_.Rows(0, m), h = h_.Rows(0, m), u = u_.Rows(0, m), o = o_.Rows(0, m);
           be_->GatherRows(x_, rows.data(), m, g);
           const WeightView wg = slice(gate, e, ff), wu = slice(up, e, ff), wd = slice(down, e, d);
@@ -527,8 +520,7 @@ Failures CheckMatMulBatchAndEmbed(Backend& be) {
   Failures f;
   ReferenceBackend ref(&Ledger());
   std::mt19937 rng(3);
-  const Weight a = MakeWeight(DType::kQ4_K, 35, 256, rng),
-               b = MakeWeight(DType::kQ6_K, 64, 512, rng),
+  const Weight a = MakeWeight(DType::kQ4_K, 35, 256, rng), b = MakeWeight(DType::kQ6_K, 64, 512, rng),
                c = MakeWeight(DType::kQ8_0, 17, 256, rng);
   for (int64_t n : {1, 2, 4, 9}) {
     Tensors tb(be), tr(ref);
@@ -643,10 +635,9 @@ Failures CheckRope(Backend& be) {
     int n_heads, head_dim, offset, n_rot;
     float yarn;
   };
-  for (const Case& k :
-       {Case{RopeStyle::kNeox, 4, 64, 0, 64, 0}, Case{RopeStyle::kNormal, 3, 40, 0, 40, 0},
-        Case{RopeStyle::kNeox, 2, 64, 0, 32, 0}, Case{RopeStyle::kNormal, 5, 48, 16, 32, 0},
-        Case{RopeStyle::kNormal, 1, 72, 64, 8, 4.0f}}) {
+  for (const Case& k : {Case{RopeStyle::kNeox, 4, 64, 0, 64, 0}, Case{RopeStyle::kNormal, 3, 40, 0, 40, 0},
+                        Case{RopeStyle::kNeox, 2, 64, 0, 32, 0}, Case{RopeStyle::kNormal, 5, 48, 16, 32, 0},
+                        Case{RopeStyle::kNormal, 1, 72, 64, 8, 4.0f}}) {
     for (int64_t n : {1, 9, 70}) {
       RopeParams p;
       p.style = k.style;
@@ -665,9 +656,8 @@ Failures CheckRope(Backend& be) {
       const Tensor xb = tb.Make(n, cols, x), xr = tr.Make(n, cols, x);
       be.Rope(xb, k.n_heads, k.head_dim, k.offset, pos.data(), p);
       ref.Rope(xr, k.n_heads, k.head_dim, k.offset, pos.data(), p);
-      Expect(f,
-             "Rope heads " + std::to_string(k.n_heads) + "x" + std::to_string(k.head_dim) +
-                 " offset " + std::to_string(k.offset) + " n=" + std::to_string(n),
+      Expect(f, "Rope heads " + std::to_string(k.n_heads) + "x" + std::to_string(k.head_dim) +
+                    " offset " + std::to_string(k.offset) + " n=" + std::to_string(n),
              tb.Read(xb), tr.Read(xr), 1e-10);
     }
   }
@@ -687,9 +677,9 @@ Failures CheckAttention(Backend& be) {
   ReferenceBackend ref(&Ledger());
   std::mt19937 rng(6);
   for (DType kv_type : {DType::kF32, DType::kF16}) {
-    for (const AttentionShape& s :
-         {AttentionShape{8, 2, 64, 64, 0.125f}, AttentionShape{6, 6, 40, 24, 0.2f},
-          AttentionShape{4, 1, 128, 128, 0.0883f}}) {
+    for (const AttentionShape& s : {AttentionShape{8, 2, 64, 64, 0.125f},
+                                    AttentionShape{6, 6, 40, 24, 0.2f},
+                                    AttentionShape{4, 1, 128, 128, 0.0883f}}) {
       for (int64_t pos0 : {0, 37}) {
         for (int64_t n : {1, 5, 70}) {
           const int64_t kd = int64_t{s.n_head_kv} * s.dk, vd = int64_t{s.n_head_kv} * s.dv;
@@ -699,8 +689,7 @@ Failures CheckAttention(Backend& be) {
           Tensors tb(be), tr(ref);
           const KvLayer kb = tb.Kv(kv_type, total, kd, vd), kr = tr.Kv(kv_type, total, kd, vd);
           // The history in one store, then this pass's rows (as decode appends).
-          std::vector<float> kh(k.begin(), k.begin() + pos0 * kd),
-              vh(v.begin(), v.begin() + pos0 * vd);
+          std::vector<float> kh(k.begin(), k.begin() + pos0 * kd), vh(v.begin(), v.begin() + pos0 * vd);
           std::vector<float> kn(k.begin() + pos0 * kd, k.end()), vn(v.begin() + pos0 * vd, v.end());
           if (pos0 > 0) {
             be.StoreKv(kb, 0, tb.Make(pos0, kd, kh), tb.Make(pos0, vd, vh));
@@ -708,15 +697,13 @@ Failures CheckAttention(Backend& be) {
           }
           be.StoreKv(kb, pos0, tb.Make(n, kd, kn), tb.Make(n, vd, vn));
           ref.StoreKv(kr, pos0, tr.Make(n, kd, kn), tr.Make(n, vd, vn));
-          const Tensor ob = tb.Zeros(n, int64_t{s.n_head} * s.dv),
-                       orf = tr.Zeros(n, int64_t{s.n_head} * s.dv);
+          const Tensor ob = tb.Zeros(n, int64_t{s.n_head} * s.dv), orf = tr.Zeros(n, int64_t{s.n_head} * s.dv);
           be.Attention(s, tb.Make(n, int64_t{s.n_head} * s.dk, q), kb, pos0, ob);
           ref.Attention(s, tr.Make(n, int64_t{s.n_head} * s.dk, q), kr, pos0, orf);
-          Expect(f,
-                 std::string("Attention kv ") + DTypeName(kv_type) + " heads " +
-                     std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) + " dk " +
-                     std::to_string(s.dk) + " pos0 " + std::to_string(pos0) +
-                     " n=" + std::to_string(n),
+          Expect(f, std::string("Attention kv ") + DTypeName(kv_type) + " heads " +
+                        std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) + " dk " +
+                        std::to_string(s.dk) + " pos0 " + std::to_string(pos0) + " n=" +
+                        std::to_string(n),
                  tb.Read(ob), tr.Read(orf), 1e-9);
         }
       }
@@ -733,8 +720,7 @@ Failures CheckAttention(Backend& be) {
     const Tensor o = tb.Zeros(3, 256);
     be.Attention(s, tb.Make(3, 256, q), kv, 0, o);
     const std::vector<float> out = tb.Read(o);
-    if (!std::isnan(out[0]))
-      f.push_back(std::string("Attention kv ") + DTypeName(kv_type) + ": NaN query lost");
+    if (!std::isnan(out[0])) f.push_back(std::string("Attention kv ") + DTypeName(kv_type) + ": NaN query lost");
     if (!std::isfinite(out[256 + 70])) f.push_back("Attention: a clean token not finite");
   }
   // MLA: the per-head key/value assembly, then attention over it.
@@ -999,12 +985,9 @@ TEST(BackendOps, RepeatedRunsReadTheirOwnIdsAndPositions) {
     std::mt19937 rng(12);
     const int64_t d = 256, qd = 128, vocab = 50;  // 4 query heads and 2 KV heads of 32
     const AttentionShape shape{4, 2, 32, 32, 0.17f};
-    const Weight emb = MakeWeight(DType::kQ8_0, vocab, d, rng),
-                 wq = MakeWeight(DType::kQ4_0, qd, d, rng),
-                 wk = MakeWeight(DType::kQ4_K, 64, d, rng),
-                 wv = MakeWeight(DType::kQ6_K, 64, d, rng),
-                 wo = MakeWeight(DType::kQ8_0, d, qd, rng),
-                 norm = MakeWeight(DType::kF32, 1, d, rng);
+    const Weight emb = MakeWeight(DType::kQ8_0, vocab, d, rng), wq = MakeWeight(DType::kQ4_0, qd, d, rng),
+                 wk = MakeWeight(DType::kQ4_K, 64, d, rng), wv = MakeWeight(DType::kQ6_K, 64, d, rng),
+                 wo = MakeWeight(DType::kQ8_0, d, qd, rng), norm = MakeWeight(DType::kF32, 1, d, rng);
     for (const Weight* w : {&emb, &wq, &wk, &wv, &wo, &norm})
       be->AdoptResidentBytes(w->skeleton.data(), w->skeleton.size());
     Tensors tb(*be), tr(ref);
@@ -1013,8 +996,8 @@ TEST(BackendOps, RepeatedRunsReadTheirOwnIdsAndPositions) {
       KvLayer kv;
     };
     auto make = [&](Tensors& t) {
-      return Side{t.Zeros(1, d),  t.Zeros(1, d),  t.Zeros(1, qd), t.Zeros(1, 64),
-                  t.Zeros(1, 64), t.Zeros(1, qd), t.Zeros(1, d),  t.Kv(DType::kF16, 16, 64, 64)};
+      return Side{t.Zeros(1, d), t.Zeros(1, d), t.Zeros(1, qd), t.Zeros(1, 64), t.Zeros(1, 64),
+                  t.Zeros(1, qd), t.Zeros(1, d), t.Kv(DType::kF16, 16, 64, 64)};
     };
     const Side sb = make(tb), sr = make(tr);
     RopeParams rope;
