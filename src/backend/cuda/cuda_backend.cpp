@@ -704,6 +704,18 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
   void* xq = nullptr;
   void* xs = nullptr;
   if (fast_g || fast_u) ConvertAct(op.xn, false, &xq, &xs);
+  // hidden = silu(gate) * up, quantized for the down product when it takes int8 activations.
+  auto swiglu = [&] {
+    auto* e = Add<ElementwiseParams>(&LaunchElementwise);
+    e->kind = kSwiGlu;
+    e->y = hidden;
+    e->a = gate;
+    e->b = up;
+    e->rows = slots;
+    e->cols = ff;
+    e->xq = fast_d ? hq : nullptr;
+    e->xs = fast_d ? hs : nullptr;
+  };
   const int32_t* pos = nullptr;
   if (tiled) {
     const int64_t max_tiles = slots / kMoeTileSlots + E;
@@ -751,15 +763,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
       tiles_gemv(&gu_tables[0], &gu_out[0], 1, d, ff, xq, xs, row_src);
       tiles_gemv(&gu_tables[1], &gu_out[1], 1, d, ff, xq, xs, row_src);
     }
-    auto* e = Add<ElementwiseParams>(&LaunchElementwise);
-    e->kind = kSwiGlu;
-    e->y = hidden;
-    e->a = gate;
-    e->b = up;
-    e->rows = slots;
-    e->cols = ff;
-    e->xq = hq;
-    e->xs = hs;
+    swiglu();
     tiles_gemv(&dn, &out, 1, ff, d, hq, hs, nullptr);
   } else {
     auto job = [&](const ExpertTable& t, bool fast, const void* x_fast, const void* x_float,
@@ -793,15 +797,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
       last->glu_xq = fast_d ? hq : nullptr;
       last->glu_xs = fast_d ? hs : nullptr;
     } else {
-      auto* e = Add<ElementwiseParams>(&LaunchElementwise);
-      e->kind = kSwiGlu;
-      e->y = hidden;
-      e->a = gate;
-      e->b = up;
-      e->rows = slots;
-      e->cols = ff;
-      e->xq = fast_d ? hq : nullptr;
-      e->xs = fast_d ? hs : nullptr;
+      swiglu();
     }
     const GemvJob down = job(*dn, fast_d, hq, hidden, hs, out, d, 1);
     AddExpertGemv(dn->part, fast_d, ff, &down, 1);

@@ -320,6 +320,17 @@ __device__ __forceinline__ V LdAct(const V* p) {
   }
 }
 
+// A 16-byte word of 4-bit quants as dp4a operands: low nibbles in lo, high nibbles in hi.
+__device__ __forceinline__ void SplitNibbles(const uint4& q, int (&lo)[4], int (&hi)[4]) {
+  const int v[4] = {static_cast<int>(q.x), static_cast<int>(q.y), static_cast<int>(q.z),
+                    static_cast<int>(q.w)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    lo[i] = v[i] & 0x0F0F0F0F;
+    hi[i] = (v[i] >> 4) & 0x0F0F0F0F;
+  }
+}
+
 // ---- products over repacked weights (kRepacked) ----
 //
 // A lane's unit is one 16-byte word of a row's quant plane (Q6_K: of its low-bit plane) with the
@@ -374,14 +385,8 @@ struct Rp<kTypeQ4_0> {
     float d;
   };
   __device__ static P Prep(const W& w, int) {
-    const int q[4] = {static_cast<int>(w.q.x), static_cast<int>(w.q.y), static_cast<int>(w.q.z),
-                      static_cast<int>(w.q.w)};
     P p;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      p.lo[i] = q[i] & 0x0F0F0F0F;
-      p.hi[i] = (q[i] >> 4) & 0x0F0F0F0F;
-    }
+    SplitNibbles(w.q, p.lo, p.hi);
     p.d = HalfToFloat(w.d);
     return p;
   }
@@ -502,14 +507,8 @@ struct Rp<kTypeQ4_K> {
                    c = (w.m.w >> sh) & 0xFFFFu;
     const uint32_t sc = p2 < 2 ? a & 0x3F3Fu : (c & 0x0F0Fu) | ((a >> 2) & 0x3030u);
     const uint32_t mn = p2 < 2 ? b & 0x3F3Fu : ((c >> 4) & 0x0F0Fu) | ((b >> 2) & 0x3030u);
-    const int q[4] = {static_cast<int>(w.q.x), static_cast<int>(w.q.y), static_cast<int>(w.q.z),
-                      static_cast<int>(w.q.w)};
     P p;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      p.lo[i] = q[i] & 0x0F0F0F0F;
-      p.hi[i] = (q[i] >> 4) & 0x0F0F0F0F;
-    }
+    SplitNibbles(w.q, p.lo, p.hi);
     const float d = HalfToFloat(static_cast<uint16_t>(w.m.x & 0xFFFF));
     const float dmin = h == 0 ? HalfToFloat(static_cast<uint16_t>(w.m.x >> 16)) : 0.0f;
     p.d0 = d * static_cast<float>(sc & 0xFF);
