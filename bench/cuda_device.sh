@@ -7,7 +7,8 @@
 # Phases, run in order:
 #   info                   the GPU, driver and CUDA libraries found
 #   tests[:VAR=VALUE]      the differential op test, then the model tests on the GPU
-#                          (SUBSTRATE_TEST_DEVICE=cuda), with VAR set (e.g. SUBSTRATE_CUDA_PDL=0).
+#                          (SUBSTRATE_TEST_DEVICE=cuda), with VAR set (e.g. SUBSTRATE_CUDA_PDL=0;
+#                          SUBSTRATE_TEST_VRAM=half: under a budget that holds half the weights).
 #                          The test binaries read the fixtures, and run `substrate`, at the
 #                          paths of the machine that built them: link those to the copies here
 #   gemv[:TOKENS]          DIR/bench_cuda_gemv: each decode product kernel alone, GB/s
@@ -16,12 +17,17 @@
 #   synth:PRESET:TYPE      `substrate synth` a file (kept for the phases after)
 #   sub:PRESET:TYPE[:VAR=VALUE]  `substrate bench --device cuda -p 512 -n 128 -r 3` on it
 #                          (with VAR set: an A/B of an environment switch)
+#   vram:PRESET:TYPE:SIZE[,VAR=VALUE]  `substrate bench ... --max-vram SIZE -p 512 -n 64 -r 2`
+#                          on it (with VAR set), with the plan and the device's peak memory use
+#                          (nvidia-smi, sampled)
 #   ab:PRESET:TYPE         on it: decode without programmatic dependent launch, without
 #                          graphs, and per-kernel times (decode, prefill)
 #   llama-build            build llama-bench for sm_90 from DIR/llama-min.tar.xz (a llama.cpp
 #                          source tree) in the background
 #   llama-wait             wait for that build
 #   llama:PRESET:TYPE      `llama-bench -ngl 99 -p 512 -n 128 -r 3` on the file
+#   llamaoff:PRESET:TYPE:ARGS  `llama-bench ARGS -p 512 -n 64 -r 2` (ARGS: -ngl N, or -ngl 99
+#                          --n-cpu-moe N: part of the model on the CPU), with the peak memory use
 #   rm:PRESET:TYPE         delete the file
 set -uo pipefail
 DIR=$(cd "$1" && pwd)
@@ -32,6 +38,17 @@ SYNTH=${SYNTH_DIR:-/tmp/synth}
 LLAMA=/tmp/llama
 mkdir -p "$OUT" "$SYNTH"
 log() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/summary.txt"; }
+# Runs a command while sampling the GPU's memory in use; prints the peak (MiB) after it.
+with_peak() {
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$OUT/.mem" 2>/dev/null &
+  local smi=$!
+  "$@"
+  local rc=$?
+  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+  echo "peak GPU memory in use: $(sort -n "$OUT/.mem" | tail -1) MiB" >> "$OUT/summary.txt"
+  rm -f "$OUT/.mem"
+  return $rc
+}
 
 for phase in "$@"; do
   IFS=: read -r what preset type var <<< "$phase"
@@ -94,6 +111,37 @@ except Exception as e:
 EOF
       tail -3 "$OUT/substrate-$name.err" >> "$OUT/summary.txt"
       ;;
+    vram)
+      IFS=, read -r size venv <<< "$var"
+      log "substrate bench $name --max-vram $size ${venv:-}"
+      with_peak env ${venv:+"$venv"} "$DIR/substrate" bench -m "$f" --device cuda --max-vram "$size" -p 512 -n 64 -r 2 \
+        --json --print-plan > "$OUT/vram-$name.json" 2> "$OUT/vram-$name.err"
+      python3 - "$OUT/vram-$name.json" <<'EOF' | tee -a "$OUT/summary.txt"
+import json, sys
+try:
+    j = json.load(open(sys.argv[1]))
+    u = j.get("host_link", {})
+    print("substrate pp512 %.1f tg64 %.2f %s host link %.1f MB/token h2d %.1f GB/s limit %.2f t/s "
+          "ratio %.3f device ledger peak %.2f GB"
+          % (j["pp"]["tokens_per_s"], j["tg"]["tokens_per_s"], [round(x, 2) for x in j["tg"]["runs"]],
+             u.get("bytes_per_token", 0) / 1e6, u.get("host_to_device_bytes_per_s", 0) / 1e9,
+             u.get("limit_tokens_per_s", 0), u.get("ratio", 0), j["device_ledger"]["peak_bytes"] / 1e9))
+except Exception as e:
+    print("substrate bench failed:", e, open(sys.argv[1]).read()[-600:])
+EOF
+      tail -4 "$OUT/vram-$name.err" | tee -a "$OUT/summary.txt"
+      ;;
+    llamaoff)
+      log "llama-bench $preset-$type $var"
+      # shellcheck disable=SC2086
+      with_peak "$LLAMA/llama-min/build/bin/llama-bench" -m "$f" $var -p 512 -n 64 -r 2 -o json \
+        > "$OUT/llamaoff-$preset-$type-${var// /_}.json" 2> "$OUT/llamaoff.err"
+      python3 -c 'import json,sys
+for r in json.load(open(sys.argv[1])):
+    print("llama.cpp n_prompt %d n_gen %d ngl %s n_cpu_moe %s: %.2f t/s" % (r["n_prompt"], r["n_gen"],
+          r.get("n_gpu_layers"), r.get("n_cpu_moe"), r["avg_ts"]))' \
+        "$OUT/llamaoff-$preset-$type-${var// /_}.json" 2>&1 | tee -a "$OUT/summary.txt"
+      ;;
     ab)
       for v in SUBSTRATE_CUDA_PDL=0 SUBSTRATE_CUDA_GRAPHS=0; do
         log "$v $name"
@@ -113,7 +161,8 @@ EOF
       ;;
     llama-build)
       log "llama.cpp build (background)"
-      rm -rf "$LLAMA" && mkdir -p "$LLAMA" && tar -xJf "$DIR/llama-min.tar.xz" -C "$LLAMA"
+      rm -rf "$LLAMA" && mkdir -p "$LLAMA" && tar -xJf "$DIR/llama-min.tar.xz" -C "$LLAMA" \
+        2>&1 | tail -2 | tee -a "$OUT/summary.txt"
       ( cd "$LLAMA/llama-min" && CUDACXX=/usr/local/cuda/bin/nvcc cmake -S . -B build -G Ninja \
           -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
           -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DGGML_CUDA_NCCL=OFF \
@@ -130,8 +179,8 @@ EOF
       log "waiting for the llama.cpp build"
       while [ ! -f "$LLAMA/done" ]; do sleep 2; done
       log "llama.cpp build rc $(cat "$LLAMA/done")"
-      cp "$LLAMA/build.log" "$OUT/llama_build.log"
-      tail -2 "$OUT/llama_build.log" | tee -a "$OUT/summary.txt"
+      ls "$LLAMA" "$LLAMA/llama-min" 2>&1 | head -5 >> "$OUT/summary.txt"
+      tail -4 "$LLAMA/build.log" 2>&1 | tee -a "$OUT/summary.txt"
       ;;
     llama)
       log "llama-bench $name"

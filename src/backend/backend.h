@@ -64,6 +64,13 @@ class Backend {
   virtual std::optional<double> MeasureReadBandwidth(uint64_t bytes) { return std::nullopt; }
   // The ledger the backend's own memory is charged to when it is not the host's, else null.
   virtual const MemoryLedger* device_ledger() const { return nullptr; }
+  // Host-to-device copy bandwidth measured now (bytes/s) over up to `bytes` from pinned host
+  // memory; nullopt for a backend that computes in host memory.
+  virtual std::optional<double> MeasureUploadBandwidth(uint64_t bytes) { return std::nullopt; }
+  // Weight bytes ops have read from host memory over the link to the backend's device so far
+  // (views it does not hold: a device memory budget, streamed residuals), copied to it or read
+  // in place; 0 for a backend that computes in host memory. Waits for the ops issued so far.
+  virtual uint64_t host_link_bytes() { return 0; }
 
   // ---- weights ----
   // out[t] = row ids[t] of `table` (an embedding lookup), for t < n.

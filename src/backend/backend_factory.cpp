@@ -17,12 +17,18 @@ bool BackendBuilt(const std::string& device) {
 
 Expected<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choice, ThreadPool* pool,
                                                  MemoryLedger* ledger) {
-  if (choice.device == "cpu")
+  if (choice.device == "cpu") {
+    if (choice.max_vram)
+      return InvalidArgument("--max-vram is a GPU's memory budget: it needs --device cuda");
     return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(pool, ledger));
+  }
   if (choice.device == "cuda") {
 #ifdef SUBSTRATE_HAVE_CUDA
     CudaBackendOptions o;
     o.device = choice.gpu;
+    o.max_vram = choice.max_vram;
+    o.reserve = choice.vram_reserve;
+    o.staging = choice.vram_staging;
     return NewCudaBackend(o);
 #else
     return InvalidArgument(

@@ -15,6 +15,12 @@ namespace substrate {
 struct BackendChoice {
   std::string device = "cpu";
   int gpu = 0;
+  // A device backend's memory budget (--max-vram; 0: all of it). `vram_reserve` of it stays
+  // for what the run allocates after the weights (KV caches, activations, staging for the
+  // weights it does not hold); weights past the rest are read from host memory per op.
+  uint64_t max_vram = 0;
+  uint64_t vram_reserve = 0;
+  uint64_t vram_staging = 0;  // of vram_reserve: the staging buffer's size
 };
 
 // `pool` and `ledger` (the host's) must outlive the backend; a device backend charges its own

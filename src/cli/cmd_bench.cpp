@@ -137,7 +137,7 @@ nlohmann::json ProfileJson(const std::vector<KernelProfileEntry>& entries, doubl
 constexpr const char* kUsage =
     "usage: substrate bench -m MODEL [-p 512] [-n 128] [-t N] [-r 2] [--json] [--profile]\n"
     "                       [--bw-bytes 2G] [--kv-type f32|f16] [--device cpu|cuda] [--gpu N]\n"
-    "                       [--store STORE/ --max-ram SIZE [--tier N] ...]\n"
+    "                       [--max-vram SIZE] [--store STORE/ --max-ram SIZE [--tier N] ...]\n"
     "                       [--cache-aware-routing DELTA] [--lookahead N]\n"
     "                       [--verify all|margin [--verify-window W] [--verify-tau T] ...]\n"
     "                       [--draft-model M] [--draft-max K] [--prompt-file F]\n"
@@ -190,7 +190,9 @@ int RunBench(const std::vector<std::string>& args) {
   if (*seqs < 1 || *seqs > 256)
     return PrintError("bench", InvalidArgument("--sequences must be 1..256"));
   // Under a budget (a store, or a GGUF that may run in place) the probe buffer is inside it.
-  auto bw_bytes = ParseBytes(f.Get({"--bw-bytes"}, f.Has("--store") || f.Has("--max-ram") ? "128M" : "2G"));
+  auto bw_bytes = ParseBytes(
+      f.Get({"--bw-bytes"},
+            f.Has("--store") || f.Has("--max-ram") || f.Has("--max-vram") ? "128M" : "2G"));
   if (!bw_bytes.ok()) return PrintError("bench", bw_bytes.status());
   auto probe_bytes = ParseBytes(f.Get({"--probe-bytes"}, "256M"));
   if (!probe_bytes.ok()) return PrintError("bench", probe_bytes.status());
@@ -325,6 +327,7 @@ int RunBench(const std::vector<std::string>& args) {
   std::vector<Model::SequencePass> seq_passes(seq_caches.size());
   Series pp, tg;
   uint64_t tg_disk_bytes = 0;  // --store: bytes read from the store during timed decode
+  uint64_t tg_link_bytes = 0;  // weights a GPU read from host memory in timed decode (--max-vram)
   GenerateStats verified;      // --verify: summed over the repetitions
   nlohmann::json prefill_profile;
   // Untimed tokens warm caches, page tables and the pool. A GPU backend also loads its
@@ -363,6 +366,7 @@ int RunBench(const std::vector<std::string>& args) {
     if (*n > 0) {
       auto tokens = RandomTokens(*n, n_vocab, static_cast<uint32_t>(1000 + rep));
       const uint64_t read0 = rm ? rm->stats().stream_bytes_read : 0;
+      const uint64_t link0 = e.backend().host_link_bytes();
       const uint64_t drafted_disk0 = spec[1].disk_bytes;
       cache->Clear();
       if (profile && rep == *r - 1) {
@@ -428,6 +432,7 @@ int RunBench(const std::vector<std::string>& args) {
       // Drafting: the drafted runs' reads (spec[1]), not the plain ones'.
       if (rm) tg_disk_bytes += drafting ? spec[1].disk_bytes - drafted_disk0
                                         : rm->stats().stream_bytes_read - read0;
+      tg_link_bytes += e.backend().host_link_bytes() - link0;
       SetKernelProfiling(false);
     }
   }
@@ -563,6 +568,21 @@ int RunBench(const std::vector<std::string>& args) {
     j["tg_limit_tokens_per_s"] = limit / step_bytes_per_token;
     j["bw_ratio"] = achieved / limit;
   }
+  if (tg_link_bytes > 0) {
+    // Out of VRAM: the limit is the link the weights the GPU does not hold cross every token.
+    const double per_token =
+        static_cast<double>(tg_link_bytes) / static_cast<double>(*r * *n * *seqs);
+    const double h2d = e.backend().MeasureUploadBandwidth(256u << 20).value_or(0);
+    const double link_limit = h2d > 0 ? h2d / per_token : 0;
+    j["host_link"] = {{"bytes_per_token", per_token},
+                      {"host_to_device_bytes_per_s", h2d},
+                      {"limit_tokens_per_s", link_limit},
+                      {"ratio", link_limit > 0 ? tg.Mean() / link_limit : 0},
+                      {"method",
+                       "weight bytes the device read from host memory during timed decode "
+                       "(copied to it, or read in place by its kernels); the link: a copy of up "
+                       "to 256 MiB from pinned host memory, best of 5, after the runs"}};
+  }
   if (profile && *n > 0)
     j["decode_profile"] = ProfileJson(KernelProfile(), 1.0 / tg.tps.back(), *n * *seqs);
   if (profile && *p > 0) j["prefill_profile"] = prefill_profile;
@@ -588,6 +608,13 @@ int RunBench(const std::vector<std::string>& args) {
   if (*n > 0)
     std::printf("generation reads %.2f GB/s = %.1f%% of the limit (limit %.2f tokens/s)\n",
                 achieved / 1e9, 100 * achieved / limit, limit / step_bytes_per_token);
+  if (j.contains("host_link")) {
+    const auto& l = j["host_link"];
+    std::printf("host link: %.1f MB per token over %.2f GB/s (limit %.2f tokens/s, %.1f%%)\n",
+                l["bytes_per_token"].get<double>() / 1e6,
+                l["host_to_device_bytes_per_s"].get<double>() / 1e9,
+                l["limit_tokens_per_s"].get<double>(), 100 * l["ratio"].get<double>());
+  }
   if (j.contains("disk_read_bytes_per_s"))
     std::printf("disk: %.1f MB per token, %.3f GB/s over decode",
                 j["disk_bytes_per_token"].get<double>() / 1e6,

@@ -18,7 +18,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: substrate chat -m MODEL [-c CTX] [-n N] [--temp T] [--seed S] [--system TEXT]\n"
     "                      [--kv-type f32|f16] [--draft-max K] [--draft-model M] [--session F]\n"
-    "                      [--device cpu|cuda] [--gpu N]\n"
+    "                      [--device cpu|cuda] [--gpu N] [--max-vram SIZE]\n"
     "                      [--store STORE/ --max-ram SIZE [--plan P] [--tier N] ...]\n"
     "                      [--cache-aware-routing DELTA] [--lookahead N]\n"
     "                      [--verify off|all|margin ...]\n"

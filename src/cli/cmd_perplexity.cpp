@@ -16,7 +16,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: substrate perplexity -m MODEL -f FILE [-c 512] [--chunks N] [-t THREADS]\n"
     "                            [--kl-divergence-base OUT | --kl-divergence BASE] [--kv-type T]\n"
-    "                            [--device cpu|cuda] [--gpu N]\n"
+    "                            [--device cpu|cuda] [--gpu N] [--max-vram SIZE]\n"
     "                            [--store STORE/ --max-ram SIZE [--plan P] [--tier N] ...]\n"
     "                            [--cache-aware-routing DELTA]\n"
     "                            [--adaptive [--verifier residual|linear] ...]\n"

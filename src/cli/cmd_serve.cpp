@@ -22,6 +22,7 @@ const char* kUsage =
     "                       [--batch-size N] [--ubatch-size N] [--batch-invariant]\n"
     "                       [--max-body BYTES] [--alias NAME] [--kv-type f32|f16]\n"
     "                       [--draft-max K] [--draft-model M] [--device cpu|cuda] [--gpu N]\n"
+    "                       [--max-vram SIZE]\n"
     "                       [--chat-template-file F] [--reasoning-format auto|none]\n"
     "                       [--slot-save-path DIR] [--prompt-cache-dir DIR] [--prompt-cache-size SIZE]\n"
     "                       [--store STORE/ --max-ram SIZE [--plan P] [--tier N] [--trace T]\n"

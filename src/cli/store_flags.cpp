@@ -12,7 +12,7 @@ std::vector<std::string> StoreFlagsWithValue(std::vector<std::string> extra) {
                         "--io-threads", "--tier", "--verifier", "--probes", "--verifier-script",
                         "--escalation-threshold", "--escalation-persistence", "--escalation-max",
                         "--escalation-pool", "--device", "--gpu", "--cache-aware-routing",
-                        "--lookahead"})
+                        "--lookahead", "--max-vram"})
     extra.push_back(f);
   return extra;
 }
@@ -38,6 +38,11 @@ Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {
     return InvalidArgument("--gpu " + std::to_string(gpu) + ": not a device index");
   if (f.Has("--gpu") && opt->device != "cuda") return InvalidArgument("--gpu needs --device cuda");
   opt->gpu = static_cast<int>(gpu);
+  if (f.Has("--max-vram")) {
+    if (opt->device != "cuda") return InvalidArgument("--max-vram needs --device cuda");
+    ASSIGN_OR_RETURN(opt->max_vram, ParseBytes(f.Get({"--max-vram"})));
+    if (opt->max_vram == 0) return InvalidArgument("--max-vram must be more than 0");
+  }
   opt->store = f.Get({"--store"});
   if (f.Has("--max-ram")) {
     ASSIGN_OR_RETURN(opt->max_ram, ParseBytes(f.Get({"--max-ram"})));

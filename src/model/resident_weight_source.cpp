@@ -1,5 +1,6 @@
 #include "model/resident_weight_source.h"
 
+#include <algorithm>
 
 namespace substrate {
 
@@ -43,21 +44,41 @@ Expected<std::unique_ptr<ResidentWeightSource>> ResidentWeightSource::Load(
     auto buf = AlignedBuffer::Allocate(t.bytes ? t.bytes : 1, ledger, "weights", 64);
     if (!buf.ok()) return buf.status().WithContext("loading tensor '" + t.name + "'");
     RETURN_IF_ERROR(file.ReadTensor(t, buf->data()));
-    if (options.backend && (t.ne.size() == 2 || t.ne.size() == 3)) {
-      // A matrix, or stacked experts: each expert's matrix is adopted on its own, so that a
-      // slice is a whole matrix in the backend's layout (experts are most of a MoE's bytes per
-      // token).
-      const uint64_t n_matrices = t.ne.size() == 3 ? t.ne[2] : 1;
-      for (uint64_t e = 0; e < n_matrices; ++e)
-        src->layouts_[i] = options.backend->AdoptResidentWeight(
-            t.type, static_cast<int64_t>(t.ne[1]), static_cast<int64_t>(t.ne[0]),
-            buf->data() + e * (t.bytes / n_matrices));
-    } else if (options.backend) {
-      options.backend->AdoptResidentBytes(buf->data(), t.bytes);
-    }
     src->total_bytes_ += t.bytes;
     src->ids_[t.name] = static_cast<TensorId>(i);
     src->data_.push_back(std::move(buf).value());
+  }
+  if (options.backend) {
+    // Handed over in the order a backend with less memory than the model (a GPU under
+    // --max-vram) should keep them: the matrix every token's logits read whole, then what every
+    // layer reads (per token, each byte of it), then routed experts (k of E per token), then an
+    // embedding table that is only read by rows.
+    const bool tied = !src->ids_.count("output.weight");
+    auto rank = [&](const TensorInfo& t) {
+      if (t.name == "output.weight" || (tied && t.name == "token_embd.weight")) return 0;
+      if (t.name == "token_embd.weight") return 3;
+      return t.ne.size() == 3 ? 2 : 1;
+    };
+    std::vector<size_t> order(tensors.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return rank(tensors[a]) < rank(tensors[b]); });
+    for (size_t i : order) {
+      const TensorInfo& t = tensors[i];
+      uint8_t* bytes = src->data_[i].data();
+      if (t.ne.size() == 2 || t.ne.size() == 3) {
+        // A matrix, or stacked experts: each expert's matrix is adopted on its own, so that a
+        // slice is a whole matrix in the backend's layout (experts are most of a MoE's bytes
+        // per token).
+        const uint64_t n_matrices = t.ne.size() == 3 ? t.ne[2] : 1;
+        for (uint64_t e = 0; e < n_matrices; ++e)
+          src->layouts_[i] = options.backend->AdoptResidentWeight(
+              t.type, static_cast<int64_t>(t.ne[1]), static_cast<int64_t>(t.ne[0]),
+              bytes + e * (t.bytes / n_matrices));
+      } else {
+        options.backend->AdoptResidentBytes(bytes, t.bytes);
+      }
+    }
   }
   return src;
 }

@@ -20,6 +20,31 @@ double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
 }
 
+// The matrix every token's logits read whole: the output projection, or the embedding table
+// where the model ties them. A GPU under --max-vram holds it first (ResidentWeightSource).
+const TensorInfo* OutputMatrix(const ModelFile& f) {
+  const TensorInfo* embd = nullptr;
+  for (const TensorInfo& t : f.tensors()) {
+    if (t.name == "output.weight") return &t;
+    if (t.name == "token_embd.weight") embd = &t;
+  }
+  return embd;
+}
+
+// The staging buffer a GPU under --max-vram uploads the weights it does not hold into: two of
+// the largest per-layer matrices (or expert slices), so that a layer's gate and up products
+// travel in one copy each. Larger batches are split (CudaBackend::MatMulBatch).
+uint64_t VramStaging(const ModelFile& f) {
+  const TensorInfo* out = OutputMatrix(f);
+  uint64_t largest = 0;
+  for (const TensorInfo& t : f.tensors()) {
+    if (&t == out || t.name == "token_embd.weight") continue;  // adopted first / read by rows
+    if (t.ne.size() == 2) largest = std::max(largest, t.bytes);
+    if (t.ne.size() == 3) largest = std::max(largest, t.slice_bytes());
+  }
+  return std::max<uint64_t>(2 * largest, 16u << 20);
+}
+
 }  // namespace
 
 size_t StopPrefixHold(const std::string& text, const std::vector<std::string>& stop) {
@@ -89,8 +114,18 @@ std::string Engine::PlanText() const {
   if (runtime_) return draft + runtime_->PlanText();
   uint64_t weights = 0;
   for (const TensorInfo& t : file_->tensors()) weights += t.bytes;
+  std::string device;
+  if (const MemoryLedger* d = backend_ ? backend_->device_ledger() : nullptr; d && d->cap()) {
+    const auto acc = d->Accounts();
+    const auto it = acc.find("weights");
+    const uint64_t held = it == acc.end() ? 0 : it->second.current;
+    device = "; device budget " + FormatBytes(d->cap()) + ": " + FormatBytes(held) +
+             " of the weights held there, the rest uploaded from host memory by each op that "
+             "reads them";
+  }
   return draft + "plan: resident, every weight in memory (" + FormatBytes(weights) + ")" +
-         (ledger_->cap() ? ", budget " + FormatBytes(ledger_->cap()) : std::string()) + "\n";
+         (ledger_->cap() ? ", budget " + FormatBytes(ledger_->cap()) : std::string()) + device +
+         "\n";
 }
 
 Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const EngineOptions& opt,
@@ -116,11 +151,6 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
   } else {
     e->pool_ = &ThreadPool::Default();
   }
-  {
-    auto backend = CreateBackend({opt.device, opt.gpu}, e->pool_, e->ledger_);
-    if (!backend.ok()) return backend.status();
-    e->backend_ = std::move(backend).value();
-  }
   auto file = ModelFile::Open(path);
   if (!file.ok()) return file.status().WithContext("opening model '" + path + "'");
   e->file_ = std::move(file).value();
@@ -133,6 +163,34 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
   uint64_t reserve =
       EstimateRunReserve(*hp, ctx, std::min<int64_t>(ctx, Model::kMaxBatch), opt.kv_type) +
       kv * static_cast<uint64_t>(std::max(opt.n_sessions, 1) - 1) + opt.extra_reserve;
+  {
+    BackendChoice choice{opt.device, opt.gpu};
+    if (opt.max_vram) {
+      if (!opt.store.empty() || opt.max_ram > 0)
+        return InvalidArgument(
+            "--max-vram runs a resident model with part of its weights in host memory; with "
+            "--store or --max-ram the weights stream from disk through host memory instead");
+      if (!opt.draft_model.empty())
+        return InvalidArgument("--max-vram with --draft-model: not supported yet");
+      choice.vram_staging = VramStaging(*e->file_);
+      choice.max_vram = opt.max_vram;
+      choice.vram_reserve = reserve + choice.vram_staging;
+      const TensorInfo* out = OutputMatrix(*e->file_);
+      const uint64_t out_bytes = out ? out->bytes : 0;
+      constexpr uint64_t kBackendWork = 128u << 20;  // its arena, work memory, cuBLAS's
+      if (opt.max_vram < choice.vram_reserve + out_bytes + kBackendWork)
+        return InvalidArgument("--max-vram " + FormatBytes(opt.max_vram) + " is too small for " +
+                               path + ": the KV cache and activations (" + FormatBytes(reserve) +
+                               "), staging for weights read per op (" +
+                               FormatBytes(choice.vram_staging) + "), the output matrix (" +
+                               FormatBytes(out_bytes) +
+                               ") and the backend's work memory need at least " +
+                               FormatBytes(choice.vram_reserve + out_bytes + kBackendWork));
+    }
+    auto backend = CreateBackend(choice, e->pool_, e->ledger_);
+    if (!backend.ok()) return backend.status();
+    e->backend_ = std::move(backend).value();
+  }
   // A draft model is charged first, resident; the target plans with what it leaves.
   if (!opt.draft_model.empty()) {
     EngineOptions d = opt;

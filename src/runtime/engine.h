@@ -67,6 +67,9 @@ struct EngineOptions {
   // The compute backend: "cpu" or "cuda" (GPU `gpu`), see backend/backend_factory.h.
   std::string device = "cpu";
   int gpu = 0;
+  // A GPU's memory budget (--max-vram; 0: the device's memory): weights past what it holds
+  // beside the KV cache and activations stay in host memory and are uploaded per op.
+  uint64_t max_vram = 0;
   int n_threads = 0;               // 0: ThreadPool::Default()
   ThreadPool* pool = nullptr;      // not owned: run on this pool (n_threads is then unused)
   MemoryLedger* ledger = nullptr;  // nullptr: MemoryLedger::Global()

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <random>
@@ -1086,6 +1087,95 @@ TEST(BackendOps, AWrongKernelFailsTheChecks) {
     EXPECT_FALSE(CheckMoeOps(be).empty());
   }
 }
+
+#ifdef SUBSTRATE_HAVE_CUDA
+// A GPU under a memory budget (--max-vram): matrices past it stay in host memory (pinned) and
+// each op that reads them uploads them into a staging buffer smaller than a batch of them (the
+// batch is then split); an embedding table the device does not hold travels by rows. Results
+// are the reference's within the bounds of held weights, the budget's cap holds, and the
+// uploads are counted.
+TEST(BackendOps, WeightsPastADeviceBudget) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(31);
+  constexpr int64_t kRows = 512, kCols = 1024;
+  std::vector<Weight> ws;
+  uint64_t total = 0;
+  for (DType type : {DType::kQ4_0, DType::kQ4_K, DType::kQ6_K, DType::kQ8_0}) {
+    ws.push_back(MakeWeight(type, kRows, kCols, rng));
+    total += ws.back().skeleton.size();
+  }
+  // The backend's own memory, measured on one without a budget; then a budget that holds that,
+  // cuBLAS's temporaries (16 + 32 MiB at the smallest), a 1 MiB staging buffer, the test's
+  // tensors, and about half of the weights.
+  uint64_t own = 0;
+  {
+    auto probe = NewCudaBackend({});
+    ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+    own = (*probe)->device_ledger()->current();
+  }
+  CudaBackendOptions o;
+  o.staging = 1u << 20;
+  o.reserve = o.staging + (8u << 20);
+  o.max_vram = own + o.reserve + (48u << 20) + total / 2;
+  // Both ways to reach what the device does not hold: read in place over the link, and copied
+  // into the staging buffer per op.
+  for (const char* zero_copy : {"1", "0"}) {
+    setenv("SUBSTRATE_CUDA_ZEROCOPY", zero_copy, 1);
+    auto made = NewCudaBackend(o);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    Backend& be = **made;
+    for (Weight& w : ws) be.AdoptResidentWeight(w.type, kRows, kCols, w.skeleton.data());
+    const auto accounts = be.device_ledger()->Accounts();
+    const uint64_t held = accounts.count("weights") ? accounts.at("weights").current : 0;
+    EXPECT_GT(held, 0u);
+    EXPECT_LT(held, total) << "every weight fit the budget: the test checks nothing";
+    EXPECT_FALSE(be.Allocate(o.max_vram, "test").ok()) << "the budget is not the ledger's cap";
+
+    ReferenceBackend ref(&Ledger());
+    for (int tier : {0, 1}) {
+      for (int64_t n : {1, 3, 70}) {
+        const std::vector<float> x = Random(n * kCols, rng);
+        Tensors tb(be), tr(ref);
+        const Tensor xb = tb.Make(n, kCols, x), xr = tr.Make(n, kCols, x);
+        std::vector<WeightView> views;
+        for (const Weight& w : ws) views.push_back(w.View(tier));
+        std::vector<MatMulOp> ob, orf;
+        for (const WeightView& v : views) {
+          ob.push_back({&v, xb, tb.Zeros(n, kRows)});
+          orf.push_back({&v, xr, tr.Zeros(n, kRows)});
+        }
+        const uint64_t link0 = be.host_link_bytes();
+        be.MatMulBatch(ob.data(), static_cast<int>(ob.size()));
+        ref.MatMulBatch(orf.data(), static_cast<int>(orf.size()));
+        // Copied or read in place, the weights the device does not hold crossed the link, and
+        // only they (tier 0: skeletons, some held; tier 1 adds residuals, never held).
+        const uint64_t link = be.host_link_bytes() - link0;
+        EXPECT_GT(link, 0u) << "zero-copy " << zero_copy;
+        if (tier == 0) {
+          EXPECT_LT(link, total) << "zero-copy " << zero_copy;
+        }
+        for (size_t i = 0; i < ws.size(); ++i) {
+          const double e = ProductError(tb.Read(ob[i].y), tr.Read(orf[i].y), RowNorms2(ws[i], tier),
+                                        x, n, kCols);
+          EXPECT_LE(e, 4e-6) << "zero-copy " << zero_copy << " MatMulBatch "
+                             << DTypeName(ws[i].type) << " tier " << tier << " n=" << n;
+        }
+      }
+      for (const Weight& w : ws) {
+        const int32_t ids[4] = {0, 17, 17, static_cast<int32_t>(kRows - 1)};
+        Tensors tb(be), tr(ref);
+        const Tensor eb = tb.Zeros(4, kCols), er = tr.Zeros(4, kCols);
+        be.EmbedRows(w.View(tier), ids, 4, eb);
+        ref.EmbedRows(w.View(tier), ids, 4, er);
+        EXPECT_EQ(tb.Read(eb), tr.Read(er))
+            << "zero-copy " << zero_copy << " EmbedRows " << DTypeName(w.type) << " tier " << tier;
+      }
+    }
+    EXPECT_LE(be.device_ledger()->current(), o.max_vram);
+  }
+  unsetenv("SUBSTRATE_CUDA_ZEROCOPY");
+}
+#endif
 
 }  // namespace
 }  // namespace substrate

@@ -66,6 +66,23 @@ TEST(CliRun, UnknownArchitectureIsAClearError) {
   std::filesystem::remove(path);
 }
 
+// --max-vram is refused with a reason before any weight is read: without a GPU backend, below
+// what the KV cache, activations, staging and the output matrix need, and beside a host budget.
+TEST(CliRun, MaxVramIsCheckedBeforeAnyWeightIsRead) {
+  const std::string m = Shared("gguf/tiny-coder-Q8_0.gguf");
+  if (!Exists(m)) GTEST_SKIP() << "no fixture " << m;
+  Result r = RunCli("run -m " + m + " --max-vram 1G -p hi -n 1");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("--max-vram needs --device cuda"), std::string::npos) << r.out;
+  r = RunCli("run -m " + m + " --device cuda --max-vram 1M -p hi -n 1");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("is too small for"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("need at least"), std::string::npos) << r.out;
+  r = RunCli("run -m " + m + " --device cuda --max-vram 1G --max-ram 1G -p hi -n 1");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.out.find("with --store or --max-ram"), std::string::npos) << r.out;
+}
+
 TEST(CliRun, PromptLongerThanContextIsAClearError) {
   const std::string m = Shared("gguf/tiny-coder-Q8_0.gguf");
   if (!Exists(m)) GTEST_SKIP() << "no fixture " << m;

@@ -55,7 +55,21 @@ inline Expected<LoadedModel> LoadModel(const std::string& path, MemoryLedger* le
                      Model::Create(m.file->metadata(), m.source.get(), &TestPool(), ledger));
     return m;
   }
-  ASSIGN_OR_RETURN(m.backend, CreateBackend({TestDevice(), 0}, &TestPool(), ledger));
+  BackendChoice choice{TestDevice(), 0};
+  if (const char* v = std::getenv("SUBSTRATE_TEST_VRAM"); v && std::string(v) == "half") {
+    // The GPU under a budget (--max-vram) that holds about half of the weights: the rest are
+    // read from host memory in place (or copied per op: SUBSTRATE_CUDA_ZEROCOPY=0). The
+    // backend's own memory is measured on one without a budget.
+    uint64_t weights = 0;
+    for (const TensorInfo& t : m.file->tensors()) weights += t.bytes;
+    ASSIGN_OR_RETURN(auto probe, CreateBackend(choice, &TestPool(), ledger));
+    const uint64_t own = probe->device_ledger()->current();
+    probe.reset();
+    choice.vram_staging = 16u << 20;
+    choice.vram_reserve = choice.vram_staging + (256u << 20);  // activations, KV caches
+    choice.max_vram = own + choice.vram_reserve + (48u << 20) + weights / 2;
+  }
+  ASSIGN_OR_RETURN(m.backend, CreateBackend(choice, &TestPool(), ledger));
   ResidentWeightSource::Options ro;
   ro.backend = m.backend.get();
   ASSIGN_OR_RETURN(m.source, ResidentWeightSource::Load(*m.file, ledger, ro));

@@ -32,14 +32,31 @@ namespace cuda {
 
 void CudaBackend::EmbedRows(const WeightView& table, const int32_t* ids, int64_t n,
                             const Tensor& out) {
-  EnsureStaging(StagingBytes(table));
+  // A table the device does not hold whole: only the looked-up rows travel, to rows 0..n-1.
+  thread_local std::vector<int32_t> iota;
+  const bool rows_only = StagingBytes(table) > 0;
+  uint64_t stage = 0;
+  if (rows_only) {
+    stage += Align(*RowBytes(table.type, static_cast<uint64_t>(table.cols)) * n, 256);
+    for (int k = 0; k < table.n_residuals; ++k)
+      stage += Align(*RowBytes(table.residual_type[k], static_cast<uint64_t>(table.cols)) * n, 256);
+    iota.resize(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) iota[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  }
+  EnsureStaging(stage);
   EnsureArgs(static_cast<size_t>(n) * 4 + 16);
   DevPart parts[3];
-  const int np = Parts(table, parts);
+  const int np = rows_only ? StageRows(table, ids, n, parts) : Parts(table, parts, false);
+  if (!rows_only) {  // a table read in place: the rows looked up crossed the link
+    const uint8_t* host[3] = {table.data, table.residual[0], table.residual[1]};
+    for (int k = 0; k < np; ++k)
+      if (parts[k].w == host[k]) link_bytes_ += static_cast<uint64_t>(parts[k].row_bytes * n);
+  }
   auto* p = Add<DequantParams>(&LaunchDequant);
   SetParts(p, parts, np);
   p->cols = table.cols;
-  p->ids = static_cast<const int32_t*>(Args(ids, static_cast<size_t>(n) * 4, kIds));
+  p->ids = static_cast<const int32_t*>(
+      Args(rows_only ? iota.data() : ids, static_cast<size_t>(n) * 4, kIds));
   p->n = n;
   p->out = out.data;
   p->ldo = out.cols;
@@ -119,7 +136,7 @@ void CudaBackend::RecordGemm(const MatMulOp& op, const DevPart* parts, int n_par
   const int64_t rows = y.cols;
   // Rows per dequantized chunk: the temporary's size, and a launch's grid height.
   const int64_t chunk = std::max<int64_t>(
-      1, std::min<int64_t>({rows, static_cast<int64_t>(kGemmTmpBytes) / (x.cols * elem), 65535}));
+      1, std::min<int64_t>({rows, static_cast<int64_t>(gemm_tmp_bytes_) / (x.cols * elem), 65535}));
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t m = std::min(chunk, rows - r0);
     auto* d = Add<DequantParams>(&LaunchDequant);
@@ -151,11 +168,18 @@ void CudaBackend::RecordGemm(const MatMulOp& op, const DevPart* parts, int n_par
 
 void CudaBackend::MatMulBatch(const MatMulOp* ops, int n_ops) {
   uint64_t stage = 0;
+  for (int i = 0; i < n_ops; ++i) stage += StagingBytes(*ops[i].w);
+  if (opt_.max_vram && stage > staging_size_ && n_ops > 1) {
+    // Under a budget the staging buffer does not grow for a batch (a prompt's experts): its
+    // halves, one after the other, give the same results (each product is MatMul's).
+    MatMulBatch(ops, n_ops / 2);
+    MatMulBatch(ops + n_ops / 2, n_ops - n_ops / 2);
+    return;
+  }
   size_t work = 0;
   bool any_gemm = false;
   for (int i = 0; i < n_ops; ++i) {
     const MatMulOp& op = ops[i];
-    stage += StagingBytes(*op.w);
     const bool gemm = UseGemm(op) && LoadCublas();
     any_gemm |= gemm;
     // Worst case: the activations converted (int8 + scales, or half + row scales).
@@ -169,10 +193,10 @@ void CudaBackend::MatMulBatch(const MatMulOp* ops, int n_ops) {
     if (cublas_->create(&cublas_handle_) != CUBLAS_STATUS_SUCCESS)
       FatalError("cublasCreate failed");
     void* ws = nullptr;
-    auto c = ledger_->Charge("scratch", kGemmTmpBytes + kCublasWorkspace);
+    auto c = ledger_->Charge("scratch", gemm_tmp_bytes_ + kCublasWorkspace);
     if (!c.ok()) FatalError(c.status().ToString());
     gemm_charge_ = std::move(c).value();
-    CK(cudaMalloc(&gemm_tmp_, kGemmTmpBytes));
+    CK(cudaMalloc(&gemm_tmp_, gemm_tmp_bytes_));
     CK(cudaMalloc(&ws, kCublasWorkspace));
     cublas_->set_workspace(cublas_handle_, ws, kCublasWorkspace);
     gemm_ready_ = true;
@@ -601,11 +625,12 @@ const CudaBackend::ExpertTable* CudaBackend::Experts(const WeightView& v, int n_
     return nullptr;
   const int64_t rows = v.rows / n_expert;
   const uint64_t slice = *rb * static_cast<uint64_t>(rows);
-  std::vector<const uint8_t*> ptrs(static_cast<size_t>(n_expert));
+  std::vector<const uint8_t*> ptrs(static_cast<size_t>(n_expert)), host(ptrs.size());
   DevPart first;
   for (int e = 0; e < n_expert; ++e) {
     DevPart part;
-    if (!FindAdoptedPart(v.data + slice * static_cast<uint64_t>(e), slice, static_cast<int>(v.type),
+    host[static_cast<size_t>(e)] = v.data + slice * static_cast<uint64_t>(e);
+    if (!FindAdoptedPart(host[static_cast<size_t>(e)], slice, static_cast<int>(v.type),
                          static_cast<int64_t>(*rb), &part))
       return nullptr;
     if (e == 0) first = part;
@@ -624,7 +649,38 @@ const CudaBackend::ExpertTable* CudaBackend::Experts(const WeightView& v, int n_
   t.part = first;
   t.rows = rows;
   t.charge = std::move(charge).value();
+  t.host = std::move(host);
+  t.dev_ptrs = std::move(ptrs);
   return &t;
+}
+
+const unsigned long long* CudaBackend::ExpertLinkBytes(const RoutedExpertsOp& op,
+                                                       const ExpertTable& g, const ExpertTable& u,
+                                                       const ExpertTable& dn, int n_expert) {
+  auto it = expert_link_.find(op.gate->data);
+  if (it != expert_link_.end()) return it->second.first;
+  auto& link = expert_link_[op.gate->data];  // stays null when every expert is on the device
+  std::vector<unsigned long long> bytes(static_cast<size_t>(n_expert), 0);
+  bool any = false;
+  for (auto [v, t] : {std::pair{op.gate, &g}, {op.up, &u}, {op.down, &dn}}) {
+    const uint64_t slice =
+        static_cast<uint64_t>(t->part.row_bytes) * static_cast<uint64_t>(t->rows);
+    for (int e = 0; e < n_expert; ++e) {
+      if (t->host[e] != t->dev_ptrs[e]) continue;  // in device memory
+      bytes[static_cast<size_t>(e)] += slice;
+      any = true;
+    }
+  }
+  if (!any) return nullptr;
+  auto charge = ledger_->Charge("weights", bytes.size() * 8);
+  if (!charge.ok() || cudaMalloc(&link.first, bytes.size() * 8) != cudaSuccess) {
+    cudaGetLastError();
+    link.first = nullptr;
+    return nullptr;  // not counted, still correct
+  }
+  link.second = std::move(charge).value();
+  CK(cudaMemcpy(link.first, bytes.data(), bytes.size() * 8, cudaMemcpyHostToDevice));
+  return link.first;
 }
 
 void CudaBackend::AddExpertGemv(const DevPart& part, bool fast, int64_t cols, const GemvJob* jobs,
@@ -700,6 +756,8 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
   r->scale = rp.scale;
   r->sel = sel;
   r->weight = weight;
+  r->link_bytes = ExpertLinkBytes(op, *g, *u, *dn, E);
+  r->link_counter = link_counter_;
 
   void* xq = nullptr;
   void* xs = nullptr;
@@ -819,6 +877,36 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
 std::optional<double> CudaBackend::MeasureReadBandwidth(uint64_t bytes) {
   Sync();
   return cuda::MeasureReadBandwidth(bytes, 5, stream_);
+}
+
+std::optional<double> CudaBackend::MeasureUploadBandwidth(uint64_t bytes) {
+  // Into the staging buffer (device memory already charged; under a budget it is not grown
+  // for this), from pinned host memory: what a weight upload of that size gets. Best of 5.
+  SetDevice();
+  if (!opt_.max_vram) EnsureStaging(std::min<uint64_t>(bytes, 256u << 20));
+  Sync();
+  if (!staging_) return std::nullopt;
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(bytes, staging_size_));
+  void* host = nullptr;
+  CK(cudaHostAlloc(&host, n, cudaHostAllocDefault));
+  std::memset(host, 1, n);
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  float best_ms = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    CK(cudaEventRecord(a, stream_));
+    CK(cudaMemcpyAsync(staging_, host, n, cudaMemcpyHostToDevice, stream_));
+    CK(cudaEventRecord(b, stream_));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    if (rep == 0 || ms < best_ms) best_ms = ms;
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaFreeHost(host);
+  return static_cast<double>(n) / (static_cast<double>(best_ms) * 1e-3);
 }
 
 }  // namespace cuda

@@ -5,8 +5,9 @@
 // a RAM budget (--max-ram) counts host memory only. Resident weights are copied to the device
 // once, when the weight source hands them over (AdoptResidentWeight / AdoptResidentBytes); an
 // op finds the device copy of a view (a whole tensor, an expert slice) by its host address.
-// Views the backend has not adopted (out-of-core sources, residual tiers read from a store)
-// are uploaded per op into a staging buffer.
+// Views the backend has not adopted (out-of-core sources, residual tiers read from a store) are
+// uploaded per op into a staging buffer; weights past a --max-vram budget are read in place from
+// pinned host memory.
 //
 // Execution: ops are recorded, not launched, and issued on the stream when the host next waits
 // for a result (Download, Route, AllFinite, Synchronize). A run of ops between two waits that
@@ -25,6 +26,13 @@ namespace substrate {
 struct CudaBackendOptions {
   int device = 0;      // --gpu N
   bool graphs = true;  // replay repeated op runs as CUDA graphs
+  // --max-vram: the device ledger's cap (0: none). Weights are adopted while they leave
+  // `reserve` (KV caches, activations, `staging`) and the backend's own work memory free; the
+  // rest stay in host memory, pinned, and kernels read them there in place (or, with
+  // SUBSTRATE_CUDA_ZEROCOPY=0, each op copies them into the staging buffer of `staging` bytes).
+  uint64_t max_vram = 0;
+  uint64_t reserve = 0;
+  uint64_t staging = 0;
 };
 
 // Fails (Unavailable-style InvalidArgument) when there is no such device or no driver.

@@ -87,7 +87,9 @@ class CudaBackend final : public Backend {
   WeightLayout AdoptResidentWeight(DType type, int64_t rows, int64_t cols, uint8_t* bytes) override;
   void AdoptResidentBytes(const uint8_t* bytes, uint64_t size) override { Adopt(bytes, size); }
   std::optional<double> MeasureReadBandwidth(uint64_t bytes) override;
+  std::optional<double> MeasureUploadBandwidth(uint64_t bytes) override;
   const MemoryLedger* device_ledger() const override { return ledger_; }
+  uint64_t host_link_bytes() override;
 
   void EmbedRows(const WeightView& table, const int32_t* ids, int64_t n,
                  const Tensor& out) override;
@@ -173,7 +175,17 @@ class CudaBackend final : public Backend {
   uint64_t StagingBytes(const WeightView& v) const;
   // Device parts of v (skeleton, then residuals); uploads non-adopted ones (staging must be
   // ensured). Returns the count.
-  int Parts(const WeightView& v, DevPart* out);
+  int Parts(const WeightView& v, DevPart* out, bool count_link = true);
+  // Like Parts for the n rows ids[] of a table the device does not hold whole: only those rows
+  // are uploaded, row t at row t of each part (staging must be ensured for n rows per part).
+  int StageRows(const WeightView& v, const int32_t* ids, int64_t n, DevPart* out);
+  // Pins host weight bytes the device will not hold (--max-vram), so that their uploads run
+  // at the link's speed and do not stall the host; pages already pinned are skipped.
+  void PinHost(const uint8_t* host, uint64_t size);
+  // Whether kernels may read these host bytes in place (zero-copy: pinned and mapped).
+  bool Mapped(const uint8_t* host, uint64_t bytes) const;
+  // cudaMemcpyAsync of host bytes to the device, in pieces that are each pinned or pageable.
+  void CopyToDevice(uint8_t* dst, const uint8_t* src, uint64_t n);
   void EnsureStaging(uint64_t bytes);
   bool FinishStaged();  // after an op that staged: issue it now (the staging buffer is reused)
   const float* VectorOf(const WeightView& w, int64_t n);  // work ensured for n floats
@@ -192,9 +204,15 @@ class CudaBackend final : public Backend {
     DevPart part;                         // expert 0's (every expert's layout is the same)
     int64_t rows = 0;                     // of one expert
     LedgerCharge charge;
+    // Each expert's host and device addresses (equal where it is read in place).
+    std::vector<const uint8_t*> host, dev_ptrs;
   };
   // v's table (built once per tensor), or null when its experts are not all adopted alike.
   const ExpertTable* Experts(const WeightView& v, int n_expert);
+  // The routing kernel's RouteTopKParams::link_bytes for a layer (built once), or null.
+  const unsigned long long* ExpertLinkBytes(const RoutedExpertsOp& op, const ExpertTable& g,
+                                            const ExpertTable& u, const ExpertTable& dn,
+                                            int n_expert);
   // Records one launch of n_jobs (1 or 2) products of routed experts, one token.
   void AddExpertGemv(const DevPart& part, bool fast, int64_t cols, const GemvJob* jobs, int n_jobs);
 
@@ -247,6 +265,18 @@ class CudaBackend final : public Backend {
   uint64_t staging_size_ = 0, staging_off_ = 0;
   LedgerCharge staging_charge_;
   bool staged_ = false;
+  // host_link_bytes: what the host saw (copies, products over weights read in place), and
+  // what the device counts (routed experts read in place: RouteTopKParams::link_bytes).
+  uint64_t link_bytes_ = 0;
+  unsigned long long* link_counter_ = nullptr;
+  // Per MoE layer (by its gate stack): each expert's bytes read in place, [E] on the device;
+  // null where every expert is in device memory.
+  std::map<const uint8_t*, std::pair<unsigned long long*, LedgerCharge>> expert_link_;
+  // --max-vram: weights are adopted while the ledger stays under this (0: no budget).
+  uint64_t adopt_limit_ = 0;
+  size_t gemm_tmp_bytes_ = kGemmTmpBytes;  // smaller under a budget
+  std::map<uintptr_t, uintptr_t> pinned_;  // page ranges registered by PinHost: start -> end
+  bool zero_copy_ = false;  // kernels read pinned host weights in place (Init says when)
 
   uint32_t* counters_ = nullptr;
   uint32_t* glu_counters_ = nullptr;  // GemvParams::glu_counters, kGluCounterCells

@@ -81,11 +81,41 @@ Status CudaBackend::Init() {
   CK(cudaMemset(glu_counters_, 0, kGluCounterCells * sizeof(uint32_t)));
   RETURN_IF_ERROR(charge(kGluCounterCells * sizeof(uint32_t)));
   CK(cudaMalloc(&flag_dev_, sizeof(int)));
+  CK(cudaMalloc(&link_counter_, sizeof(unsigned long long)));
+  CK(cudaMemset(link_counter_, 0, sizeof(unsigned long long)));
   CK(cudaHostAlloc(&flag_host_, sizeof(int), cudaHostAllocDefault));
   RETURN_IF_ERROR(charge(kCounterCells * sizeof(uint32_t) + 256));
   ASSIGN_OR_RETURN(work_charge_, ledger_->Charge("backend", kWorkBytes));
   work_size_ = kWorkBytes;
   CK(cudaMalloc(&work_, work_size_));
+  if (opt_.max_vram) {
+    // A budget: cuBLAS's temporaries shrink with it (they bound the rows dequantized per GEMM
+    // launch, not what a product can do), the staging buffer is taken now, and weights are
+    // adopted while they leave the rest of the reserve and the temporaries free.
+    gemm_tmp_bytes_ = std::clamp<size_t>(opt_.max_vram / 32, 16u << 20, kGemmTmpBytes);
+    const uint64_t fixed = ledger_->current() + opt_.reserve + gemm_tmp_bytes_ + kCublasWorkspace;
+    if (fixed >= opt_.max_vram)
+      return InvalidArgument(
+          "--max-vram " + FormatBytes(opt_.max_vram) + ": the KV cache, activations and staging (" +
+          FormatBytes(opt_.reserve) + ") and the backend's work memory (" +
+          FormatBytes(fixed - opt_.reserve) + ") leave nothing for weights; give more");
+    ledger_->set_cap(opt_.max_vram);
+    // Zero-copy: kernels read the weights the device does not hold straight from pinned host
+    // memory over the link (the device maps registered host pages at their host addresses), so
+    // an op waits for no copy, and the routed experts of a MoE layer stay on the device's own
+    // routing (Backend::RoutedExperts: every expert is then reachable by address). Host and
+    // device layouts must then agree: no repacking. SUBSTRATE_CUDA_ZEROCOPY=0 copies each
+    // op's weights into the staging buffer instead (A/B).
+    int host_ptrs = 0;
+    CK(cudaDeviceGetAttribute(&host_ptrs, cudaDevAttrCanUseHostPointerForRegisteredMem,
+                              opt_.device));
+    const char* zc = std::getenv("SUBSTRATE_CUDA_ZEROCOPY");
+    zero_copy_ = host_ptrs != 0 && !(zc && std::string(zc) == "0");
+    if (zero_copy_) repack_ = false;
+    EnsureStaging(std::max<uint64_t>(opt_.staging, 1));
+    adopt_limit_ = opt_.max_vram - (opt_.reserve - std::min(opt_.reserve, staging_size_)) -
+                   gemm_tmp_bytes_ - kCublasWorkspace;
+  }
   return Status::Ok();
 }
 
@@ -103,6 +133,10 @@ CudaBackend::~CudaBackend() {
                  100.0 * host_wait_s_ / std::max(1e-9, host_last_s_ - host_first_s_));
   DropGraphs();
   if (free_ctx_) free_ctx_->backend = nullptr;
+  // (the host memory may be gone already: an error here is harmless)
+  for (auto& [begin, end] : pinned_) cudaHostUnregister(reinterpret_cast<void*>(begin));
+  cudaGetLastError();
+  if (opt_.max_vram) ledger_->set_cap(0);  // the device's ledger outlives this backend's budget
   for (auto& [host, r] : adopted_) cudaFree(r.dev);
   adopted_.clear();
   for (auto& [host, t] : expert_tables_) cudaFree(const_cast<const uint8_t**>(t.dev));
@@ -116,6 +150,8 @@ CudaBackend::~CudaBackend() {
   cudaFree(counters_);
   cudaFree(glu_counters_);
   cudaFree(flag_dev_);
+  cudaFree(link_counter_);
+  for (auto& [gate, link] : expert_link_) cudaFree(link.first);
   cudaFreeHost(flag_host_);
   cudaStreamDestroy(stream_);
 }
@@ -175,6 +211,10 @@ void CudaBackend::Adopt(const uint8_t* host, uint64_t size, int rtype, int64_t c
   const auto host_rb = RowBytes(static_cast<DType>(rtype), static_cast<uint64_t>(cols));
   const uint64_t rows = dev_rb && host_rb ? size / *host_rb : 0;
   const uint64_t dev_size = rows ? rows * static_cast<uint64_t>(dev_rb) : size;
+  if (adopt_limit_ && ledger_->current() + dev_size > adopt_limit_) {
+    PinHost(host, size);  // past the budget: read from host memory by each op (Mapped)
+    return;
+  }
   auto charge = ledger_->Charge("weights", dev_size);
   uint8_t* dev = nullptr;
   if (!charge.ok() || cudaMalloc(&dev, dev_size) != cudaSuccess) {
@@ -205,7 +245,11 @@ void CudaBackend::Adopt(const uint8_t* host, uint64_t size, int rtype, int64_t c
 bool CudaBackend::FindAdoptedPart(const uint8_t* host, uint64_t bytes, int type, int64_t row_bytes,
                                   DevPart* out) const {
   auto it = adopted_.upper_bound(host);
-  if (it == adopted_.begin()) return false;
+  if (it == adopted_.begin() || std::prev(it)->first + std::prev(it)->second.size <= host) {
+    if (!Mapped(host, bytes)) return false;
+    *out = {type, host, row_bytes};  // read in place, over the link
+    return true;
+  }
   --it;
   const uint8_t* begin = it->first;
   const Region& r = it->second;
@@ -227,9 +271,33 @@ bool CudaBackend::FindAdoptedPart(const uint8_t* host, uint64_t bytes, int type,
   return true;
 }
 
+uint64_t CudaBackend::host_link_bytes() {
+  Sync();
+  unsigned long long on_device = 0;
+  CK(cudaMemcpy(&on_device, link_counter_, sizeof(on_device), cudaMemcpyDeviceToHost));
+  return link_bytes_ + on_device;
+}
+
+bool CudaBackend::Mapped(const uint8_t* host, uint64_t bytes) const {
+  if (!zero_copy_) return false;
+  auto a = reinterpret_cast<uintptr_t>(host);
+  const uintptr_t end = a + bytes;
+  auto it = pinned_.upper_bound(a);
+  if (it == pinned_.begin()) return false;
+  --it;
+  // Registered ranges that meet end to end (a tensor pinned in pieces) cover it together.
+  for (; it != pinned_.end() && it->first <= a; ++it) {
+    if (it->second <= a) return false;
+    a = it->second;
+    if (a >= end) return true;
+  }
+  return false;
+}
+
 const uint8_t* CudaBackend::FindAdopted(const uint8_t* host, uint64_t bytes) const {
   auto it = adopted_.upper_bound(host);
-  if (it == adopted_.begin()) return nullptr;
+  if (it == adopted_.begin() || std::prev(it)->first + std::prev(it)->second.size <= host)
+    return Mapped(host, bytes) ? host : nullptr;
   --it;
   const uint8_t* begin = it->first;
   if (it->second.rtype) return nullptr;  // not a byte-for-byte copy
@@ -261,14 +329,16 @@ void CudaBackend::EnsureStaging(uint64_t bytes) {
   if (bytes <= staging_size_) return;
   cudaFree(staging_);
   staging_charge_.Reset();
-  staging_size_ = Align(std::max<uint64_t>(bytes, 64u << 20), 1u << 20);
+  staging_size_ = Align(std::max<uint64_t>(bytes, opt_.max_vram ? 1 : 64u << 20), 1u << 20);
   auto c = ledger_->Charge("staging", staging_size_);
-  if (!c.ok()) FatalError(c.status().ToString());
+  if (!c.ok())
+    FatalError(c.status().ToString() + " (an op needs " + FormatBytes(bytes) +
+               " of staging for weights the device does not hold)");
   staging_charge_ = std::move(c).value();
   CK(cudaMalloc(&staging_, staging_size_));
 }
 
-int CudaBackend::Parts(const WeightView& v, DevPart* out) {
+int CudaBackend::Parts(const WeightView& v, DevPart* out, bool count_link) {
   if (v.layout != WeightLayout::kRows) FatalError("a weight layout this backend does not read");
   auto part = [&](DType type, const uint8_t* host, DevPart* p) {
     const auto rb = RowBytes(type, static_cast<uint64_t>(v.cols));
@@ -281,15 +351,82 @@ int CudaBackend::Parts(const WeightView& v, DevPart* out) {
       p->row_bytes = static_cast<int64_t>(*rb);
       if (staging_off_ + bytes > staging_size_) FatalError("staging not reserved");
       uint8_t* dst = staging_ + staging_off_;
-      CK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+      CopyToDevice(dst, host, bytes);
       staging_off_ += Align(bytes, 256);
       staged_ = true;
+      link_bytes_ += bytes;
       p->w = dst;
+    } else if (p->w == host && count_link) {
+      link_bytes_ += bytes;  // read in place over the link
     }
   };
   part(v.type, v.data, &out[0]);
   for (int k = 0; k < v.n_residuals; ++k) part(v.residual_type[k], v.residual[k], &out[k + 1]);
   return 1 + v.n_residuals;
+}
+
+int CudaBackend::StageRows(const WeightView& v, const int32_t* ids, int64_t n, DevPart* out) {
+  if (v.layout != WeightLayout::kRows) FatalError("a weight layout this backend does not read");
+  auto part = [&](DType type, const uint8_t* host, DevPart* p) {
+    const auto rb = RowBytes(type, static_cast<uint64_t>(v.cols));
+    if (!rb)
+      FatalError(std::string("weight type ") + DTypeName(type) + " with rows of " +
+                 std::to_string(v.cols));
+    const uint64_t bytes = *rb * static_cast<uint64_t>(n);
+    if (staging_off_ + bytes > staging_size_) FatalError("staging not reserved");
+    uint8_t* dst = staging_ + staging_off_;
+    for (int64_t t = 0; t < n; ++t)
+      CopyToDevice(dst + *rb * static_cast<uint64_t>(t), host + *rb * static_cast<uint64_t>(ids[t]),
+                   *rb);
+    staging_off_ += Align(bytes, 256);
+    staged_ = true;
+    link_bytes_ += bytes;
+    *p = {static_cast<int>(type), dst, static_cast<int64_t>(*rb)};
+  };
+  part(v.type, v.data, &out[0]);
+  for (int k = 0; k < v.n_residuals; ++k) part(v.residual_type[k], v.residual[k], &out[k + 1]);
+  return 1 + v.n_residuals;
+}
+
+void CudaBackend::CopyToDevice(uint8_t* dst, const uint8_t* src, uint64_t n) {
+  // CUDA refuses a copy whose source is partly pinned (a neighbour of a pinned tensor sharing
+  // its first or last page): pieces split where pinned ranges begin and end.
+  const auto base = reinterpret_cast<uintptr_t>(src);
+  uintptr_t a = base;
+  const uintptr_t end = base + n;
+  while (a < end) {
+    uintptr_t b = end;
+    auto it = pinned_.upper_bound(a);
+    if (it != pinned_.begin() && std::prev(it)->second > a)
+      b = std::min(b, std::prev(it)->second);  // inside a pinned range: to its end
+    else if (it != pinned_.end())
+      b = std::min(b, it->first);  // pageable: up to the next pinned range
+    CK(cudaMemcpyAsync(dst + (a - base), reinterpret_cast<const void*>(a), b - a,
+                       cudaMemcpyHostToDevice, stream_));
+    a = b;
+  }
+}
+
+void CudaBackend::PinHost(const uint8_t* host, uint64_t size) {
+  constexpr uintptr_t kPage = 4096;
+  uintptr_t s = reinterpret_cast<uintptr_t>(host) / kPage * kPage;
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(host) + size + kPage - 1) / kPage * kPage;
+  auto it = pinned_.upper_bound(s);
+  if (it != pinned_.begin()) s = std::max(s, std::prev(it)->second);
+  while (s < e) {
+    const uintptr_t gap_end = it != pinned_.end() ? std::min(e, it->first) : e;
+    if (gap_end > s) {
+      if (cudaHostRegister(reinterpret_cast<void*>(s), gap_end - s, cudaHostRegisterMapped) ==
+          cudaSuccess) {
+        pinned_.emplace(s, gap_end);
+      } else {
+        cudaGetLastError();  // pageable: slower uploads that block the host, still correct
+      }
+    }
+    if (it == pinned_.end()) break;
+    s = std::max(s, it->second);
+    ++it;
+  }
 }
 
 bool CudaBackend::FinishStaged() {

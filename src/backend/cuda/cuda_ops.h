@@ -277,6 +277,10 @@ struct RouteTopKParams {
   float scale = 1;
   int32_t* sel = nullptr;
   float* weight = nullptr;
+  // [E] or null: bytes each expert's products read from host memory (experts the device does
+  // not hold, read in place), added to *link_counter for each choice.
+  const unsigned long long* link_bytes = nullptr;
+  unsigned long long* link_counter = nullptr;
 };
 void LaunchRouteTopK(const void* params, cudaStream_t stream);
 constexpr int kRouteMaxExperts = 1024;
