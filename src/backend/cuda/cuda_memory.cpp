@@ -338,13 +338,19 @@ void CudaBackend::EnsureStaging(uint64_t bytes) {
   CK(cudaMalloc(&staging_, staging_size_));
 }
 
+// Bytes of a row of `type` and `cols` (a weight the kernels read row by row), or a fatal error.
+static std::optional<uint64_t> DeviceRowBytes(DType type, int64_t cols) {
+  const auto rb = RowBytes(type, static_cast<uint64_t>(cols));
+  if (!rb)
+    FatalError(std::string("weight type ") + DTypeName(type) + " with rows of " +
+               std::to_string(cols));
+  return rb;
+}
+
 int CudaBackend::Parts(const WeightView& v, DevPart* out, bool count_link) {
   if (v.layout != WeightLayout::kRows) FatalError("a weight layout this backend does not read");
   auto part = [&](DType type, const uint8_t* host, DevPart* p) {
-    const auto rb = RowBytes(type, static_cast<uint64_t>(v.cols));
-    if (!rb)
-      FatalError(std::string("weight type ") + DTypeName(type) + " with rows of " +
-                 std::to_string(v.cols));
+    const std::optional<uint64_t> rb = DeviceRowBytes(type, v.cols);
     const uint64_t bytes = *rb * static_cast<uint64_t>(v.rows);
     if (!FindAdoptedPart(host, bytes, static_cast<int>(type), static_cast<int64_t>(*rb), p)) {
       p->type = static_cast<int>(type);
@@ -368,10 +374,7 @@ int CudaBackend::Parts(const WeightView& v, DevPart* out, bool count_link) {
 int CudaBackend::StageRows(const WeightView& v, const int32_t* ids, int64_t n, DevPart* out) {
   if (v.layout != WeightLayout::kRows) FatalError("a weight layout this backend does not read");
   auto part = [&](DType type, const uint8_t* host, DevPart* p) {
-    const auto rb = RowBytes(type, static_cast<uint64_t>(v.cols));
-    if (!rb)
-      FatalError(std::string("weight type ") + DTypeName(type) + " with rows of " +
-                 std::to_string(v.cols));
+    const std::optional<uint64_t> rb = DeviceRowBytes(type, v.cols);
     const uint64_t bytes = *rb * static_cast<uint64_t>(n);
     if (staging_off_ + bytes > staging_size_) FatalError("staging not reserved");
     uint8_t* dst = staging_ + staging_off_;
