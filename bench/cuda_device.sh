@@ -6,7 +6,7 @@
 # machine may lack); OUT receives logs and JSON; synth files live in $SYNTH_DIR (/tmp/synth).
 # Phases, run in order:
 #   info                   the GPU, driver and CUDA libraries found
-#   tests[:VAR=VALUE]      the differential op test, then the model tests on the GPU
+#   tests[:VAR=VALUE,...]  the differential op test, then the model tests on the GPU
 #                          (SUBSTRATE_TEST_DEVICE=cuda), with VAR set (e.g. SUBSTRATE_CUDA_PDL=0;
 #                          SUBSTRATE_TEST_VRAM=half: under a budget that holds half the weights).
 #                          The test binaries read the fixtures, and run `substrate`, at the
@@ -65,10 +65,10 @@ for phase in "$@"; do
       head -3 "$OUT/info.txt" | tee -a "$OUT/summary.txt"
       ;;
     tests)
-      tv=${preset:-}  # tests:VAR=VALUE
+      tv=${preset:-}  # tests:VAR=VALUE[,VAR=VALUE...]
       te=(env)
-      [ -n "$tv" ] && te=(env "$tv")
-      tag=${tv:+-${tv//=/-}}
+      [ -n "$tv" ] && IFS=, read -r -a more <<< "$tv" && te=(env "${more[@]}")
+      tag=${tv:+-${tv//[=,]/-}}
       log "op test $tv"
       "${te[@]}" "$DIR/test_backend" 2>&1 | tee "$OUT/op_test$tag.log" \
         | grep -E '^\[  (PASSED|FAILED)|FAILED|note:' | tee -a "$OUT/summary.txt"

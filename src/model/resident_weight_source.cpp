@@ -41,7 +41,10 @@ Expected<std::unique_ptr<ResidentWeightSource>> ResidentWeightSource::Load(
   src->layouts_.assign(tensors.size(), WeightLayout::kRows);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorInfo& t = tensors[i];
-    auto buf = AlignedBuffer::Allocate(t.bytes ? t.bytes : 1, ledger, "weights", 64);
+    // Whole pages of its own (AlignedBuffer pads to the alignment): a GPU backend may pin a
+    // tensor's pages to read them in place, and must not pin a neighbour's with them (CUDA
+    // refuses copies to or from memory that is partly pinned).
+    auto buf = AlignedBuffer::Allocate(t.bytes ? t.bytes : 1, ledger, "weights");
     if (!buf.ok()) return buf.status().WithContext("loading tensor '" + t.name + "'");
     RETURN_IF_ERROR(file.ReadTensor(t, buf->data()));
     src->total_bytes_ += t.bytes;

@@ -28,9 +28,10 @@ inline bool Exists(const std::string& p) { return std::filesystem::exists(p); }
 
 // A model opened from a GGUF file or HF folder, weights resident.
 struct LoadedModel {
-  std::unique_ptr<Backend> backend;  // null: the model's own CPU backend
   std::unique_ptr<ModelFile> file;
   std::unique_ptr<ResidentWeightSource> source;
+  // Declared after the source, so destroyed before it: a GPU backend unpins the source's memory.
+  std::unique_ptr<Backend> backend;  // null: the model's own CPU backend
   std::unique_ptr<Model> model;
 };
 
