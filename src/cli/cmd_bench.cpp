@@ -453,8 +453,11 @@ int RunBench(const std::vector<std::string>& args) {
   j["threads"] = e.pool().size();
   j["isa"] = IsaName(ActiveIsa());
   j["device"] = e.backend().name();
-  if (const MemoryLedger* dl = e.backend().device_ledger())
-    j["device_ledger"] = {{"peak_bytes", dl->peak()}};
+  if (const MemoryLedger* dl = e.backend().device_ledger()) {
+    // Each account's peak too: what a --max-vram reserve is held against.
+    j["device_ledger"] = nlohmann::json::parse(dl->ToJson());
+    j["device_ledger"]["peak_bytes"] = dl->peak();
+  }
   j["repetitions"] = *r;
   j["load_seconds"] = load_s;
   if (*p > 0)
