@@ -22,6 +22,7 @@
 #                          (nvidia-smi, sampled)
 #   ab:PRESET:TYPE         on it: decode without programmatic dependent launch, without
 #                          graphs, and per-kernel times (decode, prefill)
+#   vramprof:PRESET:TYPE:SIZE  per-kernel decode times under --max-vram SIZE (graphs off)
 #   llama-build            build llama-bench for sm_90 from DIR/llama-min.tar.xz (a llama.cpp
 #                          source tree) in the background
 #   llama-wait             wait for that build
@@ -132,6 +133,12 @@ except Exception as e:
     print("substrate bench failed:", e, open(sys.argv[1]).read()[-600:])
 EOF
       tail -4 "$OUT/vram-$name.err" | tee -a "$OUT/summary.txt"
+      ;;
+    vramprof)
+      log "profile decode $name under --max-vram $var"
+      SUBSTRATE_CUDA_PROFILE=1 "$DIR/substrate" bench -m "$f" --device cuda --max-vram "$var" -p 0 -n 16 \
+        -r 1 > /dev/null 2> "$OUT/vramprof-$name.txt"
+      head -22 "$OUT/vramprof-$name.txt" | tee -a "$OUT/summary.txt"
       ;;
     llamaoff)
       log "llama-bench $preset-$type $var"
