@@ -165,6 +165,12 @@ struct BatchState {
   int64_t act_rows = 0;              // sum of the sets' n_tokens
   uint8_t* act_buf = nullptr;
   ScratchBuffer act_scratch;         // quantized rows (and block sums) of every set
+  // Per pool thread, one 16-row group in plain rows (Path::kDeinterleaved). Reserved for every
+  // interleaved product, not only those with residuals: an op's first escalation after warm-up
+  // then finds it ready, and a token loop that is warm allocates nothing.
+  uint8_t* plain_buf = nullptr;
+  size_t plain_stride = 0;
+  ScratchBuffer plain_scratch;
 };
 
 int FindOrAddSet(BatchState& st, const MatMulJob& job, int64_t cols, DType type, bool sums) {
@@ -265,8 +271,9 @@ void QuantizeSets(BatchState& st, ThreadPool& pool) {
   }
 }
 
-// Items [a, b) of one job of the shared ParallelFor.
-void RunItems(const JobPlan& p, int64_t a, int64_t b) {
+// Items [a, b) of one job of the shared ParallelFor; `plain`: the running thread's group of
+// plain rows (BatchState::plain_buf).
+void RunItems(const JobPlan& p, int64_t a, int64_t b, uint8_t* plain) {
   const WeightView& w = *p.job->w;
   const int64_t n_tokens = p.job->n_tokens;
   float* y = p.job->y;
@@ -322,8 +329,6 @@ void RunItems(const JobPlan& p, int64_t a, int64_t b) {
       break;
     }
     case Path::kDeinterleaved: {
-      static thread_local ScratchBuffer plain_scratch;
-      uint8_t* plain = plain_scratch.Reserve(kInterleavedRows * p.parts[0].row_bytes);
       Part local[kMaxParts];
       for (int k = 0; k < p.n_parts; ++k) local[k] = p.parts[k];
       for (int64_t g = a; g < b; ++g) {
@@ -342,12 +347,13 @@ void RunItems(const JobPlan& p, int64_t a, int64_t b) {
 }
 
 // Items [i0, i1) of the shared ParallelFor, which may span several jobs.
-void RunSharedItems(const BatchState& st, int64_t i0, int64_t i1) {
+void RunSharedItems(const BatchState& st, int64_t i0, int64_t i1, int thread) {
   size_t k = static_cast<size_t>(
       std::upper_bound(st.first_item.begin(), st.first_item.end(), i0) - st.first_item.begin() - 1);
+  uint8_t* plain = st.plain_buf + static_cast<size_t>(thread) * st.plain_stride;
   for (int64_t i = i0; i < i1; ++k) {
     const int64_t base = st.first_item[k], end = std::min(i1, st.first_item[k + 1]);
-    RunItems(st.plans[static_cast<size_t>(st.shared[k])], i - base, end - base);
+    RunItems(st.plans[static_cast<size_t>(st.shared[k])], i - base, end - base, plain);
     i = end;
   }
 }
@@ -447,10 +453,19 @@ void MatMulBatch(const MatMulJob* jobs, int n_jobs, ThreadPool& pool) {
                                           : kInterleavedRows);
   }
   if (st.shared.empty()) return;
+  st.plain_stride = 0;
+  for (int j : st.shared) {
+    const JobPlan& p = st.plans[static_cast<size_t>(j)];
+    if (p.path == Path::kInterleaved || p.path == Path::kDeinterleaved)
+      st.plain_stride = std::max(st.plain_stride, kInterleavedRows * p.parts[0].row_bytes);
+  }
+  st.plain_buf = st.plain_stride
+                     ? st.plain_scratch.Reserve(st.plain_stride * static_cast<size_t>(pool.size()))
+                     : nullptr;
   auto t2 = profile ? Clock::now() : Clock::time_point();
   const BatchState* sp = &st;
   pool.ParallelFor(st.first_item.back(), (grain_rows + kItemRows - 1) / kItemRows,
-                   [sp](int64_t i0, int64_t i1, int) { RunSharedItems(*sp, i0, i1); });
+                   [sp](int64_t i0, int64_t i1, int t) { RunSharedItems(*sp, i0, i1, t); });
   if (profile) {
     // One timing for the whole dispatch: each job gets the share of its weight bytes.
     const double sec = std::chrono::duration<double>(Clock::now() - t2).count();
