@@ -226,6 +226,7 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
     // Each session's KV cache, plus the scratch of one pass at a time.
     ro.reserve_bytes = reserve;
     ro.dry_run = plan_only;
+    if (!e->backend_->device_ledger()) ro.backend = e->backend_.get();  // a host backend
     auto m = in_place ? ResidencyManager::OpenGguf(path, e->ledger_, ro)
                       : ResidencyManager::Open(opt.store, e->ledger_, ro);
     if (!m.ok()) return m.status().WithContext(path);
@@ -246,6 +247,7 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
       ResidencyOptions rr = opt.residency;
       rr.budget_bytes = opt.max_ram;
       rr.reserve_bytes = reserve;
+      if (!e->backend_->device_ledger()) rr.backend = e->backend_.get();
       auto m = ResidencyManager::OpenGguf(path, e->ledger_, rr);
       if (!m.ok()) return m.status().WithContext(path);
       e->runtime_ = m->get();

@@ -212,9 +212,35 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     if (first.ok() && !st.ok()) first = st;
   }
   RETURN_IF_ERROR(first);
+  if (options_.backend) AdoptResident();
   stats_.resident_bytes = resident;
   open_bytes_ = sched_->bytes_read();
   return Status::Ok();
+}
+
+void ResidencyManager::AdoptResident() {
+  for (size_t o = 0; o < st_.size(); ++o) {
+    OpState& s = st_[o];
+    if (s.where != Where::kResident || s.resident_top < 0) continue;
+    const StoreOp& op = index_->ops()[o];
+    s.resident_layout.assign(op.units.size(), WeightLayout::kRows);
+    for (size_t i = 0; i < op.units.size(); ++i) {
+      const auto [id, slice] = op.units[i];
+      uint64_t offset_el = 0;
+      auto u = index_->FindUnit(id, slice, &offset_el);
+      const TensorInfo& t = index_->tensors()[id].info;
+      if (!u.ok() || offset_el != 0 || (t.ne.size() != 2 && t.ne.size() != 3)) continue;
+      const StoreRange& r = (*u)->tier[0];
+      uint8_t* bytes = s.resident.data() + op.SlabOffset(0) + r.slab_pos;
+      // A stack of experts kept whole: each expert's matrix on its own, so that a slice of the
+      // stack is a whole matrix in the layout (as ResidentWeightSource does).
+      const uint64_t n = t.ne.size() == 3 && slice < 0 ? t.ne[2] : 1;
+      for (uint64_t e = 0; e < n; ++e)
+        s.resident_layout[i] = options_.backend->AdoptResidentWeight(
+            r.type, static_cast<int64_t>(t.ne[1]), static_cast<int64_t>(t.ne[0]),
+            bytes + e * (r.bytes / n));
+    }
+  }
 }
 
 // Without a plan: the largest ops first (each one kept resident also shrinks the slabs), as
@@ -767,7 +793,18 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
   for (int k = 0; k <= use; ++k)
     ptr[k] =
         (k <= s.resident_top ? s.resident.data() : read) + op.SlabOffset(k) + u->tier[k].slab_pos;
-  return WeightHandle(this, index_->MakeView(id, slice, *u, offset_el, use, ptr), 0);
+  WeightView v = index_->MakeView(id, slice, *u, offset_el, use, ptr);
+  if (s.resident_top >= 0 && !s.resident_layout.empty()) {
+    // Tier 0 from the resident buffer, in the layout AdoptResident gave its unit.
+    for (size_t i = 0; i < op.units.size(); ++i)
+      if (op.units[i].first == id && (op.units[i].second == slice || op.units[i].second < 0))
+        v.layout = s.resident_layout[i];
+    if (v.layout != WeightLayout::kRows && offset_el != 0 &&
+        index_->tensors()[id].info.ne.size() != 3)
+      return InvalidArgument("tensor '" + index_->tensors()[id].info.name +
+                             "': rows of an interleaved matrix cannot be sliced");
+  }
+  return WeightHandle(this, v, 0);
 }
 
 void ResidencyManager::BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) {

@@ -29,6 +29,7 @@
 #include "core/aligned_buffer.h"
 #include "core/env.h"
 #include "core/memory_ledger.h"
+#include "backend/backend.h"
 #include "model/hparams.h"
 #include "model/weight_source.h"
 #include "runtime/expert_cache.h"
@@ -80,6 +81,11 @@ struct ResidencyOptions {
   // Plans only: chooses the resident set, slabs and expert slots (stats()) and stops before
   // allocating or reading anything, for `substrate fit`. Such a manager serves no weights.
   bool dry_run = false;
+  // The host backend that computes with the weights: once read, each resident op's tier-0
+  // matrices go to its AdoptResidentWeight (the CPU backend interleaves them in place for its
+  // decode and prefill kernels), as a resident model's do. Null: plain rows. Not a backend with
+  // memory of its own: it would copy them there, outside this budget.
+  Backend* backend = nullptr;
 };
 
 struct ResidencyStats {
@@ -191,6 +197,8 @@ class ResidencyManager : public WeightSource {
     int seq = -1;  // position in seq_ (dense ops), -1 for experts and unsequenced ops
     int layer = -1;
     AlignedBuffer resident;
+    // Per unit of the op (as in StoreOp::units), the layout its tier 0 has in `resident`.
+    std::vector<WeightLayout> resident_layout;
     int slab = -1;          // slab holding it (streamed)
     int64_t abs = -1;       // absolute sequence position it was scheduled for
     int tier = 0;           // the top tier of its slab's read
@@ -226,6 +234,8 @@ class ResidencyManager : public WeightSource {
   ResidencyManager() = default;
   Status Setup(MemoryLedger* ledger, const ResidencyOptions& options);
   Status ChooseResidency(uint64_t budget, uint64_t fixed, int min_expert_slots);
+  // Hands the resident ops' tier-0 matrices, read, to options_.backend (resident_layout).
+  void AdoptResident();
   // ResidencyOptions::keep_residuals: raises resident ops' resident_top to the served tier.
   void KeepResiduals(uint64_t budget, uint64_t reserve, uint64_t expert_min);
   Status ApplyPlan(const std::string& path);

@@ -6,6 +6,7 @@
 
 #include "core/file_io.h"
 #include "format/model_file.h"
+#include "kernels/interleaved.h"
 #include "quant/quant.h"
 
 namespace substrate {
@@ -113,7 +114,14 @@ namespace {
 
 // Row r of a view's tier-0 bytes and, with `residuals`, the residual tiers added, as floats.
 void RowOf(const WeightView& v, int64_t r, bool residuals, float* out, std::vector<float>& tmp) {
-  DequantizeRow(v.type, v.data + *RowBytes(v.type, static_cast<uint64_t>(v.cols)) * r, out, v.cols);
+  const uint64_t row_bytes = *RowBytes(v.type, static_cast<uint64_t>(v.cols));
+  if (v.layout == WeightLayout::kRows) {
+    DequantizeRow(v.type, v.data + row_bytes * r, out, v.cols);
+  } else {  // a skeleton the backend interleaved (residuals are always plain rows)
+    std::vector<uint8_t> plain(row_bytes);
+    DeinterleaveRow(v.layout, v.data, v.cols, r, plain.data());
+    DequantizeRow(v.type, plain.data(), out, v.cols);
+  }
   if (!residuals) return;
   tmp.resize(static_cast<size_t>(v.cols));
   for (int k = 0; k < v.n_residuals; ++k) {
@@ -159,7 +167,7 @@ Expected<std::unique_ptr<ResidualSampleVerifier>> ResidualSampleVerifier::Create
     }
     ASSIGN_OR_RETURN(WeightHandle wh, src.Acquire(w, slice, top_tier));
     const WeightView& wv = wh.view();
-    if (wv.layout != WeightLayout::kRows || wv.cols != d || wv.n_residuals == 0) return Status::Ok();
+    if (wv.cols != d || wv.n_residuals == 0) return Status::Ok();
     auto s = std::make_unique<Sample>();
     if (norm != kNoTensor) {
       s->norm.resize(static_cast<size_t>(d));
