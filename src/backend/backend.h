@@ -47,7 +47,9 @@ class Backend {
   // A resident matrix's bytes (a 2-D tensor, or one expert's slice of a 3-D one), once, before
   // any op reads them: the backend may rearrange them in place into the layout its kernels read
   // fastest (the same bytes: no second copy) and returns the layout the views of this tensor
-  // must carry. Default: kept as they are.
+  // must carry. Default: kept as they are. The bytes must lie on whole pages that hold nothing
+  // else (AlignedBuffer's): a GPU under a budget pins those pages to read them in place, and
+  // memory sharing a page with them would be pinned too.
   virtual WeightLayout AdoptResidentWeight(DType type, int64_t rows, int64_t cols,
                                            uint8_t* bytes) {
     return WeightLayout::kRows;

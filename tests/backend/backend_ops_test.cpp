@@ -147,10 +147,27 @@ std::vector<float> Random(int64_t n, std::mt19937& rng, float scale = 1.0f) {
 
 // W [rows, cols] quantized to `type`, with residual tiers Q8_0 and F16 of the error: the view
 // serves tier `tier` (0 = skeleton only). Owns the bytes.
+// Bytes on whole pages of their own, as resident weights handed to AdoptResidentWeight must be
+// (a GPU under a budget pins their pages to read them in place).
+template <typename T>
+struct PageAllocator {
+  using value_type = T;
+  PageAllocator() = default;
+  template <typename U>
+  PageAllocator(const PageAllocator<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(std::aligned_alloc(4096, (n * sizeof(T) + 4095) / 4096 * 4096));
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  bool operator==(const PageAllocator&) const { return true; }
+};
+using PageBytes = std::vector<uint8_t, PageAllocator<uint8_t>>;
+
 struct Weight {
   DType type;
   int64_t rows, cols;
-  std::vector<uint8_t> skeleton, res1, res2;
+  PageBytes skeleton;
+  std::vector<uint8_t> res1, res2;
   WeightView View(int tier) const {
     WeightView v;
     v.type = type;
@@ -175,8 +192,8 @@ std::vector<uint8_t> Quantize(DType type, const std::vector<float>& w, int64_t r
   return out;
 }
 
-std::vector<float> Dequantize(DType type, const std::vector<uint8_t>& q, int64_t rows,
-                              int64_t cols) {
+template <typename Bytes>
+std::vector<float> Dequantize(DType type, const Bytes& q, int64_t rows, int64_t cols) {
   const size_t row_bytes = *RowBytes(type, static_cast<uint64_t>(cols));
   std::vector<float> out(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r)
@@ -187,7 +204,8 @@ std::vector<float> Dequantize(DType type, const std::vector<uint8_t>& q, int64_t
 Weight MakeWeight(DType type, int64_t rows, int64_t cols, std::mt19937& rng) {
   Weight w{type, rows, cols, {}, {}, {}};
   std::vector<float> v = Random(rows * cols, rng, 0.05f);
-  w.skeleton = Quantize(type, v, rows, cols);
+  const std::vector<uint8_t> q = Quantize(type, v, rows, cols);
+  w.skeleton.assign(q.begin(), q.end());
   // Residual tiers (Q8_0, F16) only for rows of whole Q8_0 blocks: vectors of 33 elements have
   // none (dereferencing RowBytes' empty answer for them was undefined, and failed in some builds).
   if (!RowBytes(DType::kQ8_0, static_cast<uint64_t>(cols))) return w;
