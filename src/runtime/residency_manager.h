@@ -26,10 +26,10 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/aligned_buffer.h"
 #include "core/env.h"
 #include "core/memory_ledger.h"
-#include "backend/backend.h"
 #include "model/hparams.h"
 #include "model/weight_source.h"
 #include "runtime/expert_cache.h"
