@@ -127,6 +127,10 @@ try:
           % (j["pp"]["tokens_per_s"], j["tg"]["tokens_per_s"], [round(x, 2) for x in j["tg"]["runs"]],
              u.get("bytes_per_token", 0) / 1e6, u.get("host_to_device_bytes_per_s", 0) / 1e9,
              u.get("limit_tokens_per_s", 0), u.get("ratio", 0), j["device_ledger"]["peak_bytes"] / 1e9))
+    h = u.get("hybrid")
+    if h:
+        print("hybrid: CPU %.1f MB/token (share %.2f), host memory %.1f GB/s"
+              % (h["cpu_bytes_per_token"] / 1e6, h["cpu_share"], h["host_read_bytes_per_s"] / 1e9))
     print("device accounts (peak MB):", ", ".join("%s %.0f" % (k, v["peak"] / 1e6)
           for k, v in j["device_ledger"].get("accounts", {}).items()))
 except Exception as e:

@@ -73,6 +73,10 @@ class Backend {
   // (views it does not hold: a device memory budget, streamed residuals), copied to it or read
   // in place; 0 for a backend that computes in host memory. Waits for the ops issued so far.
   virtual uint64_t host_link_bytes() { return 0; }
+  // Weight bytes of views the device does not hold that the backend computed on the host's CPU,
+  // where they lie, instead of reading them over the link (a GPU's hybrid); not in
+  // host_link_bytes. 0 for a backend that computes in host memory.
+  virtual uint64_t host_compute_bytes() { return 0; }
 
   // ---- weights ----
   // out[t] = row ids[t] of `table` (an embedding lookup), for t < n.

@@ -29,6 +29,8 @@ Expected<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choice, Th
     o.max_vram = choice.max_vram;
     o.reserve = choice.vram_reserve;
     o.staging = choice.vram_staging;
+    o.host_pool = pool;
+    o.host_ledger = ledger;
     return NewCudaBackend(o);
 #else
     return InvalidArgument(

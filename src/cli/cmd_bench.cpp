@@ -328,6 +328,7 @@ int RunBench(const std::vector<std::string>& args) {
   Series pp, tg;
   uint64_t tg_disk_bytes = 0;  // --store: bytes read from the store during timed decode
   uint64_t tg_link_bytes = 0;  // weights a GPU read from host memory in timed decode (--max-vram)
+  uint64_t tg_host_bytes = 0;  // of the weights off the GPU, those its host CPU computed (hybrid)
   GenerateStats verified;      // --verify: summed over the repetitions
   nlohmann::json prefill_profile;
   // Untimed tokens warm caches, page tables and the pool. A GPU backend also loads its
@@ -367,6 +368,7 @@ int RunBench(const std::vector<std::string>& args) {
       auto tokens = RandomTokens(*n, n_vocab, static_cast<uint32_t>(1000 + rep));
       const uint64_t read0 = rm ? rm->stats().stream_bytes_read : 0;
       const uint64_t link0 = e.backend().host_link_bytes();
+      const uint64_t host0 = e.backend().host_compute_bytes();
       const uint64_t drafted_disk0 = spec[1].disk_bytes;
       cache->Clear();
       if (profile && rep == *r - 1) {
@@ -433,6 +435,7 @@ int RunBench(const std::vector<std::string>& args) {
       if (rm) tg_disk_bytes += drafting ? spec[1].disk_bytes - drafted_disk0
                                         : rm->stats().stream_bytes_read - read0;
       tg_link_bytes += e.backend().host_link_bytes() - link0;
+      tg_host_bytes += e.backend().host_compute_bytes() - host0;
       SetKernelProfiling(false);
     }
   }
@@ -571,12 +574,24 @@ int RunBench(const std::vector<std::string>& args) {
     j["tg_limit_tokens_per_s"] = limit / step_bytes_per_token;
     j["bw_ratio"] = achieved / limit;
   }
-  if (tg_link_bytes > 0) {
-    // Out of VRAM: the limit is the link the weights the GPU does not hold cross every token.
-    const double per_token =
-        static_cast<double>(tg_link_bytes) / static_cast<double>(*r * *n * *seqs);
+  if (tg_link_bytes > 0 || tg_host_bytes > 0) {
+    // Out of VRAM: the weights the GPU does not hold cross the link every token, or (the
+    // hybrid) the host's CPU computes its share of them where they lie, both at once. The limit
+    // is the slower of the link over its bytes and the host's memory over both sides' bytes
+    // (the link's copies read host memory too).
+    const double tokens = static_cast<double>(*r * *n * *seqs);
+    const double per_token = static_cast<double>(tg_link_bytes) / tokens;
+    const double host_per_token = static_cast<double>(tg_host_bytes) / tokens;
     const double h2d = e.backend().MeasureUploadBandwidth(256u << 20).value_or(0);
-    const double link_limit = h2d > 0 ? h2d / per_token : 0;
+    double host_bw = 0;
+    if (tg_host_bytes > 0) {
+      auto m = MeasureReadBandwidth(e.pool(), *bw_bytes, 3);
+      if (!m.ok()) return PrintError("bench", m.status());
+      host_bw = m->bytes_per_second;
+    }
+    double seconds = h2d > 0 ? per_token / h2d : 0;
+    if (host_bw > 0) seconds = std::max(seconds, (per_token + host_per_token) / host_bw);
+    const double link_limit = seconds > 0 ? 1 / seconds : 0;
     j["host_link"] = {{"bytes_per_token", per_token},
                       {"host_to_device_bytes_per_s", h2d},
                       {"limit_tokens_per_s", link_limit},
@@ -585,6 +600,15 @@ int RunBench(const std::vector<std::string>& args) {
                        "weight bytes the device read from host memory during timed decode "
                        "(copied to it, or read in place by its kernels); the link: a copy of up "
                        "to 256 MiB from pinned host memory, best of 5, after the runs"}};
+    if (tg_host_bytes > 0)
+      j["host_link"]["hybrid"] = {
+          {"cpu_bytes_per_token", host_per_token},
+          {"cpu_share", host_per_token / (host_per_token + per_token)},
+          {"host_read_bytes_per_s", host_bw},
+          {"method",
+           "weight bytes the host's CPU computed in place of the device during timed decode; "
+           "the limit is max(link bytes / link bandwidth, (link + CPU bytes) / host read "
+           "bandwidth with the run's threads) a token"}};
   }
   if (profile && *n > 0)
     j["decode_profile"] = ProfileJson(KernelProfile(), 1.0 / tg.tps.back(), *n * *seqs);
@@ -617,6 +641,12 @@ int RunBench(const std::vector<std::string>& args) {
                 l["bytes_per_token"].get<double>() / 1e6,
                 l["host_to_device_bytes_per_s"].get<double>() / 1e9,
                 l["limit_tokens_per_s"].get<double>(), 100 * l["ratio"].get<double>());
+    if (l.contains("hybrid"))
+      std::printf("hybrid: the CPU computed %.1f MB per token (%.0f%% of the bytes off the "
+                  "device), host memory %.2f GB/s\n",
+                  l["hybrid"]["cpu_bytes_per_token"].get<double>() / 1e6,
+                  100 * l["hybrid"]["cpu_share"].get<double>(),
+                  l["hybrid"]["host_read_bytes_per_s"].get<double>() / 1e9);
   }
   if (j.contains("disk_read_bytes_per_s"))
     std::printf("disk: %.1f MB per token, %.3f GB/s over decode",

@@ -1109,9 +1109,11 @@ TEST(BackendOps, AWrongKernelFailsTheChecks) {
 #ifdef SUBSTRATE_HAVE_CUDA
 // A GPU under a memory budget (--max-vram): matrices past it stay in host memory (pinned) and
 // each op that reads them uploads them into a staging buffer smaller than a batch of them (the
-// batch is then split); an embedding table the device does not hold travels by rows. Results
-// are the reference's within the bounds of held weights, the budget's cap holds, and the
-// uploads are counted.
+// batch is then split), or its kernels read them in place over the link; with a host pool (the
+// hybrid) the host's CPU computes a share of each one-token product over those weights, the
+// device the rest. An embedding table the device does not hold travels by rows. Results are the
+// reference's within the bounds of held weights, the budget's cap holds, and the bytes each
+// side read are counted.
 TEST(BackendOps, WeightsPastADeviceBudget) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(31);
@@ -1135,10 +1137,26 @@ TEST(BackendOps, WeightsPastADeviceBudget) {
   o.staging = 1u << 20;
   o.reserve = o.staging + (8u << 20);
   o.max_vram = own + o.reserve + (48u << 20) + total / 2;
-  // Both ways to reach what the device does not hold: read in place over the link, and copied
-  // into the staging buffer per op.
-  for (const char* zero_copy : {"1", "0"}) {
-    setenv("SUBSTRATE_CUDA_ZEROCOPY", zero_copy, 1);
+  // Every way to reach what the device does not hold: read in place over the link, the same
+  // with the hybrid (its shares measured, then all rows on the CPU), and copied into the
+  // staging buffer per op.
+  ThreadPool pool(2);
+  struct Mode {
+    const char* name;
+    const char* zero_copy;
+    const char* hybrid;  // SUBSTRATE_CUDA_HYBRID, or null: no host pool
+  };
+  for (const Mode& mode : {Mode{"zero-copy", "1", nullptr}, Mode{"hybrid", "1", ""},
+                           Mode{"hybrid, all rows on the CPU", "1", "1"},
+                           Mode{"staging", "0", nullptr}}) {
+    setenv("SUBSTRATE_CUDA_ZEROCOPY", mode.zero_copy, 1);
+    if (mode.hybrid && *mode.hybrid) {
+      setenv("SUBSTRATE_CUDA_HYBRID", mode.hybrid, 1);
+    } else {
+      unsetenv("SUBSTRATE_CUDA_HYBRID");
+    }
+    o.host_pool = mode.hybrid ? &pool : nullptr;
+    o.host_ledger = &Ledger();
     auto made = NewCudaBackend(o);
     ASSERT_TRUE(made.ok()) << made.status().ToString();
     Backend& be = **made;
@@ -1162,20 +1180,28 @@ TEST(BackendOps, WeightsPastADeviceBudget) {
           ob.push_back({&v, xb, tb.Zeros(n, kRows)});
           orf.push_back({&v, xr, tr.Zeros(n, kRows)});
         }
-        const uint64_t link0 = be.host_link_bytes();
+        const uint64_t link0 = be.host_link_bytes(), host0 = be.host_compute_bytes();
         be.MatMulBatch(ob.data(), static_cast<int>(ob.size()));
         ref.MatMulBatch(orf.data(), static_cast<int>(orf.size()));
         // Copied or read in place, the weights the device does not hold crossed the link, and
-        // only they (tier 0: skeletons, some held; tier 1 adds residuals, never held).
+        // only they (tier 0: skeletons, some held; tier 1 adds residuals, never held); the
+        // hybrid's CPU computed a share of them for one token, all of them when told to.
         const uint64_t link = be.host_link_bytes() - link0;
-        EXPECT_GT(link, 0u) << "zero-copy " << zero_copy;
+        const uint64_t host = be.host_compute_bytes() - host0;
+        // (tier 1's residuals are the test's own memory, neither held nor pinned: products
+        // over them are copied per op, and so never split)
+        const bool split = mode.hybrid && n == 1 && tier == 0;
+        EXPECT_EQ(host > 0, split) << mode.name << " n=" << n;
         if (tier == 0) {
-          EXPECT_LT(link, total) << "zero-copy " << zero_copy;
+          EXPECT_EQ(link > 0, !(split && *mode.hybrid)) << mode.name << " n=" << n;
+          EXPECT_LT(link + host, total) << mode.name;
+        } else {
+          EXPECT_GT(link, 0u) << mode.name << ": residuals of held skeletons cross the link";
         }
         for (size_t i = 0; i < ws.size(); ++i) {
           const double e = ProductError(tb.Read(ob[i].y), tr.Read(orf[i].y), RowNorms2(ws[i], tier),
                                         x, n, kCols);
-          EXPECT_LE(e, 4e-6) << "zero-copy " << zero_copy << " MatMulBatch "
+          EXPECT_LE(e, 4e-6) << mode.name << " MatMulBatch "
                              << DTypeName(ws[i].type) << " tier " << tier << " n=" << n;
         }
       }
@@ -1186,12 +1212,13 @@ TEST(BackendOps, WeightsPastADeviceBudget) {
         be.EmbedRows(w.View(tier), ids, 4, eb);
         ref.EmbedRows(w.View(tier), ids, 4, er);
         EXPECT_EQ(tb.Read(eb), tr.Read(er))
-            << "zero-copy " << zero_copy << " EmbedRows " << DTypeName(w.type) << " tier " << tier;
+            << mode.name << " EmbedRows " << DTypeName(w.type) << " tier " << tier;
       }
     }
     EXPECT_LE(be.device_ledger()->current(), o.max_vram);
   }
   unsetenv("SUBSTRATE_CUDA_ZEROCOPY");
+  unsetenv("SUBSTRATE_CUDA_HYBRID");
 }
 #endif
 

@@ -167,13 +167,17 @@ void CudaBackend::RecordGemm(const MatMulOp& op, const DevPart* parts, int n_par
 }
 
 void CudaBackend::MatMulBatch(const MatMulOp* ops, int n_ops) {
+  if (!HybridBatch(ops, n_ops)) DeviceMatMulBatch(ops, n_ops);
+}
+
+void CudaBackend::DeviceMatMulBatch(const MatMulOp* ops, int n_ops) {
   uint64_t stage = 0;
   for (int i = 0; i < n_ops; ++i) stage += StagingBytes(*ops[i].w);
   if (opt_.max_vram && stage > staging_size_ && n_ops > 1) {
     // Under a budget the staging buffer does not grow for a batch (a prompt's experts): its
     // halves, one after the other, give the same results (each product is MatMul's).
-    MatMulBatch(ops, n_ops / 2);
-    MatMulBatch(ops + n_ops / 2, n_ops - n_ops / 2);
+    DeviceMatMulBatch(ops, n_ops / 2);
+    DeviceMatMulBatch(ops + n_ops / 2, n_ops - n_ops / 2);
     return;
   }
   size_t work = 0;
@@ -649,6 +653,7 @@ const CudaBackend::ExpertTable* CudaBackend::Experts(const WeightView& v, int n_
   t.part = first;
   t.rows = rows;
   t.charge = std::move(charge).value();
+  for (size_t e = 0; e < ptrs.size(); ++e) t.some_in_place |= ptrs[e] == host[e];
   t.host = std::move(host);
   t.dev_ptrs = std::move(ptrs);
   return &t;
@@ -714,6 +719,12 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
   const ExpertTable* u = Experts(*op.up, E);
   const ExpertTable* dn = Experts(*op.down, E);
   if (!g || !u || !dn) return false;
+  // The hybrid computes a share of the experts read in place on the host's CPU: that needs the
+  // choice on the host, so those layers route there (SUBSTRATE_CUDA_HYBRID_MOE=0: on the device,
+  // every expert over the link).
+  if (host_ && hybrid_moe_ && n == 1)
+    for (const ExpertTable* t : {g, u, dn})
+      if (t->some_in_place) return false;
   const int64_t ff = g->rows, slots = n * K;
   // Slots of whole 32-row groups (the SwiGLU's quantization blocks) and of whole warps' rows.
   if (u->rows != ff || dn->rows != d || op.gate->cols != d || op.up->cols != d ||

@@ -19,7 +19,9 @@
 #include <memory>
 
 #include "backend/backend.h"
+#include "core/memory_ledger.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 
 namespace substrate {
 
@@ -33,6 +35,13 @@ struct CudaBackendOptions {
   uint64_t max_vram = 0;
   uint64_t reserve = 0;
   uint64_t staging = 0;
+  // The hybrid under a budget: a one-token product over weights read in place from host memory
+  // is split by rows, the host's CPU computing its share where the bytes lie (on `host_pool`)
+  // while the device reads the rest over the link, the shares following the two rates measured
+  // on the products before. Null pool: the device reads every row. SUBSTRATE_CUDA_HYBRID=0
+  // turns it off, =F fixes the CPU's share at F (0 < F <= 1) for measurements.
+  ThreadPool* host_pool = nullptr;
+  MemoryLedger* host_ledger = nullptr;
 };
 
 // Fails (Unavailable-style InvalidArgument) when there is no such device or no driver.

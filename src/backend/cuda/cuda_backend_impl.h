@@ -8,11 +8,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cublas_loader.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -90,6 +92,7 @@ class CudaBackend final : public Backend {
   std::optional<double> MeasureUploadBandwidth(uint64_t bytes) override;
   const MemoryLedger* device_ledger() const override { return ledger_; }
   uint64_t host_link_bytes() override;
+  uint64_t host_compute_bytes() override { return host_compute_bytes_; }
 
   void EmbedRows(const WeightView& table, const int32_t* ids, int64_t n,
                  const Tensor& out) override;
@@ -190,6 +193,8 @@ class CudaBackend final : public Backend {
   bool FinishStaged();  // after an op that staged: issue it now (the staging buffer is reused)
   const float* VectorOf(const WeightView& w, int64_t n);  // work ensured for n floats
 
+  // Every product on the device (MatMulBatch, once the hybrid has taken its share).
+  void DeviceMatMulBatch(const MatMulOp* ops, int n_ops);
   void RecordGemm(const MatMulOp& op, const DevPart* parts, int n_parts);
   // Whether a product goes to cuBLAS (when it loads): enough tokens to pay for dequantizing.
   static bool UseGemm(const MatMulOp& op) { return op.x.rows >= kGemmMinTokens; }
@@ -206,6 +211,7 @@ class CudaBackend final : public Backend {
     LedgerCharge charge;
     // Each expert's host and device addresses (equal where it is read in place).
     std::vector<const uint8_t*> host, dev_ptrs;
+    bool some_in_place = false;  // some expert is read from host memory over the link
   };
   // v's table (built once per tensor), or null when its experts are not all adopted alike.
   const ExpertTable* Experts(const WeightView& v, int n_expert);
@@ -215,6 +221,38 @@ class CudaBackend final : public Backend {
                                             int n_expert);
   // Records one launch of n_jobs (1 or 2) products of routed experts, one token.
   void AddExpertGemv(const DevPart& part, bool fast, int64_t cols, const GemvJob* jobs, int n_jobs);
+
+  // ---- the hybrid (cuda_hybrid.cpp) ----
+  void InitHybrid();  // after zero_copy_ is known
+  void CloseHybrid();
+  // Whether the device reads every row of v in place from host memory (the hybrid's case).
+  bool ReadInPlace(const WeightView& v) const;
+  // Splits the batch's one-token products over weights read in place between the host's CPU
+  // and the device and runs the batch; false, having done nothing, when no product qualifies.
+  bool HybridBatch(const MatMulOp* ops, int n_ops);
+  // The CPU's share of a split product's rows now (from the measured rates, or fixed).
+  double HybridCpuShare() const;
+  // Ranges of device floats and where they lie in hyb_host_.
+  struct Span {
+    const float* dev;
+    size_t floats, host_off;
+  };
+  // Sorts spans by address, merges those that overlap or meet within one allocation, and lays
+  // them out in host memory from host_off; returns the end.
+  size_t LayOut(std::vector<Span>& spans, size_t host_off) const;
+  // Whether two device addresses lie in one Allocate'd buffer.
+  bool SameAllocation(const void* a, const void* b) const;
+  std::unique_ptr<CpuBackend> host_;  // null: no hybrid
+  double hybrid_fixed_ = -1;          // SUBSTRATE_CUDA_HYBRID=F
+  bool hybrid_moe_ = true;            // RoutedExperts declines experts read in place
+  double cpu_rate_ = 0, dev_rate_ = 0;  // bytes/s of each side's share, smoothed
+  cudaEvent_t hyb_x_ = nullptr;                 // the CPU's inputs are in host memory
+  cudaEvent_t hyb_a_[2] = {}, hyb_b_[2] = {};  // around the device's share, two batches' pairs
+  uint64_t hyb_dev_bytes_[2] = {};             // the bytes each pair timed, 0 once read
+  int hyb_pair_ = 0;
+  float* hyb_host_ = nullptr;   // pinned: the split products' inputs and the CPU's outputs
+  size_t hyb_host_floats_ = 0;
+  uint64_t host_compute_bytes_ = 0;
 
   CudaBackendOptions opt_;
   MemoryLedger* ledger_;
@@ -241,6 +279,7 @@ class CudaBackend final : public Backend {
   size_t work_size_ = 0, work_off_ = 0;
   LedgerCharge work_charge_;
   std::vector<ActEntry> acts_;
+  std::map<uintptr_t, uintptr_t> allocations_;  // Allocate'd device buffers: start -> end
 
   struct Region {
     uint64_t size = 0;

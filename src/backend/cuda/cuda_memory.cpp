@@ -115,6 +115,7 @@ Status CudaBackend::Init() {
     EnsureStaging(std::max<uint64_t>(opt_.staging, 1));
     adopt_limit_ = opt_.max_vram - (opt_.reserve - std::min(opt_.reserve, staging_size_)) -
                    gemm_tmp_bytes_ - kCublasWorkspace;
+    InitHybrid();
   }
   return Status::Ok();
 }
@@ -132,6 +133,7 @@ CudaBackend::~CudaBackend() {
                  (host_last_s_ - host_first_s_) * 1e3,
                  100.0 * host_wait_s_ / std::max(1e-9, host_last_s_ - host_first_s_));
   DropGraphs();
+  CloseHybrid();
   if (free_ctx_) free_ctx_->backend = nullptr;
   // (the host memory may be gone already: an error here is harmless)
   for (auto& [begin, end] : pinned_) cudaHostUnregister(reinterpret_cast<void*>(begin));
@@ -169,6 +171,7 @@ Expected<Buffer> CudaBackend::Allocate(size_t bytes, const std::string& account)
   }
   // Zeroed, in stream order: no op recorded before this can use the new memory.
   CK(cudaMemsetAsync(p, 0, std::max<size_t>(bytes, 256), stream_));
+  allocations_[reinterpret_cast<uintptr_t>(p)] = reinterpret_cast<uintptr_t>(p) + bytes;
   return Buffer(p, bytes, std::move(charge), &FreeDeviceBuffer, free_ctx_);
 }
 
@@ -178,6 +181,7 @@ void CudaBackend::FreeDevice(void* data) {
   // Graphs and cached conversions name addresses that a later allocation may reuse.
   DropGraphs();
   acts_.clear();
+  allocations_.erase(reinterpret_cast<uintptr_t>(data));
   CK(cudaFree(data));
 }
 
@@ -269,6 +273,14 @@ bool CudaBackend::FindAdoptedPart(const uint8_t* host, uint64_t bytes, int type,
   out->row_bytes = row_bytes;
   out->w = r.dev + off;
   return true;
+}
+
+bool CudaBackend::SameAllocation(const void* a, const void* b) const {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  auto it = allocations_.upper_bound(x);
+  if (it == allocations_.begin()) return false;
+  --it;
+  return x < it->second && y >= it->first && y < it->second;
 }
 
 uint64_t CudaBackend::host_link_bytes() {

@@ -1,0 +1,240 @@
+// CudaBackend's hybrid under a --max-vram budget (cuda_backend.h, CudaBackendOptions::host_pool):
+// the weights the device does not hold lie in pinned host memory, where the device's kernels read
+// them over the link. The host's CPU can read them too, from the same memory and at its own
+// bandwidth, while the link is busy. A one-token product over such weights is therefore split by
+// rows: the CPU computes the first share of the rows, the device reads and computes the rest at
+// the same time, and the two shares follow the rates each side achieved on the products before,
+// so both finish together. Prompts (several tokens) stay on the device: there each weight byte
+// that crosses the link serves every token of the batch.
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend_impl.h"
+
+namespace substrate::cuda {
+
+namespace {
+
+// Rows of a split are whole multiples of this: every type's row bytes times it keeps the
+// device's share 16-byte aligned, and slices this thin are not worth a split.
+constexpr int64_t kSplitRows = 64;
+
+// Rows [r0, r0 + n) of a row-major view (every part row-major: what the device reads in place).
+WeightView RowSlice(const WeightView& v, int64_t r0, int64_t n) {
+  WeightView s = v;
+  const auto rb = [&](DType t) { return *RowBytes(t, static_cast<uint64_t>(v.cols)); };
+  s.data = v.data + rb(v.type) * static_cast<uint64_t>(r0);
+  s.bytes = rb(v.type) * static_cast<uint64_t>(n);
+  s.rows = n;
+  for (int k = 0; k < v.n_residuals; ++k)
+    s.residual[k] = v.residual[k] + rb(v.residual_type[k]) * static_cast<uint64_t>(r0);
+  return s;
+}
+
+uint64_t ViewBytes(const WeightView& v) {
+  uint64_t total = *RowBytes(v.type, static_cast<uint64_t>(v.cols));
+  for (int k = 0; k < v.n_residuals; ++k)
+    total += *RowBytes(v.residual_type[k], static_cast<uint64_t>(v.cols));
+  return total * static_cast<uint64_t>(v.rows);
+}
+
+}  // namespace
+
+void CudaBackend::InitHybrid() {
+  if (!zero_copy_ || !opt_.host_pool) return;
+  if (const char* h = std::getenv("SUBSTRATE_CUDA_HYBRID")) {
+    const double f = std::atof(h);
+    if (f <= 0) return;
+    hybrid_fixed_ = std::min(f, 1.0);
+  }
+  if (const char* m = std::getenv("SUBSTRATE_CUDA_HYBRID_MOE"); m && std::string(m) == "0")
+    hybrid_moe_ = false;
+  CpuBackendOptions o;
+  o.decode_layout = false;  // it computes on views in the file's layout, never adopts
+  host_ = std::make_unique<CpuBackend>(opt_.host_pool, opt_.host_ledger, o);
+  CK(cudaEventCreateWithFlags(&hyb_x_, cudaEventDisableTiming));
+  for (int k = 0; k < 2; ++k) {
+    CK(cudaEventCreate(&hyb_a_[k]));
+    CK(cudaEventCreate(&hyb_b_[k]));
+  }
+}
+
+void CudaBackend::CloseHybrid() {
+  for (cudaEvent_t e : {hyb_x_, hyb_a_[0], hyb_b_[0], hyb_a_[1], hyb_b_[1]})
+    if (e) cudaEventDestroy(e);
+  if (hyb_host_) cudaFreeHost(hyb_host_);
+  host_.reset();
+}
+
+bool CudaBackend::ReadInPlace(const WeightView& v) const {
+  if (v.layout != WeightLayout::kRows) return false;
+  auto in_place = [&](DType type, const uint8_t* host) {
+    const auto rb = RowBytes(type, static_cast<uint64_t>(v.cols));
+    if (!rb) return false;
+    const uint64_t bytes = *rb * static_cast<uint64_t>(v.rows);
+    DevPart part;  // (a part read in place is "found" at its host address)
+    return FindAdoptedPart(host, bytes, static_cast<int>(type), static_cast<int64_t>(*rb),
+                           &part) &&
+           part.w == host;
+  };
+  if (!in_place(v.type, v.data)) return false;
+  for (int k = 0; k < v.n_residuals; ++k)
+    if (!in_place(v.residual_type[k], v.residual[k])) return false;
+  return true;
+}
+
+double CudaBackend::HybridCpuShare() const {
+  if (hybrid_fixed_ > 0) return hybrid_fixed_;
+  if (cpu_rate_ <= 0 || dev_rate_ <= 0) return 0.5;  // until both sides have been measured
+  return cpu_rate_ / (cpu_rate_ + dev_rate_);
+}
+
+size_t CudaBackend::LayOut(std::vector<Span>& spans, size_t host_off) const {
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.dev < b.dev; });
+  size_t n = 0;
+  for (const Span& sp : spans) {
+    Span& last = spans[n > 0 ? n - 1 : 0];
+    // One copy may not cross from one allocation into the next, however close they lie.
+    if (n > 0 && sp.dev <= last.dev + last.floats && SameAllocation(last.dev, sp.dev)) {
+      last.floats = std::max(last.floats, static_cast<size_t>(sp.dev - last.dev) + sp.floats);
+    } else {
+      spans[n++] = sp;
+    }
+  }
+  spans.resize(n);
+  for (Span& sp : spans) {
+    sp.host_off = host_off;
+    host_off += sp.floats;
+  }
+  return host_off;
+}
+
+bool CudaBackend::HybridBatch(const MatMulOp* ops, int n_ops) {
+  if (!host_) return false;
+  // The CPU takes a prefix of the batch's one-token products over weights read in place: whole
+  // products while they fit its share of their bytes, then the first rows of the product where
+  // the share ends. Whole products keep the copies few: a batch of experts' inputs and outputs
+  // lie side by side, so the CPU's part of them travels in one copy each way.
+  thread_local std::vector<int64_t> cpu_rows;  // of each product (0: all on the device)
+  cpu_rows.assign(static_cast<size_t>(n_ops), 0);
+  uint64_t eligible = 0;
+  for (int i = 0; i < n_ops; ++i)
+    if (ops[i].x.rows == 1 && ReadInPlace(*ops[i].w)) eligible += ViewBytes(*ops[i].w);
+  double left = HybridCpuShare() * static_cast<double>(eligible);
+  for (int i = 0; i < n_ops && left > 0; ++i) {
+    const MatMulOp& op = ops[i];
+    if (op.x.rows != 1 || !ReadInPlace(*op.w)) continue;
+    const int64_t rows = op.w->rows;
+    const double row_bytes = static_cast<double>(ViewBytes(*op.w)) / static_cast<double>(rows);
+    int64_t r = rows;
+    if (left < row_bytes * static_cast<double>(rows))
+      r = std::min(rows, static_cast<int64_t>(left / row_bytes / kSplitRows + 0.5) * kSplitRows);
+    cpu_rows[static_cast<size_t>(i)] = r;
+    left -= row_bytes * static_cast<double>(r);
+    if (r < rows) break;
+  }
+  if (std::all_of(cpu_rows.begin(), cpu_rows.end(), [](int64_t r) { return r == 0; }))
+    return false;
+
+  const auto smooth = [](double& rate, double sample) {
+    rate = rate > 0 ? 0.8 * rate + 0.2 * sample : sample;
+  };
+
+  // Host memory: the CPU products' inputs (each once), then their outputs, each side as spans
+  // of device memory laid out in address order, so that neighbours travel in one copy.
+  thread_local std::vector<Span> xs, ys;
+  xs.clear();
+  ys.clear();
+  for (int i = 0; i < n_ops; ++i) {
+    const int64_t r = cpu_rows[static_cast<size_t>(i)];
+    if (r == 0) continue;
+    xs.push_back({ops[i].x.data, static_cast<size_t>(ops[i].x.cols), 0});
+    ys.push_back({ops[i].y.data, static_cast<size_t>(r), 0});
+  }
+  const size_t floats = LayOut(ys, LayOut(xs, 0));
+  if (floats > hyb_host_floats_) {
+    Sync();  // the copies from the old buffer
+    if (hyb_host_) CK(cudaFreeHost(hyb_host_));
+    hyb_host_floats_ = std::max(floats, hyb_host_floats_ * 2);
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&hyb_host_), hyb_host_floats_ * 4,
+                     cudaHostAllocDefault));
+  }
+  const auto host = [&](const std::vector<Span>& spans, const float* dev) {
+    auto it = std::upper_bound(spans.begin(), spans.end(), dev,
+                               [](const float* d, const Span& sp) { return d < sp.dev; });
+    --it;
+    return hyb_host_ + it->host_off + (dev - it->dev);
+  };
+
+  // The products the CPU has no part of, and the device's rows of the split one, go first, so
+  // the device works while the CPU does.
+  thread_local std::vector<MatMulOp> dev_ops, cpu_ops;
+  thread_local std::vector<WeightView> views;
+  dev_ops.clear();
+  cpu_ops.clear();
+  views.clear();
+  views.reserve(static_cast<size_t>(n_ops) + 1);  // never moves: ops point into it
+  uint64_t dev_bytes = 0;
+  for (int i = 0; i < n_ops; ++i) {
+    const MatMulOp& op = ops[i];
+    const int64_t r = cpu_rows[static_cast<size_t>(i)], rows = op.w->rows;
+    if (r == 0) {
+      dev_ops.push_back(op);
+      if (op.x.rows == 1 && ReadInPlace(*op.w)) dev_bytes += ViewBytes(*op.w);
+      continue;
+    }
+    if (r < rows) {
+      views.push_back(RowSlice(*op.w, r, rows - r));
+      dev_ops.push_back({&views.back(), op.x, {op.y.data + r, 1, rows - r}});
+      dev_bytes += ViewBytes(views.back());
+      views.push_back(RowSlice(*op.w, 0, r));
+    }
+    cpu_ops.push_back({r < rows ? &views.back() : op.w,
+                       {host(xs, op.x.data), 1, op.x.cols},
+                       {host(ys, op.y.data), 1, r}});
+  }
+  Flush();
+  SetDevice();
+  for (const Span& sp : xs)
+    CK(cudaMemcpyAsync(hyb_host_ + sp.host_off, sp.dev, sp.floats * 4, cudaMemcpyDeviceToHost,
+                       stream_));
+  CK(cudaEventRecord(hyb_x_, stream_));
+  // The device's share between a pair of events; pairs alternate, so the last batch's pair is
+  // read once this batch's inputs have arrived (it came before them on the stream).
+  const int pair = hyb_pair_;
+  hyb_pair_ ^= 1;
+  if (!dev_ops.empty()) {
+    CK(cudaEventRecord(hyb_a_[pair], stream_));
+    DeviceMatMulBatch(dev_ops.data(), static_cast<int>(dev_ops.size()));
+    Flush();
+    CK(cudaEventRecord(hyb_b_[pair], stream_));
+  }
+  hyb_dev_bytes_[pair] = dev_ops.empty() ? 0 : dev_bytes;
+
+  // The CPU's share, from the inputs the device sent.
+  CK(cudaEventSynchronize(hyb_x_));
+  if (const uint64_t last = hyb_dev_bytes_[pair ^ 1]; last > 0) {
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, hyb_a_[pair ^ 1], hyb_b_[pair ^ 1]));
+    if (ms > 0) smooth(dev_rate_, static_cast<double>(last) / (ms * 1e-3));
+    hyb_dev_bytes_[pair ^ 1] = 0;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  host_->MatMulBatch(cpu_ops.data(), static_cast<int>(cpu_ops.size()));
+  const double cpu_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  uint64_t cpu_bytes = 0;
+  for (const MatMulOp& op : cpu_ops) cpu_bytes += ViewBytes(*op.w);
+  host_compute_bytes_ += cpu_bytes;
+  if (cpu_s > 0) smooth(cpu_rate_, static_cast<double>(cpu_bytes) / cpu_s);
+  for (const Span& sp : ys)
+    CK(cudaMemcpyAsync(const_cast<float*>(sp.dev), hyb_host_ + sp.host_off, sp.floats * 4,
+                       cudaMemcpyHostToDevice, stream_));
+  for (int i = 0; i < n_ops; ++i)
+    if (cpu_rows[static_cast<size_t>(i)] > 0) Wrote(ops[i].y);
+  return true;
+}
+
+}  // namespace substrate::cuda
