@@ -23,7 +23,8 @@
 #   ab:PRESET:TYPE         on it: decode without programmatic dependent launch, without
 #                          graphs, and per-kernel times (decode, prefill)
 #   vramprof:PRESET:TYPE:SIZE  per-kernel decode times under --max-vram SIZE (graphs off)
-#   llama-build            build llama-bench for sm_90 from DIR/llama-min.tar.xz (a llama.cpp
+#   llama-build            build llama-bench for sm_90 and this CPU (its -ngl / --n-cpu-moe
+#                          layers run there) from DIR/llama-min.tar.xz (a llama.cpp
 #                          source tree) in the background
 #   llama-wait             wait for that build
 #   llama:PRESET:TYPE      `llama-bench -ngl 99 -p 512 -n 128 -r 3` on the file
@@ -178,7 +179,7 @@ for r in json.load(open(sys.argv[1])):
         2>&1 | tail -2 | tee -a "$OUT/summary.txt"
       ( cd "$LLAMA/llama-min" && CUDACXX=/usr/local/cuda/bin/nvcc cmake -S . -B build -G Ninja \
           -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-          -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DGGML_CUDA_NCCL=OFF \
+          -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DGGML_CUDA_NCCL=OFF \
           -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
           -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > "$LLAMA/build.log" 2>&1 &&
         nice -n 19 cmake --build build --target llama-bench -j "$(nproc)" >> "$LLAMA/build.log" 2>&1;
