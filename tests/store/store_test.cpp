@@ -40,6 +40,33 @@ TEST(Crc32c, KnownAnswers) {
   EXPECT_EQ(Crc32c("6789", 4, Crc32c("12345", 5)), 0xE3069283u);
 }
 
+// Lengths on both sides of every path (three chains of 8 KiB blocks, of 256-byte blocks, one
+// chain, single bytes), at odd offsets and continued from odd split points, against the
+// polynomial computed a bit at a time: a wrong join of the chains, or a wrong block length,
+// fails it.
+TEST(Crc32c, EqualsTheBitwiseDefinitionAtEveryLength) {
+  const auto bitwise = [](const uint8_t* p, size_t n, uint32_t crc) {
+    crc = ~crc;
+    for (size_t i = 0; i < n; ++i) {
+      crc ^= p[i];
+      for (int k = 0; k < 8; ++k) crc = (crc & 1) ? (crc >> 1) ^ 0x82F63B78u : crc >> 1;
+    }
+    return ~crc;
+  };
+  std::vector<uint8_t> data(3 * 8192 * 3 + 1000);
+  uint32_t x = 12345;
+  for (uint8_t& b : data) b = static_cast<uint8_t>((x = x * 1103515245u + 12345u) >> 24);
+  for (size_t n : {size_t{0}, size_t{7}, size_t{767}, size_t{768}, size_t{769}, size_t{3000},
+                   size_t{24575}, size_t{24576}, size_t{24577}, size_t{49152 + 768 + 13},
+                   data.size() - 3}) {
+    const uint8_t* p = data.data() + 3;
+    const uint32_t want = bitwise(p, n, 0);
+    EXPECT_EQ(Crc32c(p, n), want) << n;
+    const size_t cut = n / 3 + 1 < n ? n / 3 + 1 : 0;
+    EXPECT_EQ(Crc32c(p + cut, n - cut, Crc32c(p, cut)), want) << n << " split at " << cut;
+  }
+}
+
 // Greedy continuation through the store at `tier` (resident, or streaming).
 std::vector<int32_t> Greedy(const std::string& store, int tier, const std::vector<int32_t>& prompt,
                             size_t n, MemoryLedger* ledger, bool streaming = false) {
