@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kernels/cpu_features.h"
+#include "kernels/interleaved_pairs_avx512.h"
 #include "kernels/interleaved_q4_0.h"
 #include "kernels/token_tile.h"
 #include "quant/blocks.h"
@@ -18,12 +19,6 @@ namespace {
 
 constexpr int kPairBytes = kQ4Interleaved_PairBytes;
 constexpr int kQuant = kQ4Interleaved_QuantBytes;
-
-inline __m512i Word(const int8_t* p) {  // 4 activation quants, broadcast to 16 lanes
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
 
 // C pairs of blocks (blocks b .. b + 2C - 1) of one group against NT tokens, into acc. Per block:
 // the 4 64-byte words give 8 vectors of 16 rows x 4 nibbles (low nibbles: elements 4k..4k+3,
@@ -37,67 +32,51 @@ inline __m512i Word(const int8_t* p) {  // 4 activation quants, broadcast to 16 
 // (Zen 5, one thread: 35 GB/s with C = 4, as the Q4_K kernel, whose scales lead each 2304-byte
 // block; 19-26 GB/s reading pair by pair with the requests in one burst; even a plain loop of
 // loads over the same bytes reaches only 14-18).
-template <int NT, int C>
-inline void Pairs(const uint8_t* p, int64_t b, const BlockQ8_0* const* y, const float* const* yd,
+struct Q4_0Pairs {
+  template <int NT, int C>
+  static void Run(const uint8_t* p, int64_t b, const BlockQ8_0* const* y, const float* const* yd,
                   const int32_t* const* sums, const PrefetchDistances& ahead, __m512* acc) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  // Few tokens: the high nibbles stay in place (16 times their value) and each token's chain is
-  // shifted down once, instead of shifting every weight word; with more tokens sharing the
-  // words, shifting the words once is cheaper (as in the Q4_K kernel). The sums are the same.
-  constexpr bool kHighInPlace = NT <= 2;
-  const char* pc = reinterpret_cast<const char*>(p);
-  __m512 d[2 * C];
-  for (int i = 0; i < C; ++i) {
-    const char* scales = pc + i * kPairBytes + kQ4Interleaved_Scales;
-    _mm_prefetch(scales + ahead.l1, _MM_HINT_T0);
-    if (ahead.l2) _mm_prefetch(scales + ahead.l2, _MM_HINT_T1);
-    for (int h = 0; h < 2; ++h)
-      d[2 * i + h] = _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + h * kInterleavedScaleBytes)));
-  }
-  for (int i = 0; i < 2 * C; ++i) {  // block b + i: quants at pair i / 2, half i % 2
-    const char* q = pc + (i / 2) * kPairBytes + (i % 2) * kQuant;
-    __m512i lo[4], hi[4];
-    for (int k = 0; k < 4; ++k) {
-      _mm_prefetch(q + 64 * k + ahead.l1, _MM_HINT_T0);
-      if (ahead.l2) _mm_prefetch(q + 64 * k + ahead.l2, _MM_HINT_T1);
-      const __m512i w = _mm512_loadu_si512(q + 64 * k);
-      lo[k] = _mm512_and_si512(w, m4);
-      hi[k] = kHighInPlace ? _mm512_andnot_si512(m4, w)
-                           : _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    // Few tokens: the high nibbles stay in place (16 times their value) and each token's chain is
+    // shifted down once, instead of shifting every weight word; with more tokens sharing the
+    // words, shifting the words once is cheaper (as in the Q4_K kernel). The sums are the same.
+    constexpr bool kHighInPlace = NT <= 2;
+    const char* pc = reinterpret_cast<const char*>(p);
+    __m512 d[2 * C];
+    for (int i = 0; i < C; ++i) {
+      const char* scales = pc + i * kPairBytes + kQ4Interleaved_Scales;
+      _mm_prefetch(scales + ahead.l1, _MM_HINT_T0);
+      if (ahead.l2) _mm_prefetch(scales + ahead.l2, _MM_HINT_T1);
+      for (int h = 0; h < 2; ++h)
+        d[2 * i + h] = _mm512_cvtph_ps(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(scales + h * kInterleavedScaleBytes)));
     }
-    for (int t = 0; t < NT; ++t) {
-      const int8_t* a = y[t][b + i].qs;
-      // ActBlockSums holds -128 * sum(a), a multiple of 16: the shift is exact.
-      __m512i s = _mm512_set1_epi32(sums[t][b + i] >> 4), u = _mm512_setzero_si512();
+    for (int i = 0; i < 2 * C; ++i) {  // block b + i: quants at pair i / 2, half i % 2
+      const char* q = pc + (i / 2) * kPairBytes + (i % 2) * kQuant;
+      __m512i lo[4], hi[4];
       for (int k = 0; k < 4; ++k) {
-        s = _mm512_dpbusd_epi32(s, lo[k], Word(a + 4 * k));
-        u = _mm512_dpbusd_epi32(u, hi[k], Word(a + 16 + 4 * k));
+        _mm_prefetch(q + 64 * k + ahead.l1, _MM_HINT_T0);
+        if (ahead.l2) _mm_prefetch(q + 64 * k + ahead.l2, _MM_HINT_T1);
+        const __m512i w = _mm512_loadu_si512(q + 64 * k);
+        lo[k] = _mm512_and_si512(w, m4);
+        hi[k] = kHighInPlace ? _mm512_andnot_si512(m4, w)
+                             : _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
       }
-      if constexpr (kHighInPlace) u = _mm512_srai_epi32(u, 4);  // exact: each product is 16x
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d[i], _mm512_set1_ps(yd[t][b + i])),
-                               _mm512_cvtepi32_ps(_mm512_add_epi32(s, u)), acc[t]);
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* a = y[t][b + i].qs;
+        // ActBlockSums holds -128 * sum(a), a multiple of 16: the shift is exact.
+        __m512i s = _mm512_set1_epi32(sums[t][b + i] >> 4), u = _mm512_setzero_si512();
+        for (int k = 0; k < 4; ++k) {
+          s = _mm512_dpbusd_epi32(s, lo[k], Word(a + 4 * k));
+          u = _mm512_dpbusd_epi32(u, hi[k], Word(a + 16 + 4 * k));
+        }
+        if constexpr (kHighInPlace) u = _mm512_srai_epi32(u, 4);  // exact: each product is 16x
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d[i], _mm512_set1_ps(yd[t][b + i])),
+                                 _mm512_cvtepi32_ps(_mm512_add_epi32(s, u)), acc[t]);
+      }
     }
   }
-}
-
-// One group (16 rows) against NT tokens.
-template <int NT>
-void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_0* const* y,
-              const float* const* yd, const int32_t* const* sums, float* const* out) {
-  // Decode reads every weight once per token: keep enough lines in flight to cover DRAM latency,
-  // past page edges (DecodePrefetch: the distances this core wants). Several tokens compute long
-  // enough per pair to need neither the chunks nor the distance; their registers go to the tile.
-  const PrefetchDistances ahead = PrefetchFor(NT, 2048);
-  constexpr int kChunk = NT <= 2 ? 4 : 1;
-  __m512 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
-  int64_t b = 0;
-  for (; b + 2 * kChunk <= nb; b += 2 * kChunk)
-    Pairs<NT, kChunk>(group + (b / 2) * kPairBytes, b, y, yd, sums, ahead, acc);
-  for (; b < nb; b += 2) Pairs<NT, 1>(group + (b / 2) * kPairBytes, b, y, yd, sums, ahead, acc);
-  for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out[t], acc[t]);
-}
+};
 
 }  // namespace
 
@@ -119,7 +98,9 @@ void GemvQ4_0Interleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t 
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* group = data + static_cast<size_t>(g) * group_bytes;
     for (int t = 0; t < nt; ++t) outs[t] = y + t * y_stride + g * kInterleavedRows;
-    WithTokenTile(nt, [&](auto tile) { GroupDot<decltype(tile)::value>(group, nb, ys, yds, ss, outs); });
+    WithTokenTile(nt, [&](auto tile) {
+      GroupDot<decltype(tile)::value, Q4_0Pairs>(group, nb, kPairBytes, ys, yds, ss, outs);
+    });
   }
 }
 

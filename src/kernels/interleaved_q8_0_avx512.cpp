@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kernels/cpu_features.h"
+#include "kernels/interleaved_pairs_avx512.h"
 #include "kernels/interleaved_q8_0.h"
 #include "kernels/token_tile.h"
 #include "quant/blocks.h"
@@ -19,12 +20,6 @@ namespace {
 constexpr int kPairBytes = kInterleavedPairBytes;
 constexpr int kQuant = kInterleavedQuantBytes;  // the second block's quants
 
-inline __m512i Word(const int8_t* p) {  // 4 activation quants, broadcast to 16 lanes
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
-}
-
 // C pairs of blocks (blocks b .. b + 2C - 1) of one group against NT tokens, into acc. Per
 // block: 8 dpbusd of 16 rows x 4 quants each with a broadcast activation word, started from the
 // block's -128 * sum(a); then one fp16 scale vector for the 16 rows times the token's activation
@@ -33,56 +28,40 @@ inline __m512i Word(const int8_t* p) {  // 4 activation quants, broadcast to 16 
 //
 // As in the Q4_0 kernel: the C pairs' scales (the last line of each pair) are read before their
 // quants, and each line is requested ahead beside its first load, not in one burst per pair.
-template <int NT, int C>
-inline void Pairs(const uint8_t* p, int64_t b, const BlockQ8_0* const* y, const float* const* yd,
+struct Q8_0Pairs {
+  template <int NT, int C>
+  static void Run(const uint8_t* p, int64_t b, const BlockQ8_0* const* y, const float* const* yd,
                   const int32_t* const* sums, const PrefetchDistances& ahead, __m512* acc) {
-  const char* pc = reinterpret_cast<const char*>(p);
-  __m512 d[2 * C];
-  for (int i = 0; i < C; ++i) {
-    const char* scales = pc + i * kPairBytes + kInterleavedScales;
-    _mm_prefetch(scales + ahead.l1, _MM_HINT_T0);
-    if (ahead.l2) _mm_prefetch(scales + ahead.l2, _MM_HINT_T1);
-    for (int h = 0; h < 2; ++h)
-      d[2 * i + h] = _mm512_cvtph_ps(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + h * kInterleavedScaleBytes)));
-  }
-  for (int i = 0; i < 2 * C; ++i) {  // block b + i: quants at pair i / 2, half i % 2
-    const uint8_t* q = p + (i / 2) * kPairBytes + (i % 2) * kQuant;
-    for (int k = 0; k < 8; ++k) {
-      _mm_prefetch(reinterpret_cast<const char*>(q) + 64 * k + ahead.l1, _MM_HINT_T0);
-      if (ahead.l2) _mm_prefetch(reinterpret_cast<const char*>(q) + 64 * k + ahead.l2, _MM_HINT_T1);
+    const char* pc = reinterpret_cast<const char*>(p);
+    __m512 d[2 * C];
+    for (int i = 0; i < C; ++i) {
+      const char* scales = pc + i * kPairBytes + kInterleavedScales;
+      _mm_prefetch(scales + ahead.l1, _MM_HINT_T0);
+      if (ahead.l2) _mm_prefetch(scales + ahead.l2, _MM_HINT_T1);
+      for (int h = 0; h < 2; ++h)
+        d[2 * i + h] = _mm512_cvtph_ps(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(scales + h * kInterleavedScaleBytes)));
     }
-    for (int t = 0; t < NT; ++t) {
-      const int8_t* a = y[t][b + i].qs;
-      __m512i s = _mm512_set1_epi32(sums[t][b + i]), u = _mm512_setzero_si512();
-      for (int k = 0; k < 8; k += 2) {
-        s = _mm512_dpbusd_epi32(s, _mm512_loadu_si512(q + 64 * k), Word(a + 4 * k));
-        u = _mm512_dpbusd_epi32(u, _mm512_loadu_si512(q + 64 * k + 64), Word(a + 4 * k + 4));
+    for (int i = 0; i < 2 * C; ++i) {  // block b + i: quants at pair i / 2, half i % 2
+      const uint8_t* q = p + (i / 2) * kPairBytes + (i % 2) * kQuant;
+      for (int k = 0; k < 8; ++k) {
+        _mm_prefetch(reinterpret_cast<const char*>(q) + 64 * k + ahead.l1, _MM_HINT_T0);
+        if (ahead.l2)
+          _mm_prefetch(reinterpret_cast<const char*>(q) + 64 * k + ahead.l2, _MM_HINT_T1);
       }
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d[i], _mm512_set1_ps(yd[t][b + i])),
-                               _mm512_cvtepi32_ps(_mm512_add_epi32(s, u)), acc[t]);
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* a = y[t][b + i].qs;
+        __m512i s = _mm512_set1_epi32(sums[t][b + i]), u = _mm512_setzero_si512();
+        for (int k = 0; k < 8; k += 2) {
+          s = _mm512_dpbusd_epi32(s, _mm512_loadu_si512(q + 64 * k), Word(a + 4 * k));
+          u = _mm512_dpbusd_epi32(u, _mm512_loadu_si512(q + 64 * k + 64), Word(a + 4 * k + 4));
+        }
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d[i], _mm512_set1_ps(yd[t][b + i])),
+                                 _mm512_cvtepi32_ps(_mm512_add_epi32(s, u)), acc[t]);
+      }
     }
   }
-}
-
-// One group (16 rows) against NT tokens: chunks of four pairs (4,352 bytes) for few tokens
-// (decode of one matrix on Zen 5, two threads: 70-72 GB/s; pair by pair with the requests in one
-// burst, 49-55; chunks of two pairs 54-58, of eight 67).
-template <int NT>
-void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_0* const* y,
-              const float* const* yd, const int32_t* const* sums, float* const* out) {
-  // Decode reads every weight once per token: keep enough lines in flight to cover DRAM latency,
-  // past page edges (DecodePrefetch: the distances this core wants).
-  const PrefetchDistances ahead = PrefetchFor(NT, 2048);
-  constexpr int kChunk = NT <= 2 ? 4 : 1;
-  __m512 acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
-  int64_t b = 0;
-  for (; b + 2 * kChunk <= nb; b += 2 * kChunk)
-    Pairs<NT, kChunk>(group + (b / 2) * kPairBytes, b, y, yd, sums, ahead, acc);
-  for (; b < nb; b += 2) Pairs<NT, 1>(group + (b / 2) * kPairBytes, b, y, yd, sums, ahead, acc);
-  for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out[t], acc[t]);
-}
+};
 
 }  // namespace
 
@@ -90,9 +69,9 @@ void InterleaveGroupQ8_0(const uint8_t* plain, int64_t cols, uint8_t* group) {
   const int64_t nb = cols / kQK8_0;
   const int row_bytes = static_cast<int>(nb * sizeof(BlockQ8_0));
   // Lane r reads row r: one gather collects a word (or the scale) of a block for 16 rows.
-  const __m512i rows = _mm512_mullo_epi32(
-      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-      _mm512_set1_epi32(row_bytes));
+  const __m512i rows =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(row_bytes));
   const __m512i flip = _mm512_set1_epi32(static_cast<int>(0x80808080u));
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* block = plain + b * static_cast<int64_t>(sizeof(BlockQ8_0));
@@ -128,7 +107,9 @@ void GemvQ8_0Interleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t 
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* group = data + static_cast<size_t>(g) * group_bytes;
     for (int t = 0; t < nt; ++t) outs[t] = y + t * y_stride + g * kInterleavedRows;
-    WithTokenTile(nt, [&](auto tile) { GroupDot<decltype(tile)::value>(group, nb, ys, yds, ss, outs); });
+    WithTokenTile(nt, [&](auto tile) {
+      GroupDot<decltype(tile)::value, Q8_0Pairs>(group, nb, kPairBytes, ys, yds, ss, outs);
+    });
   }
 }
 

@@ -253,6 +253,9 @@ class CudaBackend final : public Backend {
   float* hyb_host_ = nullptr;   // pinned: the split products' inputs and the CPU's outputs
   size_t hyb_host_floats_ = 0;
   uint64_t host_compute_bytes_ = 0;
+  // SUBSTRATE_CUDA_HOSTTIME=1: where the split batches' host time went, printed at close.
+  double hyb_wait_s_ = 0, hyb_cpu_s_ = 0;
+  int64_t hyb_batches_ = 0;
 
   CudaBackendOptions opt_;
   MemoryLedger* ledger_;

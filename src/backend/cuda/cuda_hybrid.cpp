@@ -8,6 +8,7 @@
 // that crosses the link serves every token of the batch.
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -63,6 +64,13 @@ void CudaBackend::InitHybrid() {
 }
 
 void CudaBackend::CloseHybrid() {
+  if (host_time_ && hyb_batches_ > 0)
+    std::fprintf(stderr,
+                 "cuda hybrid: %lld split batches; the host waited %.1f ms for their inputs and "
+                 "computed the CPU's shares in %.1f ms (share now %.2f: CPU %.1f GB/s, device "
+                 "%.1f GB/s)\n",
+                 static_cast<long long>(hyb_batches_), hyb_wait_s_ * 1e3, hyb_cpu_s_ * 1e3,
+                 HybridCpuShare(), cpu_rate_ / 1e9, dev_rate_ / 1e9);
   for (cudaEvent_t e : {hyb_x_, hyb_a_[0], hyb_b_[0], hyb_a_[1], hyb_b_[1]})
     if (e) cudaEventDestroy(e);
   if (hyb_host_) cudaFreeHost(hyb_host_);
@@ -215,6 +223,7 @@ bool CudaBackend::HybridBatch(const MatMulOp* ops, int n_ops) {
   hyb_dev_bytes_[pair] = dev_ops.empty() ? 0 : dev_bytes;
 
   // The CPU's share, from the inputs the device sent.
+  const auto w0 = std::chrono::steady_clock::now();
   CK(cudaEventSynchronize(hyb_x_));
   if (const uint64_t last = hyb_dev_bytes_[pair ^ 1]; last > 0) {
     float ms = 0;
@@ -225,6 +234,9 @@ bool CudaBackend::HybridBatch(const MatMulOp* ops, int n_ops) {
   const auto t0 = std::chrono::steady_clock::now();
   host_->MatMulBatch(cpu_ops.data(), static_cast<int>(cpu_ops.size()));
   const double cpu_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  hyb_wait_s_ += std::chrono::duration<double>(t0 - w0).count();
+  hyb_cpu_s_ += cpu_s;
+  ++hyb_batches_;
   uint64_t cpu_bytes = 0;
   for (const MatMulOp& op : cpu_ops) cpu_bytes += ViewBytes(*op.w);
   host_compute_bytes_ += cpu_bytes;
