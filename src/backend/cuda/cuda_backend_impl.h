@@ -230,8 +230,10 @@ class CudaBackend final : public Backend {
   // Splits the batch's one-token products over weights read in place between the host's CPU
   // and the device and runs the batch; false, having done nothing, when no product qualifies.
   bool HybridBatch(const MatMulOp* ops, int n_ops);
-  // The CPU's share of a split product's rows now (from the measured rates, or fixed).
+  // The CPU's share of a split product's rows now (balanced, or fixed).
   double HybridCpuShare() const;
+  // Moves the share after a batch whose CPU part took cpu_s and device part dev_s.
+  void BalanceShare(double cpu_s, double dev_s);
   // Ranges of device floats and where they lie in hyb_host_.
   struct Span {
     const float* dev;
@@ -245,10 +247,10 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CpuBackend> host_;  // null: no hybrid
   double hybrid_fixed_ = -1;          // SUBSTRATE_CUDA_HYBRID=F
   bool hybrid_moe_ = true;            // RoutedExperts declines experts read in place
-  double cpu_rate_ = 0, dev_rate_ = 0;  // bytes/s of each side's share, smoothed
+  double share_ = 0.5;                // the CPU's share (BalanceShare)
   cudaEvent_t hyb_x_ = nullptr;                 // the CPU's inputs are in host memory
   cudaEvent_t hyb_a_[2] = {}, hyb_b_[2] = {};  // around the device's share, two batches' pairs
-  uint64_t hyb_dev_bytes_[2] = {};             // the bytes each pair timed, 0 once read
+  double hyb_cpu_pending_[2] = {};             // the CPU's seconds of each pair's batch, 0 once weighed
   int hyb_pair_ = 0;
   float* hyb_host_ = nullptr;   // pinned: the split products' inputs and the CPU's outputs
   size_t hyb_host_floats_ = 0;

@@ -3,8 +3,8 @@
 // them over the link. The host's CPU can read them too, from the same memory and at its own
 // bandwidth, while the link is busy. A one-token product over such weights is therefore split by
 // rows: the CPU computes the first share of the rows, the device reads and computes the rest at
-// the same time, and the two shares follow the rates each side achieved on the products before,
-// so both finish together. Prompts (several tokens) stay on the device: there each weight byte
+// the same time, and after each split the share moves toward where both would have finished
+// together. Prompts (several tokens) stay on the device: there each weight byte
 // that crosses the link serves every token of the batch.
 #include <algorithm>
 #include <chrono>
@@ -67,10 +67,9 @@ void CudaBackend::CloseHybrid() {
   if (host_time_ && hyb_batches_ > 0)
     std::fprintf(stderr,
                  "cuda hybrid: %lld split batches; the host waited %.1f ms for their inputs and "
-                 "computed the CPU's shares in %.1f ms (share now %.2f: CPU %.1f GB/s, device "
-                 "%.1f GB/s)\n",
+                 "computed the CPU's shares in %.1f ms (share now %.2f)\n",
                  static_cast<long long>(hyb_batches_), hyb_wait_s_ * 1e3, hyb_cpu_s_ * 1e3,
-                 HybridCpuShare(), cpu_rate_ / 1e9, dev_rate_ / 1e9);
+                 HybridCpuShare());
   for (cudaEvent_t e : {hyb_x_, hyb_a_[0], hyb_b_[0], hyb_a_[1], hyb_b_[1]})
     if (e) cudaEventDestroy(e);
   if (hyb_host_) cudaFreeHost(hyb_host_);
@@ -95,9 +94,17 @@ bool CudaBackend::ReadInPlace(const WeightView& v) const {
 }
 
 double CudaBackend::HybridCpuShare() const {
-  if (hybrid_fixed_ > 0) return hybrid_fixed_;
-  if (cpu_rate_ <= 0 || dev_rate_ <= 0) return 0.5;  // until both sides have been measured
-  return cpu_rate_ / (cpu_rate_ + dev_rate_);
+  return hybrid_fixed_ > 0 ? hybrid_fixed_ : share_;
+}
+
+void CudaBackend::BalanceShare(double cpu_s, double dev_s) {
+  // A step toward the share where both sides of a split batch finish together, at most kStep
+  // and in proportion to how unequal they were. (The share as the ratio of rates measured as
+  // bytes over time trapped itself low: a thin share's time is mostly fixed costs, so the CPU
+  // looked slow and got less; on one lease it sank to 0.09 and decode to a third.)
+  constexpr double kStep = 0.05, kMinShare = 0.02;
+  if (cpu_s + dev_s > 0)
+    share_ = std::clamp(share_ + kStep * (dev_s - cpu_s) / (cpu_s + dev_s), kMinShare, 1.0);
 }
 
 size_t CudaBackend::LayOut(std::vector<Span>& spans, size_t host_off) const {
@@ -147,10 +154,6 @@ bool CudaBackend::HybridBatch(const MatMulOp* ops, int n_ops) {
   if (std::all_of(cpu_rows.begin(), cpu_rows.end(), [](int64_t r) { return r == 0; }))
     return false;
 
-  const auto smooth = [](double& rate, double sample) {
-    rate = rate > 0 ? 0.8 * rate + 0.2 * sample : sample;
-  };
-
   // Host memory: the CPU products' inputs (each once), then their outputs, each side as spans
   // of device memory laid out in address order, so that neighbours travel in one copy.
   thread_local std::vector<Span> xs, ys;
@@ -185,19 +188,16 @@ bool CudaBackend::HybridBatch(const MatMulOp* ops, int n_ops) {
   cpu_ops.clear();
   views.clear();
   views.reserve(static_cast<size_t>(n_ops) + 1);  // never moves: ops point into it
-  uint64_t dev_bytes = 0;
   for (int i = 0; i < n_ops; ++i) {
     const MatMulOp& op = ops[i];
     const int64_t r = cpu_rows[static_cast<size_t>(i)], rows = op.w->rows;
     if (r == 0) {
       dev_ops.push_back(op);
-      if (op.x.rows == 1 && ReadInPlace(*op.w)) dev_bytes += ViewBytes(*op.w);
       continue;
     }
     if (r < rows) {
       views.push_back(RowSlice(*op.w, r, rows - r));
       dev_ops.push_back({&views.back(), op.x, {op.y.data + r, 1, rows - r}});
-      dev_bytes += ViewBytes(views.back());
       views.push_back(RowSlice(*op.w, 0, r));
     }
     cpu_ops.push_back({r < rows ? &views.back() : op.w,
@@ -220,16 +220,15 @@ bool CudaBackend::HybridBatch(const MatMulOp* ops, int n_ops) {
     Flush();
     CK(cudaEventRecord(hyb_b_[pair], stream_));
   }
-  hyb_dev_bytes_[pair] = dev_ops.empty() ? 0 : dev_bytes;
 
   // The CPU's share, from the inputs the device sent.
   const auto w0 = std::chrono::steady_clock::now();
   CK(cudaEventSynchronize(hyb_x_));
-  if (const uint64_t last = hyb_dev_bytes_[pair ^ 1]; last > 0) {
+  if (hyb_cpu_pending_[pair ^ 1] > 0) {
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, hyb_a_[pair ^ 1], hyb_b_[pair ^ 1]));
-    if (ms > 0) smooth(dev_rate_, static_cast<double>(last) / (ms * 1e-3));
-    hyb_dev_bytes_[pair ^ 1] = 0;
+    BalanceShare(hyb_cpu_pending_[pair ^ 1], ms * 1e-3);
+    hyb_cpu_pending_[pair ^ 1] = 0;
   }
   const auto t0 = std::chrono::steady_clock::now();
   host_->MatMulBatch(cpu_ops.data(), static_cast<int>(cpu_ops.size()));
@@ -240,7 +239,11 @@ bool CudaBackend::HybridBatch(const MatMulOp* ops, int n_ops) {
   uint64_t cpu_bytes = 0;
   for (const MatMulOp& op : cpu_ops) cpu_bytes += ViewBytes(*op.w);
   host_compute_bytes_ += cpu_bytes;
-  if (cpu_s > 0) smooth(cpu_rate_, static_cast<double>(cpu_bytes) / cpu_s);
+  if (dev_ops.empty()) {
+    BalanceShare(cpu_s, 0);
+  } else {
+    hyb_cpu_pending_[pair] = std::max(cpu_s, 1e-9);  // weighed once the device's time is known
+  }
   for (const Span& sp : ys)
     CK(cudaMemcpyAsync(const_cast<float*>(sp.dev), hyb_host_ + sp.host_off, sp.floats * 4,
                        cudaMemcpyHostToDevice, stream_));
