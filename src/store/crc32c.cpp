@@ -26,7 +26,6 @@ constexpr std::array<std::array<uint32_t, 256>, 8> MakeTables() {
 
 constexpr auto kTables = MakeTables();
 
-
 #if defined(__x86_64__)
 // SSE4.2's crc32 instruction computes exactly this polynomial, 8 bytes per instruction: the
 // runtime verifies every range it streams, at disk speed, so the table version (~1 GB/s) would
@@ -56,7 +55,7 @@ __attribute__((target("sse4.2"))) Shift MakeShift(size_t bytes) {
 
 // Whole runs of three blocks of `len` bytes, each block on its own chain.
 __attribute__((target("sse4.2"))) void ThreeChains(const uint8_t*& p, size_t& n, uint64_t& c,
-                                                    size_t len, const Shift& shift) {
+                                                   size_t len, const Shift& shift) {
   while (n >= 3 * len) {
     uint64_t c0 = c, c1 = 0, c2 = 0;
     for (const uint8_t* end = p + len; p < end; p += 8) {
@@ -110,8 +109,8 @@ uint32_t Crc32c(const void* data, size_t n, uint32_t crc) {
   const uint8_t* p = static_cast<const uint8_t*>(data);
   crc = ~crc;
   while (n >= 8) {
-    const uint32_t lo = crc ^ (uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
-                               uint32_t{p[3]} << 24);
+    const uint32_t lo =
+        crc ^ (uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24);
     crc = kTables[7][lo & 0xff] ^ kTables[6][(lo >> 8) & 0xff] ^ kTables[5][(lo >> 16) & 0xff] ^
           kTables[4][lo >> 24] ^ kTables[3][p[4]] ^ kTables[2][p[5]] ^ kTables[1][p[6]] ^
           kTables[0][p[7]];

@@ -244,15 +244,15 @@ class CudaBackend final : public Backend {
   size_t LayOut(std::vector<Span>& spans, size_t host_off) const;
   // Whether two device addresses lie in one Allocate'd buffer.
   bool SameAllocation(const void* a, const void* b) const;
-  std::unique_ptr<CpuBackend> host_;  // null: no hybrid
-  double hybrid_fixed_ = -1;          // SUBSTRATE_CUDA_HYBRID=F
-  bool hybrid_moe_ = true;            // RoutedExperts declines experts read in place
-  double share_ = 0.5;                // the CPU's share (BalanceShare)
-  cudaEvent_t hyb_x_ = nullptr;                 // the CPU's inputs are in host memory
+  std::unique_ptr<CpuBackend> host_;           // null: no hybrid
+  double hybrid_fixed_ = -1;                   // SUBSTRATE_CUDA_HYBRID=F
+  bool hybrid_moe_ = true;                     // RoutedExperts declines experts read in place
+  double share_ = 0.5;                         // the CPU's share (BalanceShare)
+  cudaEvent_t hyb_x_ = nullptr;                // the CPU's inputs are in host memory
   cudaEvent_t hyb_a_[2] = {}, hyb_b_[2] = {};  // around the device's share, two batches' pairs
-  double hyb_cpu_pending_[2] = {};             // the CPU's seconds of each pair's batch, 0 once weighed
+  double hyb_cpu_pending_[2] = {};  // the CPU's seconds of each pair's batch, 0 once weighed
   int hyb_pair_ = 0;
-  float* hyb_host_ = nullptr;   // pinned: the split products' inputs and the CPU's outputs
+  float* hyb_host_ = nullptr;  // pinned: the split products' inputs and the CPU's outputs
   size_t hyb_host_floats_ = 0;
   uint64_t host_compute_bytes_ = 0;
   // SUBSTRATE_CUDA_HOSTTIME=1: where the split batches' host time went, printed at close.

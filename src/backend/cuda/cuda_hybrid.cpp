@@ -83,8 +83,7 @@ bool CudaBackend::ReadInPlace(const WeightView& v) const {
     if (!rb) return false;
     const uint64_t bytes = *rb * static_cast<uint64_t>(v.rows);
     DevPart part;  // (a part read in place is "found" at its host address)
-    return FindAdoptedPart(host, bytes, static_cast<int>(type), static_cast<int64_t>(*rb),
-                           &part) &&
+    return FindAdoptedPart(host, bytes, static_cast<int>(type), static_cast<int64_t>(*rb), &part) &&
            part.w == host;
   };
   if (!in_place(v.type, v.data)) return false;
@@ -151,8 +150,7 @@ bool CudaBackend::HybridBatch(const MatMulOp* ops, int n_ops) {
     left -= row_bytes * static_cast<double>(r);
     if (r < rows) break;
   }
-  if (std::all_of(cpu_rows.begin(), cpu_rows.end(), [](int64_t r) { return r == 0; }))
-    return false;
+  if (std::all_of(cpu_rows.begin(), cpu_rows.end(), [](int64_t r) { return r == 0; })) return false;
 
   // Host memory: the CPU products' inputs (each once), then their outputs, each side as spans
   // of device memory laid out in address order, so that neighbours travel in one copy.
