@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kernels/cpu_features.h"
+#include "kernels/interleaved_q8_0.h"
 #include "quant/blocks.h"
 
 namespace substrate::avx512 {
@@ -17,6 +18,21 @@ inline __m512i Word(const int8_t* p) {  // 4 activation quants, broadcast to 16 
   int32_t v;
   std::memcpy(&v, p, 4);
   return _mm512_set1_epi32(v);
+}
+
+// The fp16 scales of C pairs, 2C vectors of 16 rows (pair i's at p + i * pair_bytes + scales,
+// one vector per block, kInterleavedScaleBytes apart), converted, each line requested ahead.
+template <int C>
+inline void PairScales(const char* p, int pair_bytes, int scales, const PrefetchDistances& ahead,
+                       __m512* d) {
+  for (int i = 0; i < C; ++i) {
+    const char* s = p + i * pair_bytes + scales;
+    _mm_prefetch(s + ahead.l1, _MM_HINT_T0);
+    if (ahead.l2) _mm_prefetch(s + ahead.l2, _MM_HINT_T1);
+    for (int h = 0; h < 2; ++h)
+      d[2 * i + h] = _mm512_cvtph_ps(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + h * kInterleavedScaleBytes)));
+  }
 }
 
 // One group (16 rows) against NT tokens, into out[t][0..15]. `Pairs::Run<NT, C>(p, b, y, yd,

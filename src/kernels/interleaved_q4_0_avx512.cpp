@@ -43,14 +43,7 @@ struct Q4_0Pairs {
     constexpr bool kHighInPlace = NT <= 2;
     const char* pc = reinterpret_cast<const char*>(p);
     __m512 d[2 * C];
-    for (int i = 0; i < C; ++i) {
-      const char* scales = pc + i * kPairBytes + kQ4Interleaved_Scales;
-      _mm_prefetch(scales + ahead.l1, _MM_HINT_T0);
-      if (ahead.l2) _mm_prefetch(scales + ahead.l2, _MM_HINT_T1);
-      for (int h = 0; h < 2; ++h)
-        d[2 * i + h] = _mm512_cvtph_ps(_mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(scales + h * kInterleavedScaleBytes)));
-    }
+    PairScales<C>(pc, kPairBytes, kQ4Interleaved_Scales, ahead, d);
     for (int i = 0; i < 2 * C; ++i) {  // block b + i: quants at pair i / 2, half i % 2
       const char* q = pc + (i / 2) * kPairBytes + (i % 2) * kQuant;
       __m512i lo[4], hi[4];

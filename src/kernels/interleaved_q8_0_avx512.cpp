@@ -34,14 +34,7 @@ struct Q8_0Pairs {
                   const int32_t* const* sums, const PrefetchDistances& ahead, __m512* acc) {
     const char* pc = reinterpret_cast<const char*>(p);
     __m512 d[2 * C];
-    for (int i = 0; i < C; ++i) {
-      const char* scales = pc + i * kPairBytes + kInterleavedScales;
-      _mm_prefetch(scales + ahead.l1, _MM_HINT_T0);
-      if (ahead.l2) _mm_prefetch(scales + ahead.l2, _MM_HINT_T1);
-      for (int h = 0; h < 2; ++h)
-        d[2 * i + h] = _mm512_cvtph_ps(_mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(scales + h * kInterleavedScaleBytes)));
-    }
+    PairScales<C>(pc, kPairBytes, kInterleavedScales, ahead, d);
     for (int i = 0; i < 2 * C; ++i) {  // block b + i: quants at pair i / 2, half i % 2
       const uint8_t* q = p + (i / 2) * kPairBytes + (i % 2) * kQuant;
       for (int k = 0; k < 8; ++k) {
