@@ -610,7 +610,7 @@ int RunBench(const std::vector<std::string>& args) {
           {"method",
            "weight bytes the host's CPU computed in place of the device during timed decode; "
            "the limit is max(link bytes / link bandwidth, (link + CPU bytes) / host read "
-           "bandwidth with the run's threads) a token"}};
+           "bandwidth over 2 GiB with the run's threads) a token"}};
   }
   if (profile && *n > 0)
     j["decode_profile"] = ProfileJson(KernelProfile(), 1.0 / tg.tps.back(), *n * *seqs);

@@ -38,8 +38,8 @@ struct CudaBackendOptions {
   // The hybrid under a budget: a one-token product over weights read in place from host memory
   // is split by rows, the host's CPU computing its share where the bytes lie (on `host_pool`)
   // while the device reads the rest over the link, the share moving after each split toward
-  // where both sides finish together. Null pool: the device reads every row. SUBSTRATE_CUDA_HYBRID=0
-  // turns it off, =F fixes the CPU's share at F (0 < F <= 1) for measurements.
+  // where both sides finish together. Null pool: the device reads every row.
+  // SUBSTRATE_CUDA_HYBRID=0 turns it off, =F fixes the CPU's share at F (0 < F <= 1).
   ThreadPool* host_pool = nullptr;
   MemoryLedger* host_ledger = nullptr;
 };
