@@ -1,6 +1,7 @@
 // What the interleaved Q4_0 and Q8_0 products in AVX-512 VNNI share (interleaved_q4_0.h,
-// interleaved_q8_0.h: 16 rows a group, blocks in pairs): the broadcast activation word, and the
-// walk over one group's pairs. Included by those two kernels' translation units only.
+// interleaved_q8_0.h: 16 rows a group, blocks in pairs): the broadcast activation word, the
+// pairs' scales, and the walk over one group's pairs. Included by those two kernels' translation
+// units only.
 #pragma once
 
 #include <immintrin.h>

@@ -133,21 +133,26 @@ bool CudaBackend::HybridBatch(const MatMulOp* ops, int n_ops) {
   // the share ends. Whole products keep the copies few: a batch of experts' inputs and outputs
   // lie side by side, so the CPU's part of them travels in one copy each way.
   thread_local std::vector<int64_t> cpu_rows;  // of each product (0: all on the device)
+  thread_local std::vector<uint64_t> in_place;  // each product's weight bytes read in place
   cpu_rows.assign(static_cast<size_t>(n_ops), 0);
+  in_place.assign(static_cast<size_t>(n_ops), 0);
   uint64_t eligible = 0;
   for (int i = 0; i < n_ops; ++i)
-    if (ops[i].x.rows == 1 && ReadInPlace(*ops[i].w)) eligible += ViewBytes(*ops[i].w);
+    if (ops[i].x.rows == 1 && ReadInPlace(*ops[i].w))
+      eligible += in_place[static_cast<size_t>(i)] = ViewBytes(*ops[i].w);
   double left = HybridCpuShare() * static_cast<double>(eligible);
+  uint64_t cpu_bytes = 0;
   for (int i = 0; i < n_ops && left > 0; ++i) {
-    const MatMulOp& op = ops[i];
-    if (op.x.rows != 1 || !ReadInPlace(*op.w)) continue;
-    const int64_t rows = op.w->rows;
-    const double row_bytes = static_cast<double>(ViewBytes(*op.w)) / static_cast<double>(rows);
+    if (in_place[static_cast<size_t>(i)] == 0) continue;
+    const int64_t rows = ops[i].w->rows;
+    const uint64_t row_bytes = in_place[static_cast<size_t>(i)] / static_cast<uint64_t>(rows);
+    const double rb = static_cast<double>(row_bytes);
     int64_t r = rows;
-    if (left < row_bytes * static_cast<double>(rows))
-      r = std::min(rows, static_cast<int64_t>(left / row_bytes / kSplitRows + 0.5) * kSplitRows);
+    if (left < rb * static_cast<double>(rows))
+      r = std::min(rows, static_cast<int64_t>(left / rb / kSplitRows + 0.5) * kSplitRows);
     cpu_rows[static_cast<size_t>(i)] = r;
-    left -= row_bytes * static_cast<double>(r);
+    cpu_bytes += row_bytes * static_cast<uint64_t>(r);
+    left -= rb * static_cast<double>(r);
     if (r < rows) break;
   }
   if (std::all_of(cpu_rows.begin(), cpu_rows.end(), [](int64_t r) { return r == 0; })) return false;
@@ -234,8 +239,6 @@ bool CudaBackend::HybridBatch(const MatMulOp* ops, int n_ops) {
   hyb_wait_s_ += std::chrono::duration<double>(t0 - w0).count();
   hyb_cpu_s_ += cpu_s;
   ++hyb_batches_;
-  uint64_t cpu_bytes = 0;
-  for (const MatMulOp& op : cpu_ops) cpu_bytes += ViewBytes(*op.w);
   host_compute_bytes_ += cpu_bytes;
   if (dev_ops.empty()) {
     BalanceShare(cpu_s, 0);
