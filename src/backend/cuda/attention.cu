@@ -20,9 +20,13 @@ namespace {
 constexpr int kTile = 32;
 constexpr int kThreads = 128;
 
-// Floats of the K tile in shared memory (rows padded by one against bank conflicts).
+// Floats of a K tile row in shared memory, padded against bank conflicts: by one for the scalar
+// path; by four for 16-byte reads (dk a multiple of 8, so rows start 4 banks apart mod 32).
+__host__ __device__ constexpr int KRow(int dk, int vec) {
+  return dk + (vec ? 4 : 1);
+}
 __host__ __device__ constexpr int KSize(int dk) {
-  return kTile * (dk + 1);
+  return kTile * (dk + 4);
 }
 
 __device__ __forceinline__ float LoadKv(const void* base, int f16, int64_t i) {
@@ -140,9 +144,10 @@ __global__ void __launch_bounds__(kThreads)
   const int rmax = qb * hb;
   const int split = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int kld = KRow(dk, p.vec);
 
   float* q_s = smem;                // [rmax][dk]
-  float* k_s = q_s + rmax * dk;     // [kTile][dk + 1]
+  float* k_s = q_s + rmax * dk;     // [kTile][kld]
   float* v_s = k_s + KSize(dk);     // [kTile][dv]
   float* p_s = v_s + kTile * dv;    // [rmax][kTile]
   float* m_s = p_s + rmax * kTile;  // [rmax]
@@ -151,10 +156,35 @@ __global__ void __launch_bounds__(kThreads)
 
   const int64_t pos0 = *p.pos0;
   const int64_t n_kv_max = pos0 + t0 + nt;  // the last token's history
-  for (int i = tid; i < nr * dk; i += kThreads) {
+  const int64_t n_tiles = (n_kv_max + kTile - 1) / kTile;
+  // Decode over a short history: only as many splits as there are tiles take part (the rest
+  // leave now); with one, its block writes the output without the partials' round trip.
+  const int splits = static_cast<int>(min(static_cast<int64_t>(p.splits), n_tiles));
+  if (split >= splits) return;
+  // The block's query rows (row r: token r / nh, head r % nh; each row's dk floats contiguous).
+  auto q_at = [&](int i) {
     const int r = i / dk, d = i % dk;
-    const int ti = r / nh, h = r % nh;
-    q_s[i] = p.q[(static_cast<int64_t>(t0 + ti) * p.n_head + h0 + h) * dk + d];
+    return (static_cast<int64_t>(t0 + r / nh) * p.n_head + h0 + r % nh) * dk + d;
+  };
+  if (p.vec) {
+    // 16-byte reads, several in flight per thread before the first store.
+    constexpr int kLoads = 4;
+    const int n4 = nr * dk / 4;
+    for (int i0 = tid; i0 < n4; i0 += kLoads * kThreads) {
+      float4 v[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int i = i0 + u * kThreads;
+        if (i < n4) v[u] = *reinterpret_cast<const float4*>(p.q + q_at(4 * i));
+      }
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        const int i = i0 + u * kThreads;
+        if (i < n4) reinterpret_cast<float4*>(q_s)[i] = v[u];
+      }
+    }
+  } else {
+    for (int i = tid; i < nr * dk; i += kThreads) q_s[i] = p.q[q_at(i)];
   }
   for (int r = tid; r < rmax; r += kThreads) {
     m_s[r] = -INFINITY;
@@ -165,18 +195,16 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 0; i < kAttentionMaxAcc; ++i) acc[i] = 0.0f;
   __syncthreads();
 
-  const int64_t n_tiles = (n_kv_max + kTile - 1) / kTile;
-  for (int64_t tile = split; tile < n_tiles; tile += p.splits) {
+  for (int64_t tile = split; tile < n_tiles; tile += splits) {
     const int64_t p0 = tile * kTile;
     if (p.vec) {
-      LoadTile(p.k, p.f16, p.k_stride, static_cast<int64_t>(hk) * dk, dk, p0, n_kv_max, k_s,
-               dk + 1);
+      LoadTile(p.k, p.f16, p.k_stride, static_cast<int64_t>(hk) * dk, dk, p0, n_kv_max, k_s, kld);
       LoadTile(p.v, p.f16, p.v_stride, static_cast<int64_t>(hk) * dv, dv, p0, n_kv_max, v_s, dv);
     } else {
       for (int i = tid; i < kTile * dk; i += kThreads) {
         const int r = i / dk, d = i % dk;
         const int64_t pos = p0 + r;
-        k_s[r * (dk + 1) + d] =
+        k_s[r * kld + d] =
             pos < n_kv_max
                 ? LoadKv(p.k, p.f16, pos * p.k_stride + static_cast<int64_t>(hk) * dk + d)
                 : 0.0f;
@@ -194,9 +222,22 @@ __global__ void __launch_bounds__(kThreads)
       const int r = i / kTile, pp = i % kTile;
       const int64_t n_kv = pos0 + t0 + r / nh + 1;  // this row's token sees [0, n_kv)
       const float* qh = q_s + r * dk;
-      const float* kr = k_s + pp * (dk + 1);
+      const float* kr = k_s + pp * kld;
       float dot = 0.0f;
-      for (int d = 0; d < dk; ++d) dot = fmaf(qh[d], kr[d], dot);
+      if (p.vec) {
+        // 16-byte reads and two chains: the query row is a broadcast, the K rows conflict-free.
+        const float4* q4 = reinterpret_cast<const float4*>(qh);
+        const float4* k4 = reinterpret_cast<const float4*>(kr);
+        float dot2 = 0.0f;
+        for (int d = 0; d < dk / 4; d += 2) {
+          const float4 a = q4[d], b = k4[d], c = q4[d + 1], e = k4[d + 1];
+          dot = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, dot))));
+          dot2 = fmaf(c.x, e.x, fmaf(c.y, e.y, fmaf(c.z, e.z, fmaf(c.w, e.w, dot2))));
+        }
+        dot += dot2;
+      } else {
+        for (int d = 0; d < dk; ++d) dot = fmaf(qh[d], kr[d], dot);
+      }
       p_s[r * kTile + pp] = p0 + pp < n_kv ? dot * p.scale : -INFINITY;
     }
     __syncthreads();
@@ -243,7 +284,7 @@ __global__ void __launch_bounds__(kThreads)
     const int r = idx / dv, d = idx % dv;
     return (static_cast<int64_t>(t0 + r / nh) * p.n_head + h0 + r % nh) * dv + d;
   };
-  if (p.splits == 1) {
+  if (splits == 1) {
 #pragma unroll
     for (int i = 0; i < kAttentionMaxAcc; ++i) {
       const int idx = tid + i * kThreads;
@@ -269,25 +310,47 @@ __global__ void __launch_bounds__(kThreads)
   __threadfence();
   __syncthreads();
   __shared__ int last;
-  if (tid == 0) last = atomicAdd(p.counters + cell, 1u) == static_cast<unsigned>(p.splits - 1);
+  if (tid == 0) last = atomicAdd(p.counters + cell, 1u) == static_cast<unsigned>(splits - 1);
   __syncthreads();
   if (!last) return;
   __threadfence();
+  // Each head's weight per split, exp(m_s - m) / l, into shared memory (p_s is free), then every
+  // output element sums its splits' partial accumulators with all their reads in flight at once
+  // (not one L2 round trip after another).
   const float* parts = p.partial + cell * p.splits * stride;
-  for (int idx = tid; idx < nr * dv; idx += kThreads) {
-    const int h = idx / dv;
+  float* w_s = p_s;  // [nr][kAttentionMaxSplits]
+  if (tid < nr) {
+    float ms[kAttentionMaxSplits], ls[kAttentionMaxSplits];
     float m = -INFINITY;
-    for (int s = 0; s < p.splits; ++s) m = fmaxf(m, __ldcg(parts + s * stride + h));
-    float l = 0.0f, a = 0.0f;
-    for (int s = 0; s < p.splits; ++s) {
-      const float ms = __ldcg(parts + s * stride + h);
-      const float ls = __ldcg(parts + s * stride + hb + h);
-      if (ms == -INFINITY && !(ls != ls)) continue;  // a split with no positions
-      const float w = expf(ms - m);
-      l += ls * w;
-      a += __ldcg(parts + s * stride + 2 * hb + idx) * w;
+#pragma unroll
+    for (int s = 0; s < kAttentionMaxSplits; ++s) {
+      ms[s] = s < splits ? __ldcg(parts + s * stride + tid) : -INFINITY;
+      ls[s] = s < splits ? __ldcg(parts + s * stride + hb + tid) : 0.0f;
     }
-    p.out[out_index(idx)] = a / l;
+#pragma unroll
+    for (int s = 0; s < kAttentionMaxSplits; ++s) m = fmaxf(m, ms[s]);
+    // A split with no positions (m = -inf, l = 0) weighs nothing; a NaN l (a NaN score) is kept,
+    // and so reaches the output.
+    float l = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kAttentionMaxSplits; ++s) {
+      ms[s] = ms[s] == -INFINITY && !(ls[s] != ls[s]) ? 0.0f : expf(ms[s] - m);
+      l += ls[s] * ms[s];
+    }
+#pragma unroll
+    for (int s = 0; s < kAttentionMaxSplits; ++s) w_s[tid * kAttentionMaxSplits + s] = ms[s] / l;
+  }
+  __syncthreads();
+  for (int idx = tid; idx < nr * dv; idx += kThreads) {
+    const float* w = w_s + (idx / dv) * kAttentionMaxSplits;
+    float a[kAttentionMaxSplits];
+#pragma unroll
+    for (int s = 0; s < kAttentionMaxSplits; ++s)
+      a[s] = s < splits ? __ldcg(parts + s * stride + 2 * hb + idx) : 0.0f;
+    float o = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kAttentionMaxSplits; ++s) o = fmaf(a[s], w[s], o);
+    p.out[out_index(idx)] = o;
   }
   if (tid == 0) p.counters[cell] = 0;
 }

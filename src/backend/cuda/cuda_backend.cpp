@@ -537,7 +537,8 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
   int splits = 1, qb = 1;
   if (q.rows <= 8 && cells <= kCounterCells) {
     // Decode: few tokens, so each one's positions are split over blocks.
-    splits = static_cast<int>(std::clamp<int64_t>(sm_count_ / std::max<int64_t>(cells, 1), 1, 8));
+    splits = static_cast<int>(
+        std::clamp<int64_t>(sm_count_ / std::max<int64_t>(cells, 1), 1, kAttentionMaxSplits));
   } else {
     // Prefill: several tokens per block share each K/V tile it loads.
     qb = std::max(1, std::min(8, 128 * kAttentionMaxAcc / s.dv / hb));
@@ -571,7 +572,9 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
   p->partial = splits > 1 ? static_cast<float*>(Carve(partial)) : nullptr;
   p->counters = counters_;
   p->smem_bytes = smem;
-  p->vec = s.dk % 8 == 0 && s.dv % 8 == 0 && kv.k_stride % 8 == 0 && kv.v_stride % 8 == 0 ? 1 : 0;
+  const bool vec = s.dk % 8 == 0 && s.dv % 8 == 0 && kv.k_stride % 8 == 0 && kv.v_stride % 8 == 0 &&
+                   reinterpret_cast<uintptr_t>(q.data) % 16 == 0;
+  p->vec = vec ? 1 : 0;
   Wrote(out);
 }
 

@@ -255,14 +255,15 @@ struct AttentionParams {
   float* partial = nullptr;       // splits > 1: per block (m, l, acc) of its positions
   uint32_t* counters = nullptr;   // splits > 1: per (token, kv head, chunk), zero between uses
   int32_t smem_bytes = 0;
-  int32_t vec = 0;  // 16-byte cache loads (dk, dv, strides and head offsets multiples of 8)
+  int32_t vec = 0;  // 16-byte loads (dk, dv, strides and head offsets multiples of 8, q aligned)
 };
 void LaunchAttention(const void* params, cudaStream_t stream);
 // Dynamic shared memory an attention launch of `rows` (q_per_block * heads_per_block) rows
 // needs; launches above 48 KiB need AllowAttentionSmem(bytes) first.
 int AttentionSmemBytes(int rows, int dk, int dv);
 void AllowAttentionSmem(int bytes);
-constexpr int kAttentionMaxAcc = 16;  // accumulators per thread: rows * dv <= 2048
+constexpr int kAttentionMaxAcc = 16;    // accumulators per thread: rows * dv <= 2048
+constexpr int kAttentionMaxSplits = 8;  // decode: blocks sharing one cell's positions
 
 // ---- mixture of experts ----
 
