@@ -270,6 +270,10 @@ void CudaBackend::DeviceMatMulBatch(const MatMulOp* ops, int n_ops) {
 }
 
 void CudaBackend::RmsNorm(const Tensor& x, const WeightView& w, float eps, const Tensor& y) {
+  // A norm starts each block of a layer, where no recorded launch waits for a later op to
+  // join it: a long pass goes to the device from here in pieces, so the device computes the
+  // first layers while the host records the rest.
+  if (chunk_recs_ > 0 && n_recs_ >= static_cast<size_t>(chunk_recs_)) Flush();
   EnsureStaging(StagingBytes(w));
   EnsureWork(static_cast<size_t>(x.cols) * 4);
   const float* v = VectorOf(w, x.cols);

@@ -339,6 +339,10 @@ class CudaBackend final : public Backend {
   void ProfileCollect();
   void ProfilePrint();
   bool profile_ = false;
+  // Launches recorded before a norm flushes them (0: one flush per pass). In decode the host
+  // records a token's ~330 launches in about a fifth of the token's time; unpipelined, the
+  // device idles for it. SUBSTRATE_CUDA_CHUNK=N sets it.
+  int chunk_recs_ = 48;
   struct Timed {
     std::string name;
     cudaEvent_t a, b;

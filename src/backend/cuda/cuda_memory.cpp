@@ -61,6 +61,7 @@ Status CudaBackend::Init() {
     gemv_variant_ = std::clamp(std::atoi(g), -1, kGemvVariants - 1);
   if (const char* g = std::getenv("SUBSTRATE_CUDA_HOSTTIME"); g && std::string(g) == "1")
     host_time_ = true;
+  if (const char* g = std::getenv("SUBSTRATE_CUDA_CHUNK")) chunk_recs_ = std::max(0, std::atoi(g));
   recs_.reserve(4096);
   (void)PdlEnabled();  // decided now: it queries the device, which a graph capture must not
   CK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
