@@ -831,15 +831,25 @@ __global__ void __launch_bounds__(128) GemvFloatKernel(const __grid_constant__ G
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-  for (int64_t c = lane; c < chunks; c += 32) {
-    float wv[8];
-    Dequant8<T>(w, c * 8, wv);
+  // Four chunks' weights are read before any is used: a matrix of few rows (a router's) has a
+  // warp or two per multiprocessor, and one read at a time left each waiting on memory.
+  constexpr int kInFlight = 4;
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kInFlight) {
+    float wv[kInFlight][8];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      if (t < nt) {
-        const float* xt = x + t * cols + c * 8;
+    for (int u = 0; u < kInFlight; ++u)
+      if (c0 + 32 * u < chunks) Dequant8<T>(w, (c0 + 32 * u) * 8, wv[u]);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[t] = fmaf(wv[i], xt[i], acc[t]);
+    for (int u = 0; u < kInFlight; ++u) {
+      const int64_t c = c0 + 32 * u;
+      if (c >= chunks) break;
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        if (t < nt) {
+          const float* xt = x + t * cols + c * 8;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[t] = fmaf(wv[u][i], xt[i], acc[t]);
+        }
       }
     }
   }
