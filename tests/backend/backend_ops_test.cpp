@@ -591,12 +591,20 @@ Failures CheckElementwise(Backend& be) {
       const std::string shape = " [" + std::to_string(rows) + "x" + std::to_string(cols) + "]";
       // RmsNorm and AddBias with F32 and F16 vectors.
       for (DType vt : {DType::kF32, DType::kF16}) {
-        const Weight w = MakeWeight(vt, 1, cols, rng);
+        const Weight w = MakeWeight(vt, 1, cols, rng), w2 = MakeWeight(vt, 1, cols, rng);
+        const std::vector<float> x2 = Random((rows + 2) * cols, rng);
         Tensors tb(be), tr(ref);
-        const Tensor nb = tb.Zeros(rows, cols), nr = tr.Zeros(rows, cols);
-        be.RmsNorm(tb.Make(rows, cols, x), w.View(0), 1e-6f, nb);
+        // Two norms back to back, as a model's query and key head norms (the GPU joins them).
+        const Tensor xb = tb.Make(rows, cols, x), x2b = tb.Make(rows + 2, cols, x2);
+        const Tensor nb = tb.Zeros(rows, cols), n2b = tb.Zeros(rows + 2, cols);
+        const Tensor nr = tr.Zeros(rows, cols), n2r = tr.Zeros(rows + 2, cols);
+        be.RmsNorm(xb, w.View(0), 1e-6f, nb);
+        be.RmsNorm(x2b, w2.View(0), 1e-6f, n2b);
         ref.RmsNorm(tr.Make(rows, cols, x), w.View(0), 1e-6f, nr);
+        ref.RmsNorm(tr.Make(rows + 2, cols, x2), w2.View(0), 1e-6f, n2r);
         Expect(f, std::string("RmsNorm ") + DTypeName(vt) + shape, tb.Read(nb), tr.Read(nr), 1e-10);
+        Expect(f, std::string("RmsNorm (second) ") + DTypeName(vt) + shape, tb.Read(n2b),
+               tr.Read(n2r), 1e-10);
         const Tensor bb = tb.Make(rows, cols, y), br = tr.Make(rows, cols, y);
         be.AddBias(bb, w.View(0));
         ref.AddBias(br, w.View(0));

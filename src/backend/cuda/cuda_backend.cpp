@@ -271,12 +271,31 @@ void CudaBackend::DeviceMatMulBatch(const MatMulOp* ops, int n_ops) {
 
 void CudaBackend::RmsNorm(const Tensor& x, const WeightView& w, float eps, const Tensor& y) {
   // A norm starts each block of a layer, where no recorded launch waits for a later op to
-  // join it: a long pass goes to the device from here in pieces, so the device computes the
-  // first layers while the host records the rest.
+  // join it (at worst the join of two norms below is missed): a long pass goes to the device
+  // from here in pieces, so the device computes the first layers while the host records the
+  // rest.
   if (chunk_recs_ > 0 && n_recs_ >= static_cast<size_t>(chunk_recs_)) Flush();
   EnsureStaging(StagingBytes(w));
   EnsureWork(static_cast<size_t>(x.cols) * 4);
   const float* v = VectorOf(w, x.cols);
+  if (n_recs_ > 0 && recs_[n_recs_ - 1].fn == &LaunchRmsNorm) {
+    // Two independent norms of one width back to back (the query and key head norms): one
+    // launch.
+    auto* prev = reinterpret_cast<RmsNormParams*>(recs_[n_recs_ - 1].p);
+    const size_t pb = static_cast<size_t>(prev->rows * prev->cols) * 4;
+    const size_t b = static_cast<size_t>(x.size()) * 4;
+    if (prev->rows2 == 0 && !prev->xq && prev->cols == x.cols && prev->eps == eps &&
+        !Overlap(x.data, b, prev->y, pb) && !Overlap(y.data, b, prev->x, pb) &&
+        !Overlap(y.data, b, prev->y, pb)) {
+      prev->x2 = x.data;
+      prev->y2 = y.data;
+      prev->w2 = v;
+      prev->rows2 = x.rows;
+      Wrote(y);
+      FinishStaged();
+      return;
+    }
+  }
   auto* p = Add<RmsNormParams>(&LaunchRmsNorm);  // fields one by one: padding stays zero
   p->x = x.data;
   p->y = y.data;

@@ -164,6 +164,9 @@ class CudaBackend final : public Backend {
   bool FindAct(const Tensor& x, bool half, void** data, void** scales) const;
   // Quantizes (or converts to half) rows of x, recording the launch; work must be ensured.
   void ConvertAct(const Tensor& x, bool half, void** data, void** scales);
+  // Whether a recorded launch leaves x as it was (the kinds recorded between a MoE layer's norm
+  // and its experts' quantization; false for any other kind).
+  static bool ReadsOnly(const Rec& r, const Tensor& x);
   void Wrote(const Tensor& t) { Wrote(t.data, static_cast<size_t>(t.size()) * 4); }
   void Wrote(const void* p, size_t bytes);
 

@@ -546,12 +546,15 @@ void CudaBackend::ConvertAct(const Tensor& x, bool half, void** data, void** sca
     e.scales = Carve(static_cast<size_t>(x.size() / 32) * sizeof(float2));
     auto* q = static_cast<int8_t*>(e.data);
     auto* qs = static_cast<float2*>(e.scales);
-    // The op that just wrote exactly x (a norm, SwiGLU) quantizes it as it writes it: one
-    // launch less.
+    // The op that wrote exactly x (a norm, SwiGLU) quantizes it as it writes it: one launch
+    // less. It is the last one recorded, or before a MoE layer's router product and top-k,
+    // which only read x.
     Rec* last = n_recs_ > 0 ? &recs_[n_recs_ - 1] : nullptr;
+    for (size_t back = 1; last && back < 3 && back < n_recs_ && ReadsOnly(*last, x); ++back)
+      last = &recs_[n_recs_ - 1 - back];
     if (last && last->fn == &LaunchRmsNorm) {
       auto* n = reinterpret_cast<RmsNormParams*>(last->p);
-      if (n->y == x.data && n->rows == x.rows && n->cols == x.cols && !n->xq) {
+      if (n->y == x.data && n->rows == x.rows && n->cols == x.cols && !n->xq && n->rows2 == 0) {
         n->xq = q;
         n->xs = qs;
         last = nullptr;
@@ -580,6 +583,24 @@ void CudaBackend::ConvertAct(const Tensor& x, bool half, void** data, void** sca
   acts_.push_back(e);
   *data = e.data;
   *scales = e.scales;
+}
+
+bool CudaBackend::ReadsOnly(const Rec& r, const Tensor& x) {
+  const size_t bytes = static_cast<size_t>(x.size()) * 4;
+  if (r.fn == &LaunchRouteTopK) {
+    const auto* t = reinterpret_cast<const RouteTopKParams*>(r.p);
+    return !Overlap(t->weight, static_cast<size_t>(t->n) * t->k * 4, x.data, bytes) &&
+           !Overlap(t->sel, static_cast<size_t>(t->n) * t->k * 4, x.data, bytes);
+  }
+  if (r.fn != &LaunchGemv) return false;
+  const auto* g = reinterpret_cast<const GemvParams*>(r.p);
+  if (g->glu_out) return false;
+  for (int j = 0; j < g->n_jobs; ++j) {
+    const GemvJob& job = g->jobs[j];
+    const size_t span = static_cast<size_t>((g->ntok - 1) * job.ldy + job.rows) * 4;
+    if (job.add_to || job.slot_expert || Overlap(job.y, span, x.data, bytes)) return false;
+  }
+  return true;
 }
 
 void CudaBackend::Wrote(const void* p, size_t bytes) {

@@ -165,6 +165,12 @@ struct RmsNormParams {
   float eps = 0;
   int8_t* xq = nullptr;  // when set: y quantized as by LaunchQuantizeQ8 too (cols % 32 == 0)
   float2* xs = nullptr;
+  // A second norm of the same width and eps in the launch (blocks after `rows`; no xq): the
+  // keys' head norm joined to the queries'.
+  const float* x2 = nullptr;
+  float* y2 = nullptr;
+  const float* w2 = nullptr;
+  int64_t rows2 = 0;
 };
 void LaunchRmsNorm(const void* params, cudaStream_t stream);
 

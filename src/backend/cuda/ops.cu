@@ -201,27 +201,29 @@ template <int VPT>
 __global__ void RmsNormKernel(const __grid_constant__ RmsNormParams p) {
   PdlStart();
   __shared__ double shared[32];
-  const int64_t t = blockIdx.x;
+  int64_t t = blockIdx.x;
   const float* x = p.x + t * p.cols;
   float* y = p.y + t * p.cols;
-  float v[VPT];
+  const float* wt = p.w;
+  if (t >= p.rows) {  // the second norm
+    t -= p.rows;
+    x = p.x2 + t * p.cols;
+    y = p.y2 + t * p.cols;
+    wt = p.w2;
+  }
+  float v[VPT], w[VPT];  // the weights read with x, not after the reduction
   double ss = 0;
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
     v[k] = c < p.cols ? x[c] : 0.0f;
+    w[k] = c < p.cols ? wt[c] : 0.0f;
   }
 #pragma unroll
   for (int k = 0; k < VPT; ++k) ss += static_cast<double>(v[k]) * v[k];
   ss = BlockReduceSum(ss, shared);
   const float scale =
       static_cast<float>(1.0 / sqrt(ss / static_cast<double>(p.cols) + static_cast<double>(p.eps)));
-  float w[VPT];
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-    w[k] = c < p.cols ? p.w[c] : 0.0f;
-  }
 #pragma unroll
   for (int k = 0; k < VPT; ++k) {
     const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
@@ -422,7 +424,7 @@ void LaunchRmsNorm(const void* params, cudaStream_t stream) {
   // Threads: a multiple of 32, at most 1024, about four elements each.
   const int64_t threads = std::clamp<int64_t>((p.cols / 4 + 31) / 32 * 32, 32, 1024);
   const int64_t vpt = (p.cols + threads - 1) / threads;
-  const dim3 grid(static_cast<unsigned>(p.rows)), block(static_cast<unsigned>(threads));
+  const dim3 grid(static_cast<unsigned>(p.rows + p.rows2)), block(static_cast<unsigned>(threads));
   if (vpt <= 1)
     LaunchKernel(RmsNormKernel<1>, grid, block, 0, stream, p);
   else if (vpt <= 2)
