@@ -725,14 +725,23 @@ Failures CheckAttention(Backend& be) {
           }
           be.StoreKv(kb, pos0, tb.Make(n, kd, kn), tb.Make(n, vd, vn));
           ref.StoreKv(kr, pos0, tr.Make(n, kd, kn), tr.Make(n, vd, vn));
-          const Tensor ob = tb.Zeros(n, int64_t{s.n_head} * s.dv), orf = tr.Zeros(n, int64_t{s.n_head} * s.dv);
-          be.Attention(s, tb.Make(n, int64_t{s.n_head} * s.dk, q), kb, pos0, ob);
+          const int64_t od = int64_t{s.n_head} * s.dv;
+          const Tensor ob = tb.Zeros(n, od), orf = tr.Zeros(n, od);
+          // The product that reads the output next (a GPU may quantize the output for it in the
+          // attention launch).
+          const Weight wo = MakeWeight(od % 32 == 0 ? DType::kQ8_0 : DType::kF32, 24, od, rng);
+          const Tensor pb = tb.Zeros(n, 24), pr = tr.Zeros(n, 24);
+          const Tensor qb = tb.Make(n, int64_t{s.n_head} * s.dk, q);
+          be.Attention(s, qb, kb, pos0, ob);
+          be.MatMul(wo.View(0), ob, pb);
           ref.Attention(s, tr.Make(n, int64_t{s.n_head} * s.dk, q), kr, pos0, orf);
-          Expect(f, std::string("Attention kv ") + DTypeName(kv_type) + " heads " +
-                        std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) + " dk " +
-                        std::to_string(s.dk) + " pos0 " + std::to_string(pos0) + " n=" +
-                        std::to_string(n),
-                 tb.Read(ob), tr.Read(orf), 1e-9);
+          ref.MatMul(wo.View(0), orf, pr);
+          const std::string what = std::string("Attention kv ") + DTypeName(kv_type) + " heads " +
+                                   std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) +
+                                   " dk " + std::to_string(s.dk) + " pos0 " +
+                                   std::to_string(pos0) + " n=" + std::to_string(n);
+          Expect(f, what, tb.Read(ob), tr.Read(orf), 1e-9);
+          Expect(f, what + ", then a product", tb.Read(pb), tr.Read(pr), 2e-4);
         }
       }
     }

@@ -13,6 +13,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/quant_device.cuh"
 
 namespace substrate::cuda {
 namespace {
@@ -284,11 +285,18 @@ __global__ void __launch_bounds__(kThreads)
     const int r = idx / dv, d = idx % dv;
     return (static_cast<int64_t>(t0 + r / nh) * p.n_head + h0 + r % nh) * dv + d;
   };
+  // With xq (dv % 32 == 0, so a warp's 32 elements are one quantization block of one head, all
+  // stored or none): the output quantized for the product that reads it, as it is written.
+  auto store = [&](int idx, float v) {
+    const int64_t o = out_index(idx);
+    p.out[o] = v;
+    if (p.xq) QuantizeWarpStore(v, o, p.xq, p.xs);
+  };
   if (splits == 1) {
 #pragma unroll
     for (int i = 0; i < kAttentionMaxAcc; ++i) {
       const int idx = tid + i * kThreads;
-      if (idx < nr * dv) p.out[out_index(idx)] = acc[i] / l_s[idx / dv];
+      if (idx < nr * dv) store(idx, acc[i] / l_s[idx / dv]);
     }
     return;
   }
@@ -350,7 +358,7 @@ __global__ void __launch_bounds__(kThreads)
     float o = 0.0f;
 #pragma unroll
     for (int s = 0; s < kAttentionMaxSplits; ++s) o = fmaf(a[s], w[s], o);
-    p.out[out_index(idx)] = o;
+    store(idx, o);
   }
   if (tid == 0) p.counters[cell] = 0;
 }

@@ -546,8 +546,8 @@ void CudaBackend::ConvertAct(const Tensor& x, bool half, void** data, void** sca
     e.scales = Carve(static_cast<size_t>(x.size() / 32) * sizeof(float2));
     auto* q = static_cast<int8_t*>(e.data);
     auto* qs = static_cast<float2*>(e.scales);
-    // The op that wrote exactly x (a norm, SwiGLU) quantizes it as it writes it: one launch
-    // less. It is the last one recorded, or before a MoE layer's router product and top-k,
+    // The op that wrote exactly x (a norm, attention, SwiGLU) quantizes it as it writes it: one
+    // launch less. It is the last one recorded, or before a MoE layer's router product and top-k,
     // which only read x.
     Rec* last = n_recs_ > 0 ? &recs_[n_recs_ - 1] : nullptr;
     for (size_t back = 1; last && back < 3 && back < n_recs_ && ReadsOnly(*last, x); ++back)
@@ -564,6 +564,14 @@ void CudaBackend::ConvertAct(const Tensor& x, bool half, void** data, void** sca
       if (g->glu_out == x.data && x.rows == 1 && x.cols == g->jobs[0].rows && !g->glu_xq) {
         g->glu_xq = q;
         g->glu_xs = qs;
+        last = nullptr;
+      }
+    } else if (last && last->fn == &LaunchAttention) {
+      auto* a = reinterpret_cast<AttentionParams*>(last->p);
+      if (a->out == x.data && int64_t{a->n_tok} * a->n_head * a->dv == x.size() &&
+          a->dv % 32 == 0 && !a->xq) {
+        a->xq = q;
+        a->xs = qs;
         last = nullptr;
       }
     } else if (last && last->fn == &LaunchElementwise) {

@@ -262,6 +262,8 @@ struct AttentionParams {
   uint32_t* counters = nullptr;   // splits > 1: per (token, kv head, chunk), zero between uses
   int32_t smem_bytes = 0;
   int32_t vec = 0;  // 16-byte loads (dk, dv, strides and head offsets multiples of 8, q aligned)
+  int8_t* xq = nullptr;  // when set (dv % 32 == 0): out quantized as by LaunchQuantizeQ8 too
+  float2* xs = nullptr;
 };
 void LaunchAttention(const void* params, cudaStream_t stream);
 // Dynamic shared memory an attention launch of `rows` (q_per_block * heads_per_block) rows
