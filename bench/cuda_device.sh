@@ -12,6 +12,8 @@
 #                          The test binaries read the fixtures, and run `substrate`, at the
 #                          paths of the machine that built them: link those to the copies here
 #   gemv[:TOKENS]          DIR/bench_cuda_gemv: each decode product kernel alone, GB/s
+#   attn                   DIR/bench_cuda_attention: the decode attention alone, 32-16384
+#                          positions, against the floor of a small dependent launch
 #   broken                 DIR/test_backend_broken (a build with a deliberately wrong kernel)
 #                          must fail the op test that guards that kernel
 #   synth:PRESET:TYPE      `substrate synth` a file (kept for the phases after)
@@ -83,6 +85,10 @@ for phase in "$@"; do
     gemv)
       log "gemv kernels ${preset:-1} token(s)"
       "$DIR/bench_cuda_gemv" "${preset:-1}" 2>&1 | tee "$OUT/gemv-${preset:-1}.txt" >> "$OUT/summary.txt"
+      ;;
+    attn)
+      log "decode attention kernel"
+      "$DIR/bench_cuda_attention" 2>&1 | tee "$OUT/attn.txt" >> "$OUT/summary.txt"
       ;;
     broken)
       log "op test of the deliberately broken build (must fail)"

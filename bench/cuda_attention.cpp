@@ -1,0 +1,161 @@
+// The CUDA decode attention alone: one token's launch over an F16 KV cache of several lengths,
+// with the GQA shapes of llama3-8b (32 query heads, 8 KV heads) and qwen3-30b-a3b (32, 4), the
+// splits the backend chooses. Launches are replayed from a CUDA graph, each after the one
+// before as in a decode step; the same graph of one-row quantizations gives the floor a small
+// dependent launch costs on this device, so the attention's own time is the difference.
+//   bench_cuda_attention
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#if SUBSTRATE_HAVE_CUDA
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_ops.h"
+
+namespace {
+
+using namespace substrate::cuda;
+
+#define CHECK(x)                                                                      \
+  do {                                                                                \
+    cudaError_t e_ = (x);                                                             \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+constexpr int kLaunches = 64;
+
+// Microseconds a launch of `launch(i)` takes, replayed kLaunches times in one graph (best of 3).
+template <typename F>
+double TimeLaunches(cudaStream_t s, F launch) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kLaunches; ++i) launch(i);
+  CHECK(cudaStreamEndCapture(s, &g));
+  CHECK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  float best = 1e30f;
+  for (int rep = 0; rep < 4; ++rep) {
+    CHECK(cudaEventRecord(a, s));
+    CHECK(cudaGraphLaunch(ge, s));
+    CHECK(cudaEventRecord(b, s));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (rep > 0) best = std::min(best, ms);  // the first replay uploads the graph
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  return best * 1e3 / kLaunches;
+}
+
+}  // namespace
+
+int main() {
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const double hbm = MeasureReadBandwidth(2ull << 30, 5, s);
+  std::printf("streaming read %.0f GB/s; %d multiprocessors\n", hbm / 1e9, sms);
+
+  constexpr int kDim = 128, kMaxCtx = 16384, kHeads = 32;
+  float *q = nullptr, *out = nullptr, *partial = nullptr, *xq_in = nullptr;
+  __half *k = nullptr, *v = nullptr;
+  int64_t* pos0 = nullptr;
+  uint32_t* counters = nullptr;
+  int8_t* xq = nullptr;
+  float2* xs = nullptr;
+  const size_t kv_elems = static_cast<size_t>(kMaxCtx) * 8 * kDim;
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&q), kHeads * kDim * 4));
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&out), kHeads * kDim * 4));
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&partial), 8u << 20));
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&k), kv_elems * 2));
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&v), kv_elems * 2));
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&pos0), 8));
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&counters), 4096 * 4));
+  CHECK(cudaMemset(counters, 0, 4096 * 4));
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&xq_in), 4096 * 4));
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&xq), 4096));
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&xs), 4096 / 32 * 8));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0, 1);
+  {
+    std::vector<__half> h(kv_elems);
+    for (auto& e : h) e = __float2half(nd(rng));
+    CHECK(cudaMemcpy(k, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(v, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+    std::vector<float> f(kHeads * kDim);
+    for (float& e : f) e = nd(rng);
+    CHECK(cudaMemcpy(q, f.data(), f.size() * 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(xq_in, f.data(), 4096 * 4, cudaMemcpyHostToDevice));
+  }
+
+  QuantizeQ8Params qp{xq_in, 1, 4096, xq, xs};
+  const double floor_us = TimeLaunches(s, [&](int) { LaunchQuantizeQ8(&qp, s); });
+  std::printf("floor: a one-row quantization %.2f us a launch\n", floor_us);
+
+  struct Shape {
+    const char* name;
+    int n_head_kv;
+  };
+  for (const Shape& sh : {Shape{"llama3-8b", 8}, Shape{"qwen3-30b-a3b", 4}}) {
+    // As CudaBackend::Attention chooses for one token.
+    const int group = kHeads / sh.n_head_kv;
+    const int hb = std::max(1, std::min(group, 128 * kAttentionMaxAcc / kDim));
+    const int cells = sh.n_head_kv * ((group + hb - 1) / hb);
+    const int splits = std::clamp(sms / cells, 1, kAttentionMaxSplits);
+    const int smem = AttentionSmemBytes(hb, kDim, kDim);
+    if (smem > 48 * 1024) AllowAttentionSmem(smem);
+    for (int ctx : {32, 128, 512, 2048, 8192, 16384}) {
+      const int64_t p0 = ctx - 1;
+      CHECK(cudaMemcpy(pos0, &p0, 8, cudaMemcpyHostToDevice));
+      AttentionParams p;
+      p.q = q;
+      p.out = out;
+      p.k = k;
+      p.v = v;
+      p.k_stride = p.v_stride = static_cast<int64_t>(sh.n_head_kv) * kDim;
+      p.f16 = 1;
+      p.n_tok = 1;
+      p.n_head = kHeads;
+      p.n_head_kv = sh.n_head_kv;
+      p.dk = p.dv = kDim;
+      p.heads_per_block = hb;
+      p.q_per_block = 1;
+      p.splits = splits;
+      p.scale = 0.0884f;
+      p.pos0 = pos0;
+      p.partial = partial;
+      p.counters = counters;
+      p.smem_bytes = smem;
+      p.vec = 1;
+      const double us = TimeLaunches(s, [&](int) { LaunchAttention(&p, s); });
+      const double bytes = 2.0 * ctx * sh.n_head_kv * kDim * 2;  // K and V, F16
+      std::printf(
+          "%-14s ctx %6d  splits %d  %8.2f us a launch (%.2f over the floor)  %6.0f GB/s "
+          "of cache\n",
+          sh.name, ctx, splits, us, us - floor_us, bytes / us / 1e3);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+#else
+int main() {
+  std::printf("bench_cuda_attention: built without CUDA (-DSUBSTRATE_CUDA=ON)\n");
+  return 0;
+}
+#endif
