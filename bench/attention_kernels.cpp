@@ -4,18 +4,23 @@
 // measured in the same run give each kernel's ratio to the memory limit (a long history does
 // not fit in cache).
 //
+// The cache lies in buffers allocated as the engine's (2 MiB pages where the kernel allows);
+// --small-pages reads it from plain heap memory instead (4 KiB pages: a TLB miss per key).
+//
 //   bench_attention_kernels [--tokens 1] [--context 512,2048,8192] [--threads 2] [--f16] [--reps
-//   50]
+//   50] [--small-pages]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "core/aligned_buffer.h"
 #include "kernels/attention.h"
 #include "kernels/attention_simd.h"
 #include "kernels/cpu_features.h"
@@ -39,7 +44,7 @@ int main(int argc, char** argv) {
   int64_t n_tokens = 1;
   std::vector<int64_t> contexts = {512, 2048, 8192};
   int threads = 2, reps = 50;
-  bool f16 = false;
+  bool f16 = false, small_pages = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -59,6 +64,8 @@ int main(int argc, char** argv) {
       reps = std::stoi(next());
     else if (a == "--f16")
       f16 = true;
+    else if (a == "--small-pages")
+      small_pages = true;
     else {
       std::fprintf(stderr, "bench_attention_kernels: unknown argument %s\n", a.c_str());
       return 2;
@@ -91,8 +98,21 @@ int main(int argc, char** argv) {
     std::vector<uint16_t> k16, v16;
     for (float x : k) k16.push_back(Fp32ToFp16(x));
     for (float x : v) v16.push_back(Fp32ToFp16(x));
-    const KvRows kv = f16 ? KvRows{DType::kF16, k16.data(), stride, v16.data(), stride}
-                          : KvRows{DType::kF32, k.data(), stride, v.data(), stride};
+    // The cache in buffers as the engine allocates it (2 MiB pages where the kernel allows),
+    // or with --small-pages in plain heap memory (4 KiB pages).
+    const size_t elem = f16 ? 2 : 4, bytes = static_cast<size_t>(ctx * stride) * elem;
+    auto kb = AlignedBuffer::Allocate(bytes), vb = AlignedBuffer::Allocate(bytes);
+    if (!kb.ok() || !vb.ok()) {
+      std::fprintf(stderr, "bench_attention_kernels: out of memory\n");
+      return 1;
+    }
+    std::memcpy(kb->data(), f16 ? static_cast<const void*>(k16.data()) : k.data(), bytes);
+    std::memcpy(vb->data(), f16 ? static_cast<const void*>(v16.data()) : v.data(), bytes);
+    const void* kp = small_pages ? (f16 ? static_cast<const void*>(k16.data()) : k.data())
+                                 : static_cast<const void*>(kb->data());
+    const void* vp = small_pages ? (f16 ? static_cast<const void*>(v16.data()) : v.data())
+                                 : static_cast<const void*>(vb->data());
+    const KvRows kv{f16 ? DType::kF16 : DType::kF32, kp, stride, vp, stride};
     std::vector<float> out(n_tokens * s.n_head * s.dv);
     const double kv_bytes = 2.0 * ctx * stride * (f16 ? 2 : 4);
     auto time = [&](auto&& call) {

@@ -13,6 +13,12 @@
 
 namespace substrate {
 
+// `size` zeroed bytes at `alignment` (free with std::free), or null. Large blocks (weights, KV
+// caches: streamed every token) start on a 2 MiB boundary and are advised to use 2 MiB pages
+// where the kernel allows (THP "madvise" mode), which cuts TLB misses on those streams; the size
+// is not rounded to 2 MiB, so nothing extra is touched.
+void* AllocateZeroed(size_t size, size_t alignment);
+
 class AlignedBuffer {
  public:
   static constexpr size_t kDefaultAlignment = 4096;
