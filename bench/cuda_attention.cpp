@@ -15,50 +15,15 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/cuda_ops.h"
+#include "cuda_timing.h"
 
 namespace {
 
 using namespace substrate::cuda;
 
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+#define CHECK CUDA_BENCH_CHECK
 
 constexpr int kLaunches = 64;
-
-// Microseconds a launch of `launch(i)` takes, replayed kLaunches times in one graph (best of 3).
-template <typename F>
-double TimeLaunches(cudaStream_t s, F launch) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunches; ++i) launch(i);
-  CHECK(cudaStreamEndCapture(s, &g));
-  CHECK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  float best = 1e30f;
-  for (int rep = 0; rep < 4; ++rep) {
-    CHECK(cudaEventRecord(a, s));
-    CHECK(cudaGraphLaunch(ge, s));
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    if (rep > 0) best = std::min(best, ms);  // the first replay uploads the graph
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  return best * 1e3 / kLaunches;
-}
 
 }  // namespace
 
@@ -103,7 +68,8 @@ int main() {
   }
 
   QuantizeQ8Params qp{xq_in, 1, 4096, xq, xs};
-  const double floor_us = TimeLaunches(s, [&](int) { LaunchQuantizeQ8(&qp, s); });
+  const double floor_us =
+      MicrosecondsPerLaunch(s, kLaunches, [&](int) { LaunchQuantizeQ8(&qp, s); });
   std::printf("floor: a one-row quantization %.2f us a launch\n", floor_us);
 
   struct Shape {
@@ -141,7 +107,7 @@ int main() {
       p.counters = counters;
       p.smem_bytes = smem;
       p.vec = 1;
-      const double us = TimeLaunches(s, [&](int) { LaunchAttention(&p, s); });
+      const double us = MicrosecondsPerLaunch(s, kLaunches, [&](int) { LaunchAttention(&p, s); });
       const double bytes = 2.0 * ctx * sh.n_head_kv * kDim * 2;  // K and V, F16
       std::printf(
           "%-14s ctx %6d  splits %d  %8.2f us a launch (%.2f over the floor)  %6.0f GB/s "

@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/cuda_ops.h"
+#include "cuda_timing.h"
 #include "format/dtype.h"
 
 namespace {
@@ -23,14 +24,7 @@ namespace {
 using namespace substrate;
 using namespace substrate::cuda;
 
-#define CHECK(x)                                                              \
-  do {                                                                        \
-    cudaError_t e_ = (x);                                                     \
-    if (e_ != cudaSuccess) {                                                  \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
+#define CHECK CUDA_BENCH_CHECK
 
 // Random blocks with a small finite scale in every scale field.
 std::vector<uint8_t> RandomRows(int type, int64_t rows, int64_t cols, std::mt19937& rng) {
@@ -139,30 +133,10 @@ int main(int argc, char** argv) {
             norm += ref[i] * static_cast<double>(ref[i]);
           }
         }
-        const int launches = std::max(copies, 32);
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < launches; ++i) {
+        const double us = MicrosecondsPerLaunch(s, std::max(copies, 32), [&](int i) {
           p.jobs[0].w = base + stride * (i % copies);
           LaunchGemv(&p, s);
-        }
-        CHECK(cudaStreamEndCapture(s, &g));
-        CHECK(cudaGraphInstantiate(&ge, g, 0));
-        cudaEvent_t a, b;
-        CHECK(cudaEventCreate(&a));
-        CHECK(cudaEventCreate(&b));
-        float best = 1e30f;
-        for (int rep = 0; rep < 4; ++rep) {
-          CHECK(cudaEventRecord(a, s));
-          CHECK(cudaGraphLaunch(ge, s));
-          CHECK(cudaEventRecord(b, s));
-          CHECK(cudaEventSynchronize(b));
-          float ms = 0;
-          CHECK(cudaEventElapsedTime(&ms, a, b));
-          if (rep > 0) best = std::min(best, ms);
-        }
-        const double us = best * 1e3 / launches;
+        });
         std::printf("%-5s %-8s %6lldx%-6lld %-9s %8.2f us %7.0f GB/s %5.1f %%  rel.err %.1e\n",
                     DTypeName(static_cast<DType>(type)), sh.name,
                     static_cast<long long>(sh.rows), static_cast<long long>(sh.cols),
@@ -170,10 +144,6 @@ int main(int argc, char** argv) {
                     bytes / us / 1e3, 100.0 * bytes / (us * 1e-6) / hbm,
                     norm > 0 ? std::sqrt(err / norm) : 0.0);
         std::fflush(stdout);
-        cudaEventDestroy(a);
-        cudaEventDestroy(b);
-        cudaGraphExecDestroy(ge);
-        cudaGraphDestroy(g);
       }
       CHECK(cudaFree(plain));
       CHECK(cudaFree(rp));
