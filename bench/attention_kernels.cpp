@@ -18,6 +18,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/aligned_buffer.h"
@@ -99,19 +100,24 @@ int main(int argc, char** argv) {
     for (float x : k) k16.push_back(Fp32ToFp16(x));
     for (float x : v) v16.push_back(Fp32ToFp16(x));
     // The cache in buffers as the engine allocates it (2 MiB pages where the kernel allows),
-    // or with --small-pages in plain heap memory (4 KiB pages).
-    const size_t elem = f16 ? 2 : 4, bytes = static_cast<size_t>(ctx * stride) * elem;
-    auto kb = AlignedBuffer::Allocate(bytes), vb = AlignedBuffer::Allocate(bytes);
-    if (!kb.ok() || !vb.ok()) {
-      std::fprintf(stderr, "bench_attention_kernels: out of memory\n");
-      return 1;
+    // or with --small-pages where it was generated, in plain heap memory (4 KiB pages).
+    const void* kp = f16 ? static_cast<const void*>(k16.data()) : k.data();
+    const void* vp = f16 ? static_cast<const void*>(v16.data()) : v.data();
+    AlignedBuffer kb, vb;
+    if (!small_pages) {
+      const size_t bytes = static_cast<size_t>(ctx * stride) * (f16 ? 2 : 4);
+      auto ka = AlignedBuffer::Allocate(bytes), va = AlignedBuffer::Allocate(bytes);
+      if (!ka.ok() || !va.ok()) {
+        std::fprintf(stderr, "bench_attention_kernels: out of memory\n");
+        return 1;
+      }
+      kb = std::move(ka).value();
+      vb = std::move(va).value();
+      std::memcpy(kb.data(), kp, bytes);
+      std::memcpy(vb.data(), vp, bytes);
+      kp = kb.data();
+      vp = vb.data();
     }
-    std::memcpy(kb->data(), f16 ? static_cast<const void*>(k16.data()) : k.data(), bytes);
-    std::memcpy(vb->data(), f16 ? static_cast<const void*>(v16.data()) : v.data(), bytes);
-    const void* kp = small_pages ? (f16 ? static_cast<const void*>(k16.data()) : k.data())
-                                 : static_cast<const void*>(kb->data());
-    const void* vp = small_pages ? (f16 ? static_cast<const void*>(v16.data()) : v.data())
-                                 : static_cast<const void*>(vb->data());
     const KvRows kv{f16 ? DType::kF16 : DType::kF32, kp, stride, vp, stride};
     std::vector<float> out(n_tokens * s.n_head * s.dv);
     const double kv_bytes = 2.0 * ctx * stride * (f16 ? 2 : 4);
