@@ -782,19 +782,36 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
   auto* hs = static_cast<float2*>(Carve(static_cast<size_t>(slots * ff / 32) * sizeof(float2)));
   auto* out = static_cast<float*>(Carve(static_cast<size_t>(slots * d) * 4));
 
-  auto* r = Add<RouteTopKParams>(&LaunchRouteTopK);
-  r->logits = op.logits.data;
-  r->bias = bias;
-  r->n = static_cast<int32_t>(n);
-  r->n_expert = E;
-  r->k = K;
-  r->sigmoid = rp.gating == GatingFunc::kSigmoid ? 1 : 0;
-  r->normalize = rp.normalize ? 1 : 0;
-  r->scale = rp.scale;
-  r->sel = sel;
-  r->weight = weight;
-  r->link_bytes = ExpertLinkBytes(op, *g, *u, *dn, E);
-  r->link_counter = link_counter_;
+  RouteTopKParams route;
+  route.logits = op.logits.data;
+  route.bias = bias;
+  route.n = static_cast<int32_t>(n);
+  route.n_expert = E;
+  route.k = K;
+  route.sigmoid = rp.gating == GatingFunc::kSigmoid ? 1 : 0;
+  route.normalize = rp.normalize ? 1 : 0;
+  route.scale = rp.scale;
+  route.sel = sel;
+  route.weight = weight;
+  route.link_bytes = ExpertLinkBytes(op, *g, *u, *dn, E);
+  route.link_counter = link_counter_;
+  // One token whose logits the last launch (the router's float product) just wrote: that launch
+  // routes them as it finishes, one launch less.
+  GemvParams* router = n_recs_ > 0 && recs_[n_recs_ - 1].fn == &LaunchGemv
+                           ? reinterpret_cast<GemvParams*>(recs_[n_recs_ - 1].p)
+                           : nullptr;
+  const bool joined =
+      n == 1 && router && !router->fast && router->n_jobs == 1 && router->ntok == 1 &&
+      !router->glu_out && !router->route.logits &&
+      (router->type == kTypeF32 || router->type == kTypeF16 || router->type == kTypeBF16) &&
+      router->jobs[0].y == op.logits.data && router->jobs[0].rows == E &&
+      !router->jobs[0].accumulate && !router->jobs[0].add_to && !router->jobs[0].slot_expert;
+  if (joined) {
+    router->route = route;
+    router->route_counter = route_counter_;
+  } else {
+    *Add<RouteTopKParams>(&LaunchRouteTopK) = route;
+  }
 
   void* xq = nullptr;
   void* xs = nullptr;

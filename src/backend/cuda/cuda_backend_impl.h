@@ -326,7 +326,8 @@ class CudaBackend final : public Backend {
   bool zero_copy_ = false;  // kernels read pinned host weights in place (Init says when)
 
   uint32_t* counters_ = nullptr;
-  uint32_t* glu_counters_ = nullptr;  // GemvParams::glu_counters, kGluCounterCells
+  uint32_t* glu_counters_ = nullptr;   // GemvParams::glu_counters, kGluCounterCells
+  uint32_t* route_counter_ = nullptr;  // GemvParams::route_counter
   int* flag_dev_ = nullptr;
   int* flag_host_ = nullptr;
   int attn_smem_allowed_ = 48 * 1024;

@@ -81,6 +81,8 @@ Status CudaBackend::Init() {
   CK(cudaMalloc(&glu_counters_, kGluCounterCells * sizeof(uint32_t)));
   CK(cudaMemset(glu_counters_, 0, kGluCounterCells * sizeof(uint32_t)));
   RETURN_IF_ERROR(charge(kGluCounterCells * sizeof(uint32_t)));
+  CK(cudaMalloc(&route_counter_, sizeof(uint32_t)));
+  CK(cudaMemset(route_counter_, 0, sizeof(uint32_t)));
   CK(cudaMalloc(&flag_dev_, sizeof(int)));
   CK(cudaMalloc(&link_counter_, sizeof(unsigned long long)));
   CK(cudaMemset(link_counter_, 0, sizeof(unsigned long long)));
@@ -152,6 +154,7 @@ CudaBackend::~CudaBackend() {
   cudaFreeHost(harena_);
   cudaFree(counters_);
   cudaFree(glu_counters_);
+  cudaFree(route_counter_);
   cudaFree(flag_dev_);
   cudaFree(link_counter_);
   for (auto& [gate, link] : expert_link_) cudaFree(link.first);
@@ -603,6 +606,10 @@ bool CudaBackend::ReadsOnly(const Rec& r, const Tensor& x) {
   if (r.fn != &LaunchGemv) return false;
   const auto* g = reinterpret_cast<const GemvParams*>(r.p);
   if (g->glu_out) return false;
+  if (g->route.logits &&
+      (Overlap(g->route.sel, static_cast<size_t>(g->route.n) * g->route.k * 4, x.data, bytes) ||
+       Overlap(g->route.weight, static_cast<size_t>(g->route.n) * g->route.k * 4, x.data, bytes)))
+    return false;
   for (int j = 0; j < g->n_jobs; ++j) {
     const GemvJob& job = g->jobs[j];
     const size_t span = static_cast<size_t>((g->ntok - 1) * job.ldy + job.rows) * 4;

@@ -59,6 +59,23 @@ constexpr int kGemvMaxJobs = 8;
 constexpr int kGemvRowsPerBlock = 4;      // float path: one warp per row
 constexpr int kGemvFastRowsPerBlock = 4;  // int8 path: one row per warp (two measured slower)
 
+// Top-k routing of logits [n, E] on the device, the arithmetic of kernels/routing.cpp (softmax
+// or sigmoid gating, the selection bias, top-k by selection score with the lowest index among
+// equals, normalisation and scale; no groups, no cached bonus): sel/weight [n, k].
+struct RouteTopKParams {
+  const float* logits = nullptr;
+  const float* bias = nullptr;  // [E] or null
+  int32_t n = 0, n_expert = 0, k = 0;
+  int32_t sigmoid = 0, normalize = 0;
+  float scale = 1;
+  int32_t* sel = nullptr;
+  float* weight = nullptr;
+  // [E] or null: bytes each expert's products read from host memory (experts the device does
+  // not hold, read in place), added to *link_counter for each choice.
+  const unsigned long long* link_bytes = nullptr;
+  unsigned long long* link_counter = nullptr;
+};
+
 // One product y[t, :rows] (=|+=) W[rows, cols] . x[t, :cols] for the pass's tokens.
 struct GemvJob {
   const uint8_t* w = nullptr;  // row 0 (device)
@@ -99,6 +116,11 @@ struct GemvParams {
   int8_t* glu_xq = nullptr;
   float2* glu_xs = nullptr;
   uint32_t* glu_counters = nullptr;
+  // The router's top-k joined to its product (the float path, one token, one job of n_expert
+  // rows): the warp that writes the last row routes them (route.logits set: joined;
+  // route_counter zero between launches, each launch leaves it zero).
+  RouteTopKParams route;
+  uint32_t* route_counter = nullptr;
 };
 void LaunchGemv(const void* params, cudaStream_t stream);
 // Rows per launch block of the product `type` takes (`fast`: the int8 path), variant 0.
@@ -275,22 +297,6 @@ constexpr int kAttentionMaxSplits = 8;  // decode: blocks sharing one cell's pos
 
 // ---- mixture of experts ----
 
-// Top-k routing of logits [n, E] on the device, the arithmetic of kernels/routing.cpp (softmax
-// or sigmoid gating, the selection bias, top-k by selection score with the lowest index among
-// equals, normalisation and scale; no groups, no cached bonus): sel/weight [n, k].
-struct RouteTopKParams {
-  const float* logits = nullptr;
-  const float* bias = nullptr;  // [E] or null
-  int32_t n = 0, n_expert = 0, k = 0;
-  int32_t sigmoid = 0, normalize = 0;
-  float scale = 1;
-  int32_t* sel = nullptr;
-  float* weight = nullptr;
-  // [E] or null: bytes each expert's products read from host memory (experts the device does
-  // not hold, read in place), added to *link_counter for each choice.
-  const unsigned long long* link_bytes = nullptr;
-  unsigned long long* link_counter = nullptr;
-};
 void LaunchRouteTopK(const void* params, cudaStream_t stream);
 constexpr int kRouteMaxExperts = 1024;
 

@@ -9,6 +9,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant_device.cuh"
+#include "backend/cuda/route_device.cuh"
 
 namespace substrate::cuda {
 namespace {
@@ -816,7 +817,8 @@ __global__ void __launch_bounds__(32 * kTileWarps, 2)
   }
 }
 
-template <int T, int NT>
+// kRoute (one token, one job: a router's logits): the warp that writes the last row routes them.
+template <int T, int NT, bool kRoute = false>
 __global__ void __launch_bounds__(128) GemvFloatKernel(const __grid_constant__ GemvParams p) {
   PdlStart();
   int j, row;
@@ -862,6 +864,20 @@ __global__ void __launch_bounds__(128) GemvFloatKernel(const __grid_constant__ G
     }
   }
   WriteRows<NT>(job, row, t0, nt, acc);
+  if constexpr (kRoute) {
+    uint32_t done = 0;
+    if (lane == 0) {
+      __threadfence();  // this row's logit before the count
+      done = atomicAdd(p.route_counter, 1u) + 1u;
+    }
+    done = __shfl_sync(0xffffffffu, done, 0);
+    if (done != static_cast<uint32_t>(job.rows)) return;
+    __threadfence();
+    __shared__ float prob[kRouteMaxExperts];
+    __shared__ float choice[kRouteMaxExperts];
+    RouteToken(p.route, 0, prob, choice);
+    if (lane == 0) *p.route_counter = 0;
+  }
 }
 
 __global__ void QuantizeQ8Kernel(const __grid_constant__ QuantizeQ8Params p) {
@@ -881,6 +897,12 @@ void LaunchTyped(const GemvParams& p, cudaStream_t stream) {
   if constexpr (kHasFast<T>) {
     if (p.fast) {
       LaunchKernel(GemvFastKernel<T, NT>, grid, dim3(32 * kGemvRowsPerBlock), 0, stream, p);
+      return;
+    }
+  }
+  if constexpr (NT == 1 && (T == kTypeF32 || T == kTypeF16 || T == kTypeBF16)) {
+    if (p.route.logits) {
+      LaunchKernel(GemvFloatKernel<T, NT, true>, grid, dim3(32 * kGemvRowsPerBlock), 0, stream, p);
       return;
     }
   }
