@@ -3,7 +3,7 @@
 // splits the backend chooses. Launches are replayed from a CUDA graph, each after the one
 // before as in a decode step; the same graph of one-row quantizations gives the floor a small
 // dependent launch costs on this device, so the attention's own time is the difference.
-//   bench_cuda_attention
+//   bench_cuda_attention [MAX_SPLITS]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -27,7 +27,9 @@ constexpr int kLaunches = 64;
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // An optional argument caps the splits (to compare with the backend's choice).
+  const int max_splits = argc > 1 ? std::atoi(argv[1]) : kAttentionMaxSplits;
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   int sms = 0;
@@ -81,10 +83,13 @@ int main() {
     const int group = kHeads / sh.n_head_kv;
     const int hb = std::max(1, std::min(group, 128 * kAttentionMaxAcc / kDim));
     const int cells = sh.n_head_kv * ((group + hb - 1) / hb);
-    const int splits = std::clamp(sms / cells, 1, kAttentionMaxSplits);
+
     const int smem = AttentionSmemBytes(hb, kDim, kDim);
     if (smem > 48 * 1024) AllowAttentionSmem(smem);
     for (int ctx : {32, 128, 512, 2048, 8192, 16384}) {
+      const int splits = std::min(
+          DecodeAttentionSplits(cells, sms, (ctx + kAttentionTile - 1) / kAttentionTile),
+          std::max(1, max_splits));
       const int64_t p0 = ctx - 1;
       CHECK(cudaMemcpy(pos0, &p0, 8, cudaMemcpyHostToDevice));
       AttentionParams p;
@@ -110,9 +115,9 @@ int main() {
       const double us = MicrosecondsPerLaunch(s, kLaunches, [&](int) { LaunchAttention(&p, s); });
       const double bytes = 2.0 * ctx * sh.n_head_kv * kDim * 2;  // K and V, F16
       std::printf(
-          "%-14s ctx %6d  splits %d  %8.2f us a launch (%.2f over the floor)  %6.0f GB/s "
+          "%-14s ctx %6d  splits %2d  %8.2f us a launch (%.2f over the floor)  %6.0f GB/s "
           "of cache\n",
-          sh.name, ctx, splits, us, us - floor_us, bytes / us / 1e3);
+          sh.name, ctx, std::min(splits, (ctx + kAttentionTile - 1) / kAttentionTile), us, us - floor_us, bytes / us / 1e3);
       std::fflush(stdout);
     }
   }

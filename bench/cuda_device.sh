@@ -12,8 +12,9 @@
 #                          The test binaries read the fixtures, and run `substrate`, at the
 #                          paths of the machine that built them: link those to the copies here
 #   gemv[:TOKENS]          DIR/bench_cuda_gemv: each decode product kernel alone, GB/s
-#   attn                   DIR/bench_cuda_attention: the decode attention alone, 32-16384
-#                          positions, against the floor of a small dependent launch
+#   attn[:MAX_SPLITS]      DIR/bench_cuda_attention: the decode attention alone, 32-16384
+#                          positions, against the floor of a small dependent launch (with the
+#                          splits capped at MAX_SPLITS)
 #   broken                 DIR/test_backend_broken (a build with a deliberately wrong kernel)
 #                          must fail the op test that guards that kernel
 #   synth:PRESET:TYPE      `substrate synth` a file (kept for the phases after)
@@ -87,8 +88,9 @@ for phase in "$@"; do
       "$DIR/bench_cuda_gemv" "${preset:-1}" 2>&1 | tee "$OUT/gemv-${preset:-1}.txt" >> "$OUT/summary.txt"
       ;;
     attn)
-      log "decode attention kernel"
-      "$DIR/bench_cuda_attention" 2>&1 | tee "$OUT/attn.txt" >> "$OUT/summary.txt"
+      log "decode attention kernel ${preset:+(at most $preset splits)}"
+      "$DIR/bench_cuda_attention" ${preset:-} 2>&1 | tee "$OUT/attn${preset:+-$preset}.txt" \
+        >> "$OUT/summary.txt"
       ;;
     broken)
       log "op test of the deliberately broken build (must fail)"

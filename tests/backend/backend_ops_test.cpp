@@ -707,8 +707,9 @@ Failures CheckAttention(Backend& be) {
     for (const AttentionShape& s : {AttentionShape{8, 2, 64, 64, 0.125f},
                                     AttentionShape{6, 6, 40, 24, 0.2f},
                                     AttentionShape{4, 1, 128, 128, 0.0883f}}) {
-      // pos0 300: a decode token's positions span more tiles than it has blocks.
-      for (int64_t pos0 : {0, 37, 300}) {
+      // pos0 300: a decode token's positions span more tiles than it has blocks; 2100: more
+      // than 32 blocks share them (a GPU's merge takes two splits a lane).
+      for (int64_t pos0 : {0, 37, 300, 2100}) {
         for (int64_t n : {1, 5, 70}) {
           const int64_t kd = int64_t{s.n_head_kv} * s.dk, vd = int64_t{s.n_head_kv} * s.dv;
           const int64_t total = pos0 + n;

@@ -18,8 +18,10 @@
 namespace substrate::cuda {
 namespace {
 
-constexpr int kTile = 32;
+constexpr int kTile = kAttentionTile;
 constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+static_assert(kTile == 32, "a warp's lanes take a tile's positions");
 
 // Floats of a K tile row in shared memory, padded against bank conflicts: by one for the scalar
 // path; by four for 16-byte reads (dk a multiple of 8, so rows start 4 banks apart mod 32).
@@ -81,49 +83,69 @@ __global__ void StoreMlaKvKernel(const __grid_constant__ StoreMlaKvParams p) {
   }
 }
 
-// A tile of kTile cache rows (columns [col, col + width) of each) into shared memory rows of
-// `ld` floats, zeros past n_kv: 16-byte loads (4 floats or 8 halves), all of a thread's issued
-// before the first is stored. Needs width, stride and col multiples of 8 (checked by the host).
-__device__ __forceinline__ void LoadTile(const void* base, int f16, int64_t stride, int64_t col,
-                                         int width, int64_t p0, int64_t n_kv, float* dst, int ld) {
-  const int per = f16 ? 8 : 4;  // elements per 16 bytes
-  const int vecs_per_row = width / per;
-  const int total = kTile * vecs_per_row;
-  constexpr int kMax = 8;  // loads in flight per thread and round
-  for (int i0 = threadIdx.x; i0 < total; i0 += kMax * kThreads) {
-    uint4 v[kMax];
+// One side (K or V) of a tile: kTile cache rows, columns [col, col + width) of each, into shared
+// memory rows of `ld` floats.
+struct TileSide {
+  const void* base;
+  int64_t stride, col;
+  int width;
+  float* dst;
+  int ld;
+};
+
+constexpr int kSideLoads = 4;  // 16-byte loads in flight per thread and side, each round
+
+// Round i0 of a side's 16-byte loads (4 floats or 8 halves each), zeros past n_kv.
+__device__ __forceinline__ void IssueSide(const TileSide& t, int f16, int64_t p0, int64_t n_kv,
+                                          int i0, uint4 (&val)[kSideLoads]) {
+  const int per = f16 ? 8 : 4, vecs = t.width / per, total = kTile * vecs;
 #pragma unroll
-    for (int u = 0; u < kMax; ++u) {
-      const int i = i0 + u * kThreads;
-      const int r = i / vecs_per_row, c = i % vecs_per_row;
-      v[u] = make_uint4(0, 0, 0, 0);
-      if (i < total && p0 + r < n_kv) {
-        const int64_t e = (p0 + r) * stride + col + static_cast<int64_t>(c) * per;
-        v[u] = f16 ? *reinterpret_cast<const uint4*>(static_cast<const __half*>(base) + e)
-                   : *reinterpret_cast<const uint4*>(static_cast<const float*>(base) + e);
-      }
+  for (int u = 0; u < kSideLoads; ++u) {
+    const int i = i0 + u * kThreads, r = i / vecs, c = i % vecs;
+    val[u] = make_uint4(0, 0, 0, 0);
+    if (i < total && p0 + r < n_kv) {
+      const int64_t e = (p0 + r) * t.stride + t.col + static_cast<int64_t>(c) * per;
+      val[u] = f16 ? *reinterpret_cast<const uint4*>(static_cast<const __half*>(t.base) + e)
+                   : *reinterpret_cast<const uint4*>(static_cast<const float*>(t.base) + e);
     }
+  }
+}
+
+// Round i0's values into the side's shared memory rows, as 16-byte stores.
+__device__ __forceinline__ void StoreSide(const TileSide& t, int f16, int i0,
+                                          const uint4 (&val)[kSideLoads]) {
+  const int per = f16 ? 8 : 4, vecs = t.width / per, total = kTile * vecs;
 #pragma unroll
-    for (int u = 0; u < kMax; ++u) {
-      const int i = i0 + u * kThreads;
-      if (i >= total) break;
-      const int r = i / vecs_per_row, c = i % vecs_per_row;
-      float* o = dst + r * ld + c * per;
-      if (f16) {
-        const __half2* h = reinterpret_cast<const __half2*>(&v[u]);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float2 f = __half22float2(h[k]);
-          o[2 * k] = f.x;
-          o[2 * k + 1] = f.y;
-        }
-      } else {
-        o[0] = __uint_as_float(v[u].x);
-        o[1] = __uint_as_float(v[u].y);
-        o[2] = __uint_as_float(v[u].z);
-        o[3] = __uint_as_float(v[u].w);
-      }
+  for (int u = 0; u < kSideLoads; ++u) {
+    const int i = i0 + u * kThreads;
+    if (i >= total) break;
+    float4* o = reinterpret_cast<float4*>(t.dst + (i / vecs) * t.ld + (i % vecs) * per);
+    if (f16) {
+      const __half2* h = reinterpret_cast<const __half2*>(&val[u]);
+      const float2 a = __half22float2(h[0]), b = __half22float2(h[1]);
+      const float2 c = __half22float2(h[2]), d = __half22float2(h[3]);
+      o[0] = make_float4(a.x, a.y, b.x, b.y);
+      o[1] = make_float4(c.x, c.y, d.x, d.y);
+    } else {
+      o[0] = make_float4(__uint_as_float(val[u].x), __uint_as_float(val[u].y),
+                         __uint_as_float(val[u].z), __uint_as_float(val[u].w));
     }
+  }
+}
+
+// The K and V sides of the tile at position p0 into shared memory: each round issues both sides'
+// loads before it stores either, so a tile costs one memory round trip when a round holds it.
+// Needs widths, strides, columns and shared rows multiples of 8 floats (checked by the host).
+__device__ __forceinline__ void LoadTiles(const TileSide k, const TileSide v, int f16, int64_t p0,
+                                          int64_t n_kv) {
+  const int per = f16 ? 8 : 4;
+  const int total = kTile * max(k.width, v.width) / per;
+  for (int i0 = threadIdx.x; i0 < total; i0 += kSideLoads * kThreads) {
+    uint4 kr[kSideLoads], vr[kSideLoads];
+    IssueSide(k, f16, p0, n_kv, i0, kr);
+    IssueSide(v, f16, p0, n_kv, i0, vr);
+    StoreSide(k, f16, i0, kr);
+    StoreSide(v, f16, i0, vr);
   }
 }
 
@@ -154,14 +176,10 @@ __global__ void __launch_bounds__(kThreads)
   float* m_s = p_s + rmax * kTile;  // [rmax]
   float* l_s = m_s + rmax;          // [rmax]
   float* a_s = l_s + rmax;          // [rmax] rescale of the accumulators
+  float* w_s = a_s + rmax;          // [rmax][kAttentionMaxSplits] each split's merge weight
 
+  // The position is read here and used after the query loads, so both round trips overlap.
   const int64_t pos0 = *p.pos0;
-  const int64_t n_kv_max = pos0 + t0 + nt;  // the last token's history
-  const int64_t n_tiles = (n_kv_max + kTile - 1) / kTile;
-  // Decode over a short history: only as many splits as there are tiles take part (the rest
-  // leave now); with one, its block writes the output without the partials' round trip.
-  const int splits = static_cast<int>(min(static_cast<int64_t>(p.splits), n_tiles));
-  if (split >= splits) return;
   // The block's query rows (row r: token r / nh, head r % nh; each row's dk floats contiguous).
   auto q_at = [&](int i) {
     const int r = i / dk, d = i % dk;
@@ -187,6 +205,12 @@ __global__ void __launch_bounds__(kThreads)
   } else {
     for (int i = tid; i < nr * dk; i += kThreads) q_s[i] = p.q[q_at(i)];
   }
+  const int64_t n_kv_max = pos0 + t0 + nt;  // the last token's history
+  const int64_t n_tiles = (n_kv_max + kTile - 1) / kTile;
+  // Decode over a short history: only as many splits as there are tiles take part (the rest
+  // leave now); with one, its block writes the output without the partials' round trip.
+  const int splits = static_cast<int>(min(static_cast<int64_t>(p.splits), n_tiles));
+  if (split >= splits) return;
   for (int r = tid; r < rmax; r += kThreads) {
     m_s[r] = -INFINITY;
     l_s[r] = 0.0f;
@@ -199,8 +223,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t tile = split; tile < n_tiles; tile += splits) {
     const int64_t p0 = tile * kTile;
     if (p.vec) {
-      LoadTile(p.k, p.f16, p.k_stride, static_cast<int64_t>(hk) * dk, dk, p0, n_kv_max, k_s, kld);
-      LoadTile(p.v, p.f16, p.v_stride, static_cast<int64_t>(hk) * dv, dv, p0, n_kv_max, v_s, dv);
+      LoadTiles(TileSide{p.k, p.k_stride, static_cast<int64_t>(hk) * dk, dk, k_s, kld},
+                TileSide{p.v, p.v_stride, static_cast<int64_t>(hk) * dv, dv, v_s, dv}, p.f16, p0,
+                n_kv_max);
     } else {
       for (int i = tid; i < kTile * dk; i += kThreads) {
         const int r = i / dk, d = i % dk;
@@ -219,27 +244,45 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncthreads();
-    for (int i = tid; i < nr * kTile; i += kThreads) {
-      const int r = i / kTile, pp = i % kTile;
-      const int64_t n_kv = pos0 + t0 + r / nh + 1;  // this row's token sees [0, n_kv)
-      const float* qh = q_s + r * dk;
-      const float* kr = k_s + pp * kld;
-      float dot = 0.0f;
-      if (p.vec) {
-        // 16-byte reads and two chains: the query row is a broadcast, the K rows conflict-free.
-        const float4* q4 = reinterpret_cast<const float4*>(qh);
-        const float4* k4 = reinterpret_cast<const float4*>(kr);
-        float dot2 = 0.0f;
+    if (p.vec) {
+      // A warp's lanes take the tile's positions, the warp every kWarps-th row (up to four a
+      // pass): each K row is read once for all of a thread's rows, whose queries are broadcasts,
+      // and the rows' sums are independent chains.
+      const float4* k4 = reinterpret_cast<const float4*>(k_s + lane * kld);
+      for (int r0 = warp; r0 < nr; r0 += 4 * kWarps) {
+        float dot[4][2] = {};
         for (int d = 0; d < dk / 4; d += 2) {
-          const float4 a = q4[d], b = k4[d], c = q4[d + 1], e = k4[d + 1];
-          dot = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, dot))));
-          dot2 = fmaf(c.x, e.x, fmaf(c.y, e.y, fmaf(c.z, e.z, fmaf(c.w, e.w, dot2))));
+          const float4 b = k4[d], e = k4[d + 1];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int r = r0 + k * kWarps;
+            if (r < nr) {
+              const float4* q4 = reinterpret_cast<const float4*>(q_s + r * dk);
+              const float4 a = q4[d], c = q4[d + 1];
+              dot[k][0] = fmaf(a.x, b.x, fmaf(a.y, b.y, fmaf(a.z, b.z, fmaf(a.w, b.w, dot[k][0]))));
+              dot[k][1] = fmaf(c.x, e.x, fmaf(c.y, e.y, fmaf(c.z, e.z, fmaf(c.w, e.w, dot[k][1]))));
+            }
+          }
         }
-        dot += dot2;
-      } else {
-        for (int d = 0; d < dk; ++d) dot = fmaf(qh[d], kr[d], dot);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int r = r0 + k * kWarps;
+          if (r < nr) {
+            const int64_t n_kv = pos0 + t0 + r / nh + 1;  // this row's token sees [0, n_kv)
+            p_s[r * kTile + lane] = p0 + lane < n_kv ? (dot[k][0] + dot[k][1]) * p.scale : -INFINITY;
+          }
+        }
       }
-      p_s[r * kTile + pp] = p0 + pp < n_kv ? dot * p.scale : -INFINITY;
+    } else {
+      for (int i = tid; i < nr * kTile; i += kThreads) {
+        const int r = i / kTile, pp = i % kTile;
+        const int64_t n_kv = pos0 + t0 + r / nh + 1;
+        const float* qh = q_s + r * dk;
+        const float* kr = k_s + pp * kld;
+        float dot = 0.0f;
+        for (int d = 0; d < dk; ++d) dot = fmaf(qh[d], kr[d], dot);
+        p_s[r * kTile + pp] = p0 + pp < n_kv ? dot * p.scale : -INFINITY;
+      }
     }
     __syncthreads();
     for (int r = warp; r < nr; r += kThreads / 32) {
@@ -265,16 +308,41 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     __syncthreads();
+    // Accumulator i of a thread is output element tid + i * kThreads: row r = idx / dv, column
+    // d = idx % dv.
+    if (p.vec && kThreads % dv == 0) {
+      // The thread's column is the same for all its rows (every G-th from tid / dv): each V
+      // value is read once for them all, the weights four at a time.
+      const int d = tid % dv, rg = tid / dv, g = kThreads / dv;
 #pragma unroll
-    for (int i = 0; i < kAttentionMaxAcc; ++i) {
-      const int idx = tid + i * kThreads;
-      if (idx < nr * dv) {
-        const int r = idx / dv, d = idx % dv;
-        float a = acc[i] * a_s[r];
-        const float* pr = p_s + r * kTile;
+      for (int i = 0; i < kAttentionMaxAcc; ++i) {
+        if (rg + i * g < nr) acc[i] *= a_s[rg + i * g];
+      }
+#pragma unroll 2
+      for (int j = 0; j < kTile; j += 4) {
+        const float v0 = v_s[j * dv + d], v1 = v_s[(j + 1) * dv + d];
+        const float v2 = v_s[(j + 2) * dv + d], v3 = v_s[(j + 3) * dv + d];
+#pragma unroll
+        for (int i = 0; i < kAttentionMaxAcc; ++i) {
+          const int r = rg + i * g;
+          if (r < nr) {
+            const float4 w = *reinterpret_cast<const float4*>(p_s + r * kTile + j);
+            acc[i] = fmaf(w.w, v3, fmaf(w.z, v2, fmaf(w.y, v1, fmaf(w.x, v0, acc[i]))));
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kAttentionMaxAcc; ++i) {
+        const int idx = tid + i * kThreads;
+        if (idx < nr * dv) {
+          const int r = idx / dv, d = idx % dv;
+          float a = acc[i] * a_s[r];
+          const float* pr = p_s + r * kTile;
 #pragma unroll 8
-        for (int j = 0; j < kTile; ++j) a = fmaf(pr[j], v_s[j * dv + d], a);
-        acc[i] = a;
+          for (int j = 0; j < kTile; ++j) a = fmaf(pr[j], v_s[j * dv + d], a);
+          acc[i] = a;
+        }
       }
     }
     __syncthreads();
@@ -302,18 +370,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   // Splits (decode: one token per block, q_per_block == 1): partial results of this split,
-  // m[hb], l[hb], acc[hb * dv]; the last split of the cell to finish merges them.
+  // acc[hb * dv], m[hb], l[hb]; the last split of the cell to finish merges them.
   const int64_t cell = static_cast<int64_t>(blockIdx.x) * gridDim.y + blockIdx.y;
   const int64_t stride = static_cast<int64_t>(hb) * (dv + 2);
+  const int m_at = hb * dv, l_at = hb * dv + hb;
   float* part = p.partial + (cell * p.splits + split) * stride;
   if (tid < nr) {
-    part[tid] = m_s[tid];
-    part[hb + tid] = l_s[tid];
+    part[m_at + tid] = m_s[tid];
+    part[l_at + tid] = l_s[tid];
   }
 #pragma unroll
   for (int i = 0; i < kAttentionMaxAcc; ++i) {
     const int idx = tid + i * kThreads;
-    if (idx < nr * dv) part[2 * hb + idx] = acc[i];
+    if (idx < nr * dv) part[idx] = acc[i];
   }
   __threadfence();
   __syncthreads();
@@ -322,43 +391,78 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (!last) return;
   __threadfence();
-  // Each head's weight per split, exp(m_s - m) / l, into shared memory (p_s is free), then every
-  // output element sums its splits' partial accumulators with all their reads in flight at once
-  // (not one L2 round trip after another).
+  // Each head's weight per split, exp(m_s - m) / l, into shared memory: a warp per head (its
+  // heads every kWarps-th, four at a time), a lane per split (two for over 32), every (m, l) of
+  // the four read at once. Splits past `splits` weigh zero.
   const float* parts = p.partial + cell * p.splits * stride;
-  float* w_s = p_s;  // [nr][kAttentionMaxSplits]
-  if (tid < nr) {
-    float ms[kAttentionMaxSplits], ls[kAttentionMaxSplits];
-    float m = -INFINITY;
+  static_assert(kAttentionMaxSplits <= 64, "a lane takes at most two splits");
+  for (int r0 = warp; r0 < nr; r0 += 4 * kWarps) {
+    float ms[4][2], ls[4][2];
 #pragma unroll
-    for (int s = 0; s < kAttentionMaxSplits; ++s) {
-      ms[s] = s < splits ? __ldcg(parts + s * stride + tid) : -INFINITY;
-      ls[s] = s < splits ? __ldcg(parts + s * stride + hb + tid) : 0.0f;
+    for (int k = 0; k < 4; ++k) {
+      const int r = r0 + k * kWarps;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int sp = lane + 32 * j;
+        const bool in = r < nr && sp < splits;
+        ms[k][j] = in ? __ldcg(parts + sp * stride + m_at + r) : -INFINITY;
+        ls[k][j] = in ? __ldcg(parts + sp * stride + l_at + r) : 0.0f;
+      }
     }
 #pragma unroll
-    for (int s = 0; s < kAttentionMaxSplits; ++s) m = fmaxf(m, ms[s]);
-    // A split with no positions (m = -inf, l = 0) weighs nothing; a NaN l (a NaN score) is kept,
-    // and so reaches the output.
-    float l = 0.0f;
+    for (int k = 0; k < 4; ++k) {
+      const int r = r0 + k * kWarps;
+      if (r >= nr) break;  // the warp's rows, so the shuffles below see every lane
+      float m = fmaxf(ms[k][0], ms[k][1]);
 #pragma unroll
-    for (int s = 0; s < kAttentionMaxSplits; ++s) {
-      ms[s] = ms[s] == -INFINITY && !(ls[s] != ls[s]) ? 0.0f : expf(ms[s] - m);
-      l += ls[s] * ms[s];
+      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      // A split with no positions (m = -inf, l = 0) weighs nothing; a NaN l (a NaN score) is
+      // kept, and so reaches the output.
+      float l = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        ms[k][j] =
+            ms[k][j] == -INFINITY && !(ls[k][j] != ls[k][j]) ? 0.0f : expf(ms[k][j] - m);
+        l += ls[k][j] * ms[k][j];
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) w_s[r * kAttentionMaxSplits + lane + 32 * j] = ms[k][j] / l;
     }
-#pragma unroll
-    for (int s = 0; s < kAttentionMaxSplits; ++s) w_s[tid * kAttentionMaxSplits + s] = ms[s] / l;
   }
   __syncthreads();
-  for (int idx = tid; idx < nr * dv; idx += kThreads) {
-    const float* w = w_s + (idx / dv) * kAttentionMaxSplits;
-    float a[kAttentionMaxSplits];
+  // Every output element sums its splits' partial accumulators: four of a thread's elements at
+  // a time, eight splits of each, all 32 reads in flight at once (not one L2 round trip after
+  // another).
+  for (int i0 = 0; i0 < kAttentionMaxAcc && tid + i0 * kThreads < nr * dv; i0 += 4) {
+    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int s0 = 0; s0 < splits; s0 += 8) {
+      float a[4][8];
 #pragma unroll
-    for (int s = 0; s < kAttentionMaxSplits; ++s)
-      a[s] = s < splits ? __ldcg(parts + s * stride + 2 * hb + idx) : 0.0f;
-    float o = 0.0f;
+      for (int i = 0; i < 4; ++i) {
+        const int idx = tid + (i0 + i) * kThreads;
 #pragma unroll
-    for (int s = 0; s < kAttentionMaxSplits; ++s) o = fmaf(a[s], w[s], o);
-    store(idx, o);
+        for (int u = 0; u < 8; ++u)
+          a[i][u] = idx < nr * dv && s0 + u < splits
+                        ? __ldcg(parts + (s0 + u) * stride + idx)
+                        : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int idx = tid + (i0 + i) * kThreads;
+        if (idx < nr * dv) {
+          const float* w = w_s + (idx / dv) * kAttentionMaxSplits + s0;
+#pragma unroll
+          for (int u = 0; u < 8; ++u) o[i] = fmaf(a[i][u], w[u], o[i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int idx = tid + (i0 + i) * kThreads;
+      if (idx < nr * dv) store(idx, o[i]);
+    }
   }
   if (tid == 0) p.counters[cell] = 0;
 }
@@ -380,7 +484,8 @@ void LaunchStoreMlaKv(const void* params, cudaStream_t stream) {
 }
 
 int AttentionSmemBytes(int rows, int dk, int dv) {
-  const int floats = rows * dk + KSize(dk) + kTile * dv + rows * kTile + 3 * rows;
+  const int floats =
+      rows * dk + KSize(dk) + kTile * dv + rows * kTile + rows * (3 + kAttentionMaxSplits);
   return floats * 4;
 }
 

@@ -560,8 +560,8 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
   int splits = 1, qb = 1;
   if (q.rows <= 8 && cells <= kCounterCells) {
     // Decode: few tokens, so each one's positions are split over blocks.
-    splits = static_cast<int>(
-        std::clamp<int64_t>(sm_count_ / std::max<int64_t>(cells, 1), 1, kAttentionMaxSplits));
+    const int64_t tiles = (pos0 + q.rows + kAttentionTile - 1) / kAttentionTile;
+    splits = DecodeAttentionSplits(cells, sm_count_, tiles);
   } else {
     // Prefill: several tokens per block share each K/V tile it loads.
     qb = std::max(1, std::min(8, 128 * kAttentionMaxAcc / s.dv / hb));

@@ -292,8 +292,22 @@ void LaunchAttention(const void* params, cudaStream_t stream);
 // needs; launches above 48 KiB need AllowAttentionSmem(bytes) first.
 int AttentionSmemBytes(int rows, int dk, int dv);
 void AllowAttentionSmem(int bytes);
-constexpr int kAttentionMaxAcc = 16;    // accumulators per thread: rows * dv <= 2048
-constexpr int kAttentionMaxSplits = 8;  // decode: blocks sharing one cell's positions
+constexpr int kAttentionMaxAcc = 16;     // accumulators per thread: rows * dv <= 2048
+constexpr int kAttentionMaxSplits = 64;  // decode: blocks sharing one cell's positions
+constexpr int kAttentionTile = 32;       // positions a block scores at a time
+// Decode's splits for `cells` (token, KV head, head chunk) cells over a history of `tiles`
+// tiles: enough blocks for four per multiprocessor, since a block walks its tiles one round
+// trip after another and only other blocks hide that latency; but no more than the history's
+// tiles rounded up to a multiple of 8, since every block of a launch is scheduled (early, under
+// programmatic dependent launch, taking room from the kernel before) even if it then finds no
+// tile. The rounding keeps the launches of 256 successive tokens alike, so their graphs are
+// reused.
+inline int DecodeAttentionSplits(int64_t cells, int sm_count, int64_t tiles) {
+  int64_t want = (4 * static_cast<int64_t>(sm_count) + cells - 1) / (cells > 0 ? cells : 1);
+  const int64_t rounded = (tiles + 7) / 8 * 8;
+  want = want < rounded ? want : rounded;
+  return static_cast<int>(want < 1 ? 1 : want > kAttentionMaxSplits ? kAttentionMaxSplits : want);
+}
 
 // ---- mixture of experts ----
 
