@@ -29,6 +29,10 @@
 #   llama-build            build llama-bench for sm_90 and this CPU (its -ngl / --n-cpu-moe
 #                          layers run there) from DIR/llama-min.tar.xz (a llama.cpp
 #                          source tree) in the background
+#   depth:PRESET:TYPE:D[,KV]  `substrate bench ... -p 512 -n 128 -d D -r 2` (decode over a KV
+#                          cache of D positions; KV: its --kv-type, f32 by default)
+#   llamadepth:PRESET:TYPE:D  `llama-bench -ngl 99 -p 512 -n 128 -d D -r 2` (its default F16
+#                          cache)
 #   llama-wait             wait for that build
 #   llama:PRESET:TYPE      `llama-bench -ngl 99 -p 512 -n 128 -r 3` on the file
 #   llamaoff:PRESET:TYPE:ARGS  `llama-bench ARGS -p 512 -n 64 -r 2` (ARGS: -ngl N, or -ngl 99
@@ -152,6 +156,27 @@ EOF
       SUBSTRATE_CUDA_PROFILE=1 "$DIR/substrate" bench -m "$f" --device cuda --max-vram "$var" -p 0 -n 16 \
         -r 1 > /dev/null 2> "$OUT/vramprof-$name.txt"
       head -22 "$OUT/vramprof-$name.txt" | tee -a "$OUT/summary.txt"
+      ;;
+    depth)
+      d=${var%%,*}; kv=f32; [ "$var" != "$d" ] && kv=${var#*,}
+      log "substrate bench $preset-$type at depth $d, $kv cache"
+      "$DIR/substrate" bench -m "$f" --device cuda -p 512 -n 128 -d "$d" --kv-type "$kv" -r 2 \
+        --json > "$OUT/depth-$preset-$type-$d-$kv.json" 2> "$OUT/depth.err"
+      python3 -c 'import json,sys
+j = json.load(open(sys.argv[1]))
+print("substrate pp512 @ d%d %.1f tg128 @ d%d %.1f (KV %.1f MB a token; ratio %.3f)" % (j["depth"],
+      j["pp"]["tokens_per_s"], j["depth"], j["tg"]["tokens_per_s"], j["kv_bytes_per_token"] / 1e6,
+      j["bw_ratio"]))' "$OUT/depth-$preset-$type-$d-$kv.json" 2>&1 | tee -a "$OUT/summary.txt"
+      ;;
+    llamadepth)
+      log "llama-bench $preset-$type at depth $var"
+      "$LLAMA/llama-min/build/bin/llama-bench" -m "$f" -ngl 99 -p 512 -n 128 -d "$var" -r 2 \
+        -o json > "$OUT/llamadepth-$preset-$type-$var.json" 2> "$OUT/llamadepth.err"
+      python3 -c 'import json,sys
+for r in json.load(open(sys.argv[1])):
+    print("llama.cpp n_prompt %d n_gen %d depth %d: %.1f t/s (fa %s, cache %s)" % (r["n_prompt"],
+          r["n_gen"], r.get("n_depth", -1), r["avg_ts"], r.get("flash_attn"), r.get("type_k")))' \
+        "$OUT/llamadepth-$preset-$type-$var.json" 2>&1 | tee -a "$OUT/summary.txt"
       ;;
     llamaoff)
       log "llama-bench $preset-$type $var"

@@ -135,7 +135,7 @@ nlohmann::json ProfileJson(const std::vector<KernelProfileEntry>& entries, doubl
 }
 
 constexpr const char* kUsage =
-    "usage: substrate bench -m MODEL [-p 512] [-n 128] [-t N] [-r 2] [--json] [--profile]\n"
+    "usage: substrate bench -m MODEL [-p 512] [-n 128] [-d 0] [-t N] [-r 2] [--json] [--profile]\n"
     "                       [--bw-bytes 2G] [--kv-type f32|f16] [--device cpu|cuda] [--gpu N]\n"
     "                       [--max-vram SIZE] [--store STORE/ --max-ram SIZE [--tier N] ...]\n"
     "                       [--cache-aware-routing DELTA] [--lookahead N]\n"
@@ -145,6 +145,9 @@ constexpr const char* kUsage =
     "speed, bytes of weights read per generated token, the memory read bandwidth measured\n"
     "over a --bw-bytes buffer before and after the runs (the higher is the limit), and the\n"
     "ratio achieved/limit. -p 0 or -n 0 skips a test.\n"
+    "-d N (depth): each test starts after an untimed prefill of N tokens, so it reads a KV\n"
+    "cache of N positions and more (as llama-bench -d); bytes per generated token then count\n"
+    "the cache's rows it reads (their mean over the test) beside the weights.\n"
     "--profile adds where decode time goes (kernel timers per weight type).\n"
     "With --store: weights per token are the served tier's; disk bytes per token and the\n"
     "read rate over decode, against an O_DIRECT read of the store's largest file in the same\n"
@@ -165,7 +168,8 @@ constexpr const char* kUsage =
     "--print-plan prints the plan the session chose (see substrate run --help) on stderr.\n";
 
 int RunBench(const std::vector<std::string>& args) {
-  Flags f(args, {StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-t", "--threads", "-r",
+  Flags f(args, {StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-d", "--depth", "-t",
+                                      "--threads", "-r",
                                       "--repetitions", "--bw-bytes", "--probe-bytes", "--kv-type",
                                       "--cache-type", "--verify", "--verify-window", "--verify-tau",
                                       "--verify-tier", "--draft-tier", "--sequences",
@@ -180,13 +184,14 @@ int RunBench(const std::vector<std::string>& args) {
   if (path.empty() && !f.Has("--store"))
     return PrintError("bench", InvalidArgument("-m MODEL (or --store STORE/) is required"));
   auto p = f.GetInt({"-p"}, 512), n = f.GetInt({"-n"}, 128),
-       r = f.GetInt({"-r", "--repetitions"}, 2), seqs = f.GetInt({"--sequences"}, 1);
-  for (auto* e : {&p, &n, &r, &seqs})
+       r = f.GetInt({"-r", "--repetitions"}, 2), seqs = f.GetInt({"--sequences"}, 1),
+       depth = f.GetInt({"-d", "--depth"}, 0);
+  for (auto* e : {&p, &n, &r, &seqs, &depth})
     if (!e->ok()) return PrintError("bench", e->status());
   auto t = ThreadsFlag(f);
   if (!t.ok()) return PrintError("bench", t.status());
-  if (*p < 0 || *n < 0 || *r < 1)
-    return PrintError("bench", InvalidArgument("-p/-n must be >= 0, -r >= 1"));
+  if (*p < 0 || *n < 0 || *depth < 0 || *r < 1)
+    return PrintError("bench", InvalidArgument("-p/-n/-d must be >= 0, -r >= 1"));
   if (*seqs < 1 || *seqs > 256)
     return PrintError("bench", InvalidArgument("--sequences must be 1..256"));
   // Under a budget (a store, or a GGUF that may run in place) the probe buffer is inside it.
@@ -204,7 +209,7 @@ int RunBench(const std::vector<std::string>& args) {
   eo.n_threads = static_cast<int>(*t);
   eo.require_tokenizer = false;
   eo.kv_type = *kv_type;
-  eo.n_ctx = *p + *n + 8;
+  eo.n_ctx = *p + *n + *depth + 8;
   eo.extra_reserve = *bw_bytes;
   if (Status st = ApplyStoreFlags(f, &eo); !st.ok()) return PrintError("bench", st);
   auto verify = ParseVerifyFlags(f);
@@ -235,6 +240,9 @@ int RunBench(const std::vector<std::string>& args) {
     if (!ids.ok()) return PrintError("bench", ids.status());
     eo.n_ctx += static_cast<int64_t>(ids->size());
   }
+  if (*depth > 0 && (drafting || verifying || *seqs > 1))
+    return PrintError("bench", InvalidArgument("-d goes with neither --verify, --sequences nor "
+                                               "--draft-model / --draft-max"));
   if (drafting && (verifying || *seqs > 1))
     return PrintError("bench", InvalidArgument("--draft-model / --draft-max go with neither "
                                                "--verify nor --sequences"));
@@ -313,7 +321,7 @@ int RunBench(const std::vector<std::string>& args) {
     return Status::Ok();
   };
 
-  auto cache = KvCache::Create(model.hparams(), *p + *n + 8, model.backend(), *kv_type);
+  auto cache = KvCache::Create(model.hparams(), *p + *n + *depth + 8, model.backend(), *kv_type);
   if (!cache.ok()) return PrintError("bench", cache.status());
   std::vector<float> logits;
   // --sequences: one cache per sequence, and each one's last logits.
@@ -348,10 +356,21 @@ int RunBench(const std::vector<std::string>& args) {
     }
     cache->Clear();
   }
+  // -d: an empty cache, then an untimed prefill of `depth` tokens, in passes of at most 512.
+  auto start_at_depth = [&](uint32_t seed) -> Status {
+    cache->Clear();
+    const auto fill = RandomTokens(*depth, n_vocab, seed);
+    for (int64_t i = 0; i < *depth; i += 512) {
+      const int64_t m = std::min<int64_t>(512, *depth - i);
+      if (Status st = model.Forward(fill.data() + i, m, *cache, false, &logits); !st.ok()) return st;
+    }
+    return Status::Ok();
+  };
   for (int64_t rep = 0; rep < *r; ++rep) {
     if (*p > 0) {
       auto tokens = RandomTokens(*p, n_vocab, static_cast<uint32_t>(rep + 1));
-      cache->Clear();
+      if (Status st = start_at_depth(static_cast<uint32_t>(500 + rep)); !st.ok())
+        return PrintError("bench", st);
       if (profile && rep == *r - 1) {
         ResetKernelProfile();
         SetKernelProfiling(true);
@@ -366,11 +385,12 @@ int RunBench(const std::vector<std::string>& args) {
     }
     if (*n > 0) {
       auto tokens = RandomTokens(*n, n_vocab, static_cast<uint32_t>(1000 + rep));
+      if (Status st = start_at_depth(static_cast<uint32_t>(600 + rep)); !st.ok())
+        return PrintError("bench", st);
       const uint64_t read0 = rm ? rm->stats().stream_bytes_read : 0;
       const uint64_t link0 = e.backend().host_link_bytes();
       const uint64_t host0 = e.backend().host_compute_bytes();
       const uint64_t drafted_disk0 = spec[1].disk_bytes;
-      cache->Clear();
       if (profile && rep == *r - 1) {
         ResetKernelProfile();
         SetKernelProfiling(true);
@@ -444,9 +464,14 @@ int RunBench(const std::vector<std::string>& args) {
   Expected<BandwidthMeasurement> bw_after = measure_bw();
   if (!bw_after.ok()) return PrintError("bench", bw_after.status());
   const double limit = std::max(bw_before, bw_after->bytes_per_second);
-  // Weights are read once per step, for all --sequences.
+  // Weights are read once per step, for all --sequences; each token reads its own sequence's
+  // KV rows, of every layer, at all the positions before it: depth + (n + 1) / 2 on average.
+  const double kv_bytes_per_token =
+      static_cast<double>(cache->k_row_bytes() + cache->v_row_bytes()) *
+      static_cast<double>(model.hparams().n_layer) *
+      (static_cast<double>(*depth) + static_cast<double>(*n + 1) / 2);
   const double step_bytes_per_token =
-      static_cast<double>(w.per_token_bytes) / static_cast<double>(*seqs);
+      static_cast<double>(w.per_token_bytes) / static_cast<double>(*seqs) + kv_bytes_per_token;
   const double achieved = tg.Mean() * step_bytes_per_token;
   nlohmann::json j;
   j["model"] = path;
@@ -470,6 +495,8 @@ int RunBench(const std::vector<std::string>& args) {
     j["tg"] = {
         {"n_tokens", *n}, {"tokens_per_s", tg.Mean()}, {"stdev", tg.Stdev()}, {"runs", tg.tps}};
   j["weight_bytes_per_token"] = w.per_token_bytes;
+  j["kv_bytes_per_token"] = kv_bytes_per_token;
+  j["depth"] = *depth;
   j["sequences"] = *seqs;
   if (drafting) {
     auto per_token = [&](double v, const SpecSums& s) {
@@ -625,8 +652,9 @@ int RunBench(const std::vector<std::string>& args) {
                 FormatBytes(w.total_bytes).c_str(), static_cast<double>(w.n_params) / 1e9,
                 e.pool().size(), test, s.Mean(), s.Stdev());
   };
-  if (*p > 0) row(("pp" + std::to_string(*p)).c_str(), pp);
-  if (*n > 0) row(("tg" + std::to_string(*n)).c_str(), tg);
+  const std::string at = *depth > 0 ? " @ d" + std::to_string(*depth) : "";
+  if (*p > 0) row(("pp" + std::to_string(*p) + at).c_str(), pp);
+  if (*n > 0) row(("tg" + std::to_string(*n) + at).c_str(), tg);
   if (device_bw) {
     std::printf("%s memory read bandwidth: %.2f GB/s; weights per token: %s\n", e.backend().name(),
                 limit / 1e9, FormatBytes(w.per_token_bytes).c_str());
@@ -634,6 +662,9 @@ int RunBench(const std::vector<std::string>& args) {
     std::printf("memory read bandwidth: %.2f GB/s (%d threads); weights per token: %s\n",
                 limit / 1e9, bw->threads, FormatBytes(w.per_token_bytes).c_str());
   }
+  if (*n > 0 && *depth > 0)
+    std::printf("at depth %lld: KV cache rows read per token %s\n", static_cast<long long>(*depth),
+                FormatBytes(static_cast<uint64_t>(kv_bytes_per_token)).c_str());
   if (*n > 0)
     std::printf("generation reads %.2f GB/s = %.1f%% of the limit (limit %.2f tokens/s)\n",
                 achieved / 1e9, 100 * achieved / limit, limit / step_bytes_per_token);

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/plan_fixture.h"
+#include "store/store_fixture.h"
 
 namespace substrate {
 namespace {
@@ -70,7 +71,11 @@ TEST(BenchStore, WeightBandwidthAndDiskProbe) {
   for (const json* j : {&top, &low}) {
     const json& b = *j;
     // The resident bench's fields, from the same code: achieved = tokens/s x weights per token.
-    const double tps = b["tg"]["tokens_per_s"], per_token = b["weight_bytes_per_token"];
+    // Bytes a token reads: the weights and its KV cache rows (a few at -n 3).
+    const double tps = b["tg"]["tokens_per_s"];
+    const double per_token = b["weight_bytes_per_token"].get<double>() +
+                             b["kv_bytes_per_token"].get<double>();
+    EXPECT_GT(b["kv_bytes_per_token"].get<double>(), 0);
     const double limit = b["mem_bw"]["bytes_per_s"];
     EXPECT_GT(tps, 0);
     EXPECT_NEAR(b["tg_bytes_per_s"].get<double>(), tps * per_token, 1e-6 * tps * per_token);
@@ -91,6 +96,43 @@ TEST(BenchStore, WeightBandwidthAndDiskProbe) {
     }
     EXPECT_LE(b["ledger"]["peak_bytes"].get<uint64_t>(), b["ledger"]["cap_bytes"].get<uint64_t>());
   }
+}
+
+// -d: decode after an untimed prefill, reading that many more KV rows a token. With -n 3 a token
+// reads (depth + 2) positions on average, so depth 16 reads 9 times the rows of depth 0.
+TEST(BenchDepth, KvRowsCountedAndCombinationsRefused) {
+  const std::string model = std::string(SUBSTRATE_SHARED_DIR) + "/gguf/tiny-coder-moe-bf16.gguf";
+  if (!fs::exists(model) || !fs::exists(SUBSTRATE_BINARY)) GTEST_SKIP() << "no fixture or binary";
+  auto bench = [&](const std::string& extra, int* rc) {
+    const std::string out = StoreTestPath("bench_depth.json");
+    const std::string cmd = std::string(SUBSTRATE_BINARY) + " bench -m " + model +
+                            " -p 4 -n 3 -r 1 -t 2 --json --bw-bytes 16M " + extra + " > " + out +
+                            " 2>&1";
+    *rc = std::system(cmd.c_str());
+    std::ifstream in(out);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    fs::remove(out);
+    return text;
+  };
+  int rc = 0;
+  const std::string flat = bench("", &rc);
+  ASSERT_EQ(rc, 0) << flat;
+  const std::string deep = bench("-d 16", &rc);
+  ASSERT_EQ(rc, 0) << deep;
+  const json a = json::parse(flat.substr(flat.find('{')));
+  const json b = json::parse(deep.substr(deep.find('{')));
+  EXPECT_EQ(a["depth"], 0);
+  EXPECT_EQ(b["depth"], 16);
+  const double kv0 = a["kv_bytes_per_token"], kv16 = b["kv_bytes_per_token"];
+  EXPECT_GT(kv0, 0);
+  EXPECT_NEAR(kv16, 9 * kv0, 1e-6 * kv16);
+  EXPECT_GT(b["tg"]["tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(b["pp"]["tokens_per_s"].get<double>(), 0);
+  const std::string refused = bench("-d 16 --sequences 2", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(refused.find("-d goes with neither"), std::string::npos) << refused;
+  bench("-d -1", &rc);
+  EXPECT_NE(rc, 0);
 }
 
 }  // namespace
