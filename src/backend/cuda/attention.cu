@@ -135,7 +135,8 @@ __device__ __forceinline__ void StoreSide(const TileSide& t, int f16, int i0,
 
 // The K and V sides of the tile at position p0 into shared memory: each round issues both sides'
 // loads before it stores either, so a tile costs one memory round trip when a round holds it.
-// Needs widths, strides, columns and shared rows multiples of 8 floats (checked by the host).
+// Needs widths, strides and columns multiples of 8 (checked by the host); shared rows are
+// multiples of 4 floats (KRow, dv), so the 16-byte stores are aligned.
 __device__ __forceinline__ void LoadTiles(const TileSide k, const TileSide v, int f16, int64_t p0,
                                           int64_t n_kv) {
   const int per = f16 ? 8 : 4;
