@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "kernels/attention_simd.h"
+#include "kernels/exp_avx512.h"
 #include "kernels/token_tile.h"
 
 namespace substrate {
@@ -40,25 +41,6 @@ inline __m512 Load16(const float* p, __mmask16 m) {
 }
 inline __m512 Load16(const uint16_t* p, __mmask16 m) {
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
-}
-
-// e^x for x <= 0 (scores minus their running max): 2^n * e^r with |r| <= ln2/2, a degree-6
-// Taylor polynomial (relative error ~1e-7) and scalef for 2^n. Very negative x gives (nearly)
-// zero; masked lanes are zeroed by the caller, not here.
-inline __m512 Exp(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-100.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);  // ln2, high bits
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);       // ln2, the rest
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
 }
 
 // The lane sums of 16 vectors: out[j] = the sum of v[j]'s 16 lanes, each by the same tree (lanes
@@ -257,7 +239,8 @@ void RunItem(const AttentionShape& s, const float* q, int64_t pos0, const T* kh,
       for (int j = 0; j < nb; j += 16) {
         const auto m =
             static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (n - j <= 0 ? 0 : (1u << (n - j)) - 1));
-        const __m512 e = _mm512_maskz_mov_ps(m, Exp(_mm512_sub_ps(_mm512_load_ps(pr + j), mx)));
+        const __m512 e = _mm512_maskz_mov_ps(
+            m, avx512::ExpNonPositive(_mm512_sub_ps(_mm512_load_ps(pr + j), mx)));
         _mm512_store_ps(pr + j, e);
         vsum = _mm512_add_ps(vsum, e);
       }

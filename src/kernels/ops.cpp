@@ -5,6 +5,8 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu_features.h"
+
 namespace substrate {
 
 void RmsNorm(const float* x, const float* w, float eps, int64_t n, int64_t n_rows, float* y) {
@@ -105,6 +107,7 @@ float Silu(float x) { return x / (1.0f + std::exp(-x)); }
 float Sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 void SwiGlu(const float* gate, const float* up, int64_t n, float* out) {
+  if (ActiveIsa() >= Isa::kAvx512) return avx512::SwiGlu(gate, up, n, out);
   for (int64_t i = 0; i < n; ++i) out[i] = Silu(gate[i]) * up[i];
 }
 

@@ -33,4 +33,10 @@ void AddInPlace(float* y, const float* x, int64_t n);
 // y[t, i] += b[i] for every row (bias add).
 void AddBias(float* y, const float* b, int64_t n, int64_t n_rows);
 
+// The kAvx512 tier's SwiGlu (ops_avx512.cpp), which SwiGlu calls there: the same function with
+// a polynomial exp (relative error ~1e-7).
+namespace avx512 {
+void SwiGlu(const float* gate, const float* up, int64_t n, float* out);
+}  // namespace avx512
+
 }  // namespace substrate
