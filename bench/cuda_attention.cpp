@@ -87,9 +87,9 @@ int main(int argc, char** argv) {
     const int smem = AttentionSmemBytes(hb, kDim, kDim);
     if (smem > 48 * 1024) AllowAttentionSmem(smem);
     for (int ctx : {32, 128, 512, 2048, 8192, 16384}) {
-      const int splits = std::min(
-          DecodeAttentionSplits(cells, sms, (ctx + kAttentionTile - 1) / kAttentionTile),
-          std::max(1, max_splits));
+      const int splits =
+          std::min(DecodeAttentionSplits(cells, sms, (ctx + kAttentionTile - 1) / kAttentionTile),
+                   std::max(1, max_splits));
       const int64_t p0 = ctx - 1;
       CHECK(cudaMemcpy(pos0, &p0, 8, cudaMemcpyHostToDevice));
       AttentionParams p;
@@ -117,7 +117,8 @@ int main(int argc, char** argv) {
       std::printf(
           "%-14s ctx %6d  splits %2d  %8.2f us a launch (%.2f over the floor)  %6.0f GB/s "
           "of cache\n",
-          sh.name, ctx, std::min(splits, (ctx + kAttentionTile - 1) / kAttentionTile), us, us - floor_us, bytes / us / 1e3);
+          sh.name, ctx, std::min(splits, (ctx + kAttentionTile - 1) / kAttentionTile), us,
+          us - floor_us, bytes / us / 1e3);
       std::fflush(stdout);
     }
   }

@@ -169,11 +169,11 @@ constexpr const char* kUsage =
 
 int RunBench(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-d", "--depth", "-t",
-                                      "--threads", "-r",
-                                      "--repetitions", "--bw-bytes", "--probe-bytes", "--kv-type",
-                                      "--cache-type", "--verify", "--verify-window", "--verify-tau",
-                                      "--verify-tier", "--draft-tier", "--sequences",
-                                      "--draft-model", "--draft-max", "--prompt-file"}),
+                                      "--threads", "-r", "--repetitions", "--bw-bytes",
+                                      "--probe-bytes", "--kv-type", "--cache-type", "--verify",
+                                      "--verify-window", "--verify-tau", "--verify-tier",
+                                      "--draft-tier", "--sequences", "--draft-model",
+                                      "--draft-max", "--prompt-file"}),
                  StoreSwitches({"--json", "--profile"})});
   if (!f.status().ok()) return UsageError("bench", f.status(), kUsage);
   if (f.help()) {
@@ -362,7 +362,8 @@ int RunBench(const std::vector<std::string>& args) {
     const auto fill = RandomTokens(*depth, n_vocab, seed);
     for (int64_t i = 0; i < *depth; i += 512) {
       const int64_t m = std::min<int64_t>(512, *depth - i);
-      if (Status st = model.Forward(fill.data() + i, m, *cache, false, &logits); !st.ok()) return st;
+      if (Status st = model.Forward(fill.data() + i, m, *cache, false, &logits); !st.ok())
+        return st;
     }
     return Status::Ok();
   };

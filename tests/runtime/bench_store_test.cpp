@@ -73,8 +73,8 @@ TEST(BenchStore, WeightBandwidthAndDiskProbe) {
     // The resident bench's fields, from the same code: achieved = tokens/s x weights per token.
     // Bytes a token reads: the weights and its KV cache rows (a few at -n 3).
     const double tps = b["tg"]["tokens_per_s"];
-    const double per_token = b["weight_bytes_per_token"].get<double>() +
-                             b["kv_bytes_per_token"].get<double>();
+    const double per_token =
+        b["weight_bytes_per_token"].get<double>() + b["kv_bytes_per_token"].get<double>();
     EXPECT_GT(b["kv_bytes_per_token"].get<double>(), 0);
     const double limit = b["mem_bw"]["bytes_per_s"];
     EXPECT_GT(tps, 0);

@@ -270,7 +270,8 @@ __global__ void __launch_bounds__(kThreads)
           const int r = r0 + k * kWarps;
           if (r < nr) {
             const int64_t n_kv = pos0 + t0 + r / nh + 1;  // this row's token sees [0, n_kv)
-            p_s[r * kTile + lane] = p0 + lane < n_kv ? (dot[k][0] + dot[k][1]) * p.scale : -INFINITY;
+            p_s[r * kTile + lane] =
+                p0 + lane < n_kv ? (dot[k][0] + dot[k][1]) * p.scale : -INFINITY;
           }
         }
       }
@@ -422,8 +423,7 @@ __global__ void __launch_bounds__(kThreads)
       float l = 0.0f;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        ms[k][j] =
-            ms[k][j] == -INFINITY && !(ls[k][j] != ls[k][j]) ? 0.0f : expf(ms[k][j] - m);
+        ms[k][j] = ms[k][j] == -INFINITY && !(ls[k][j] != ls[k][j]) ? 0.0f : expf(ms[k][j] - m);
         l += ls[k][j] * ms[k][j];
       }
 #pragma unroll
@@ -445,9 +445,8 @@ __global__ void __launch_bounds__(kThreads)
         const int idx = tid + (i0 + i) * kThreads;
 #pragma unroll
         for (int u = 0; u < 8; ++u)
-          a[i][u] = idx < nr * dv && s0 + u < splits
-                        ? __ldcg(parts + (s0 + u) * stride + idx)
-                        : 0.0f;
+          a[i][u] =
+              idx < nr * dv && s0 + u < splits ? __ldcg(parts + (s0 + u) * stride + idx) : 0.0f;
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
