@@ -1,5 +1,6 @@
 // Elementwise and per-row ops of the forward pass: norms, RoPE, softmax, activations.
-// Scalar reference versions; SIMD variants may replace them later behind the same functions.
+// Scalar reference versions; SIMD variants replace some behind the same functions (SwiGlu on
+// the kAvx512 tier).
 // All buffers are float32, row-major: `x[t * n + i]` is element i of row (token) t.
 #pragma once
 
