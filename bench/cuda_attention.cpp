@@ -122,6 +122,59 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
+
+  // Prefill: the query rows of 512 tokens.
+  constexpr int kTok = 512;
+  float* q_pre = nullptr;
+  float* out_pre = nullptr;
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&q_pre), size_t{kTok} * kHeads * kDim * 4));
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&out_pre), size_t{kTok} * kHeads * kDim * 4));
+  {
+    std::vector<float> f(size_t{kTok} * kHeads * kDim);
+    for (float& e : f) e = nd(rng);
+    CHECK(cudaMemcpy(q_pre, f.data(), f.size() * 4, cudaMemcpyHostToDevice));
+  }
+  AllowAttentionMmaSmem();
+  for (const Shape& sh : {Shape{"llama3-8b", 8}, Shape{"qwen3-30b-a3b", 4}}) {
+    const int group = kHeads / sh.n_head_kv;
+    // As CudaBackend::Attention chooses for prefill.
+    const int hb = std::max(1, std::min(group, 128 * kAttentionMaxAcc / kDim));
+    const int qb = std::max(1, std::min(8, 128 * kAttentionMaxAcc / kDim / hb));
+    const int smem = AttentionSmemBytes(qb * hb, kDim, kDim);
+    if (smem > 48 * 1024) AllowAttentionSmem(smem);
+    for (int depth : {0, 1024, 4096, 8192}) {
+      const int64_t p0 = depth;
+      CHECK(cudaMemcpy(pos0, &p0, 8, cudaMemcpyHostToDevice));
+      double us[2] = {0, 0};
+      for (int mma = 0; mma < 2; ++mma) {
+        AttentionParams p;
+        p.q = q_pre;
+        p.out = out_pre;
+        p.k = k;
+        p.v = v;
+        p.k_stride = p.v_stride = static_cast<int64_t>(sh.n_head_kv) * kDim;
+        p.f16 = 1;
+        p.n_tok = kTok;
+        p.n_head = kHeads;
+        p.n_head_kv = sh.n_head_kv;
+        p.dk = p.dv = kDim;
+        p.heads_per_block = mma ? group : hb;
+        p.q_per_block = mma ? kAttentionMmaRows / group : qb;
+        p.scale = 0.0884f;
+        p.pos0 = pos0;
+        p.smem_bytes = smem;
+        p.vec = 1;
+        p.mma = mma;
+        us[mma] = MicrosecondsPerLaunch(s, 8, [&](int) { LaunchAttention(&p, s); });
+      }
+      const double ops = 4.0 * kTok * kHeads * (depth + (kTok + 1) / 2.0) * kDim;
+      std::printf(
+          "%-14s prefill %d after %5d  float %9.1f us (%5.1f TOPS)  tensor cores %9.1f us "
+          "(%5.1f TOPS)  %.2fx\n",
+          sh.name, kTok, depth, us[0], ops / us[0] / 1e6, us[1], ops / us[1] / 1e6, us[0] / us[1]);
+      std::fflush(stdout);
+    }
+  }
   return 0;
 }
 

@@ -14,7 +14,8 @@
 #   gemv[:TOKENS]          DIR/bench_cuda_gemv: each decode product kernel alone, GB/s
 #   attn[:MAX_SPLITS]      DIR/bench_cuda_attention: the decode attention alone, 32-16384
 #                          positions, against the floor of a small dependent launch (with the
-#                          splits capped at MAX_SPLITS)
+#                          splits capped at MAX_SPLITS); then prefill attention, float kernel
+#                          against tensor cores
 #   broken                 DIR/test_backend_broken (a build with a deliberately wrong kernel)
 #                          must fail the op test that guards that kernel
 #   synth:PRESET:TYPE      `substrate synth` a file (kept for the phases after)
@@ -29,8 +30,8 @@
 #   llama-build            build llama-bench for sm_90 and this CPU (its -ngl / --n-cpu-moe
 #                          layers run there) from DIR/llama-min.tar.xz (a llama.cpp
 #                          source tree) in the background
-#   depth:PRESET:TYPE:D[,KV]  `substrate bench ... -p 512 -n 128 -d D -r 2` (decode over a KV
-#                          cache of D positions; KV: its --kv-type, f32 by default)
+#   depth:PRESET:TYPE:D[,KV[,VAR=VALUE]]  `substrate bench ... -p 512 -n 128 -d D -r 2` (decode
+#                          over a KV cache of D positions; KV: its --kv-type, f32 by default)
 #   llamadepth:PRESET:TYPE:D  `llama-bench -ngl 99 -p 512 -n 128 -d D -r 2` (its default F16
 #                          cache)
 #   llama-wait             wait for that build
@@ -158,15 +159,16 @@ EOF
       head -22 "$OUT/vramprof-$name.txt" | tee -a "$OUT/summary.txt"
       ;;
     depth)
-      d=${var%%,*}; kv=f32; [ "$var" != "$d" ] && kv=${var#*,}
-      log "substrate bench $preset-$type at depth $d, $kv cache"
-      "$DIR/substrate" bench -m "$f" --device cuda -p 512 -n 128 -d "$d" --kv-type "$kv" -r 2 \
-        --json > "$OUT/depth-$preset-$type-$d-$kv.json" 2> "$OUT/depth.err"
+      IFS=, read -r d kv env <<< "$var"
+      kv=${kv:-f32}
+      log "substrate bench $preset-$type at depth $d, $kv cache ${env:-}"
+      env ${env:+"$env"} "$DIR/substrate" bench -m "$f" --device cuda -p 512 -n 128 -d "$d" \
+        --kv-type "$kv" -r 2 --json > "$OUT/depth-$preset-$type-$d-$kv${env:+-${env%%=*}}.json" 2> "$OUT/depth.err"
       python3 -c 'import json,sys
 j = json.load(open(sys.argv[1]))
 print("substrate pp512 @ d%d %.1f tg128 @ d%d %.1f (KV %.1f MB a token; ratio %.3f)" % (j["depth"],
       j["pp"]["tokens_per_s"], j["depth"], j["tg"]["tokens_per_s"], j["kv_bytes_per_token"] / 1e6,
-      j["bw_ratio"]))' "$OUT/depth-$preset-$type-$d-$kv.json" 2>&1 | tee -a "$OUT/summary.txt"
+      j["bw_ratio"]))' "$OUT/depth-$preset-$type-$d-$kv${env:+-${env%%=*}}.json" 2>&1 | tee -a "$OUT/summary.txt"
       ;;
     llamadepth)
       log "llama-bench $preset-$type at depth $var"

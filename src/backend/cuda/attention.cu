@@ -491,6 +491,7 @@ int AttentionSmemBytes(int rows, int dk, int dv) {
 
 void LaunchAttention(const void* params, cudaStream_t stream) {
   const AttentionParams& p = *static_cast<const AttentionParams*>(params);
+  if (p.mma) return LaunchAttentionMma(p, stream);
   const int group = p.n_head / p.n_head_kv;
   const int chunks = (group + p.heads_per_block - 1) / p.heads_per_block;
   const dim3 grid(static_cast<unsigned>((p.n_tok + p.q_per_block - 1) / p.q_per_block),

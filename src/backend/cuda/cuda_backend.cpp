@@ -554,11 +554,18 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
                             int64_t pos0, const Tensor& out) {
   const int group = s.n_head / s.n_head_kv;
   if (s.dv > 128 * kAttentionMaxAcc) FatalError("attention value heads over 2048");
-  const int hb = std::max(1, std::min(group, 128 * kAttentionMaxAcc / s.dv));
-  const int chunks = (group + hb - 1) / hb;
-  const int64_t cells = q.rows * s.n_head_kv * chunks;
+  const bool vec = s.dk % 8 == 0 && s.dv % 8 == 0 && kv.k_stride % 8 == 0 && kv.v_stride % 8 == 0 &&
+                   reinterpret_cast<uintptr_t>(q.data) % 16 == 0;
+  // Prefill over an F16 cache runs on tensor cores where the shape allows.
+  const bool mma = attn_mma_ && q.rows > 8 && kv.type == DType::kF16 && vec &&
+                   AttentionMmaFits(s.dk, s.dv, group);
+  int hb = std::max(1, std::min(group, 128 * kAttentionMaxAcc / s.dv));
   int splits = 1, qb = 1;
-  if (q.rows <= 8 && cells <= kCounterCells) {
+  const int64_t cells = q.rows * s.n_head_kv * ((group + hb - 1) / hb);
+  if (mma) {
+    hb = group;
+    qb = kAttentionMmaRows / group;
+  } else if (q.rows <= 8 && cells <= kCounterCells) {
     // Decode: few tokens, so each one's positions are split over blocks.
     const int64_t tiles = (pos0 + q.rows + kAttentionTile - 1) / kAttentionTile;
     splits = DecodeAttentionSplits(cells, sm_count_, tiles);
@@ -566,7 +573,7 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
     // Prefill: several tokens per block share each K/V tile it loads.
     qb = std::max(1, std::min(8, 128 * kAttentionMaxAcc / s.dv / hb));
   }
-  const int smem = AttentionSmemBytes(qb * hb, s.dk, s.dv);
+  const int smem = mma ? 0 : AttentionSmemBytes(qb * hb, s.dk, s.dv);
   if (smem > attn_smem_allowed_) {
     AllowAttentionSmem(smem);
     attn_smem_allowed_ = smem;
@@ -595,9 +602,8 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
   p->partial = splits > 1 ? static_cast<float*>(Carve(partial)) : nullptr;
   p->counters = counters_;
   p->smem_bytes = smem;
-  const bool vec = s.dk % 8 == 0 && s.dv % 8 == 0 && kv.k_stride % 8 == 0 && kv.v_stride % 8 == 0 &&
-                   reinterpret_cast<uintptr_t>(q.data) % 16 == 0;
   p->vec = vec ? 1 : 0;
+  p->mma = mma ? 1 : 0;
   Wrote(out);
 }
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend_impl.h"
@@ -66,6 +67,13 @@ Status CudaBackend::Init() {
   (void)PdlEnabled();  // decided now: it queries the device, which a graph capture must not
   CK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, opt_.device));
+  int cc_major = 0;
+  CK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, opt_.device));
+  // Prefill attention on tensor cores (an F16 cache): SUBSTRATE_CUDA_ATTN_MMA=0 keeps the float
+  // kernel, for comparison.
+  const char* mma = std::getenv("SUBSTRATE_CUDA_ATTN_MMA");
+  attn_mma_ = cc_major >= 8 && !(mma && std::string(mma) == "0");
+  if (attn_mma_) AllowAttentionMmaSmem();
   free_ctx_ = new FreeContext{this, opt_.device};  // leaked on purpose: see FreeContext
   auto charge = [&](size_t bytes) -> Status {
     ASSIGN_OR_RETURN(LedgerCharge c, ledger_->Charge("backend", bytes));

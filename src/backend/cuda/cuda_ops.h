@@ -284,6 +284,8 @@ struct AttentionParams {
   uint32_t* counters = nullptr;   // splits > 1: per (token, kv head, chunk), zero between uses
   int32_t smem_bytes = 0;
   int32_t vec = 0;  // 16-byte loads (dk, dv, strides and head offsets multiples of 8, q aligned)
+  int32_t mma = 0;  // the tensor-core kernel (attention_mma.cu): f16 cache, AttentionMmaFits,
+                    // q_per_block = kAttentionMmaRows / group, heads_per_block = group, splits 1
   int8_t* xq = nullptr;  // when set (dv % 32 == 0): out quantized as by LaunchQuantizeQ8 too
   float2* xs = nullptr;
 };
@@ -292,6 +294,13 @@ void LaunchAttention(const void* params, cudaStream_t stream);
 // needs; launches above 48 KiB need AllowAttentionSmem(bytes) first.
 int AttentionSmemBytes(int rows, int dk, int dv);
 void AllowAttentionSmem(int bytes);
+// The tensor-core prefill kernel: query rows (tokens x the group's heads) a block, whether it
+// takes a shape, and its shared memory limit raised (once per process and device; compute
+// capability 8.0 or later).
+constexpr int kAttentionMmaRows = 64;
+bool AttentionMmaFits(int dk, int dv, int group);
+void AllowAttentionMmaSmem();
+void LaunchAttentionMma(const AttentionParams& p, cudaStream_t stream);
 constexpr int kAttentionMaxAcc = 16;     // accumulators per thread: rows * dv <= 2048
 constexpr int kAttentionMaxSplits = 64;  // decode: blocks sharing one cell's positions
 constexpr int kAttentionTile = 32;       // positions a block scores at a time

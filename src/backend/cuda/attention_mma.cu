@@ -1,0 +1,320 @@
+// Prefill attention on tensor cores, for an F16 KV cache and head sizes 64 and 128 (keys and
+// values alike). A block takes 64 query rows of one KV head, (token, head) pairs of the GQA
+// group, 16 to a warp, and walks the positions in tiles of 64: S = Q K^T and O += P V run as
+// m16n8k16 MMAs (f16 inputs, f32 sums) with the online softmax between them in registers, the
+// probabilities turned into the second product's operand without a trip through shared
+// memory. The next tile's K and V are copied in (cp.async) while this one is computed.
+//
+// The queries and the probabilities are rounded to f16 for the products: the precision an F16
+// cache already holds the keys and values at. An F32 cache keeps the float kernel
+// (attention.cu).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/launch.cuh"
+#include "backend/cuda/quant_device.cuh"
+
+namespace substrate::cuda {
+namespace {
+
+constexpr int kRows = kAttentionMmaRows;  // query rows a block
+constexpr int kWarps = kRows / 16;        // a warp's MMA rows are 16
+constexpr int kThreads = 32 * kWarps;
+constexpr int kPos = 64;  // positions a tile
+
+// Shared memory, in halves: the block's queries, then two stages of a K and a V tile. Rows are
+// padded by 16 bytes, so the eight rows one ldmatrix reads start in eight different bank
+// quads.
+template <int D>
+struct MmaSmem {
+  static constexpr int kLd = D + 8;
+  static constexpr int kTile = kPos * kLd;
+  static constexpr int kBytes = (kRows * kLd + 4 * kTile) * 2;
+  static constexpr int kOutLd = D + 4;  // floats a row of the output's staging
+  static_assert(kRows * kOutLd * 4 <= 4 * kTile * 2, "the output's staging fits the tiles");
+};
+
+__device__ __forceinline__ uint32_t SmemAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes from global to shared memory without passing through registers; zeros when !in.
+__device__ __forceinline__ void CopyAsync16(uint32_t dst, const void* src, bool in) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(in ? 16 : 0));
+}
+__device__ __forceinline__ void CopyAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+// Waits until at most one committed group is still in flight (the one issued last).
+__device__ __forceinline__ void CopyAsyncWaitAllButOne() {
+  asm volatile("cp.async.wait_group 1;\n" ::);
+}
+
+// Four 8x8 f16 matrices from shared memory; lanes 8i..8i+7 give matrix i's row addresses.
+__device__ __forceinline__ void LoadMatrices(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// The same, each matrix transposed.
+__device__ __forceinline__ void LoadMatricesTransposed(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c (16x8, f32) += a (16x16, f16, row-major) * b (16x8, f16, column-major).
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();  // the host takes this kernel only on compute capability 8.0 and later
+#endif
+}
+
+__device__ __forceinline__ uint32_t PackHalves(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Block (x, y): tokens [x * q_per_block, ...) and all heads of KV head y; row r is token
+// r / group, head r % group. Fragment layout of m16n8k16 (PTX ISA): lane = 4 g + c holds rows
+// g and g + 8 of a 16-row operand or result, columns 2c and 2c + 1 of each 8-column tile.
+template <int D>
+__global__ void __launch_bounds__(kThreads, 2)
+    AttentionMmaKernel(const __grid_constant__ AttentionParams p) {
+  using S = MmaSmem<D>;
+  constexpr int kSteps = D / 16;  // k-steps of S = Q K^T
+  PdlStart();
+  extern __shared__ __align__(16) unsigned char smem_bytes[];
+  __half* q_s = reinterpret_cast<__half*>(smem_bytes);
+  __half* tiles = q_s + kRows * S::kLd;  // [stage][K, V][kPos][kLd]
+
+  const int group = p.n_head / p.n_head_kv;
+  const int t0 = blockIdx.x * p.q_per_block;
+  const int hk = blockIdx.y, h0 = hk * group;
+  const int nt = min(p.q_per_block, p.n_tok - t0);
+  const int nr = nt * group;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t pos0 = *p.pos0;
+  const int64_t n_kv_max = pos0 + t0 + nt;  // the block's last token's history
+  const int n_tiles = static_cast<int>((n_kv_max + kPos - 1) / kPos);
+
+  const __half* k_base = static_cast<const __half*>(p.k) + static_cast<int64_t>(hk) * D;
+  const __half* v_base = static_cast<const __half*>(p.v) + static_cast<int64_t>(hk) * D;
+  auto load_tile = [&](int tile) {
+    __half* ks = tiles + (tile & 1) * 2 * S::kTile;
+    __half* vs = ks + S::kTile;
+    constexpr int kChunks = kPos * D / 8;  // 16-byte chunks a side
+#pragma unroll 4
+    for (int i = tid; i < kChunks; i += kThreads) {
+      const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+      const int64_t pos = static_cast<int64_t>(tile) * kPos + r;
+      // Past the history: zeros (garbage V times a zero probability may be NaN).
+      const bool in = pos < n_kv_max;
+      const int64_t at = in ? pos : 0;
+      CopyAsync16(SmemAddress(ks + r * S::kLd + c), k_base + at * p.k_stride + c, in);
+      CopyAsync16(SmemAddress(vs + r * S::kLd + c), v_base + at * p.v_stride + c, in);
+    }
+    CopyAsyncCommit();
+  };
+  load_tile(0);  // first, so its round trip overlaps the queries'
+
+  // The queries, scaled by scale * log2(e) (the softmax runs on exp2), as halves; rows past
+  // the block's are zeros.
+  const float q_scale = p.scale * 1.4426950408889634f;
+  for (int i = tid; i < kRows * D / 2; i += kThreads) {
+    const int r = i / (D / 2), d = (i % (D / 2)) * 2;
+    float a = 0.0f, b = 0.0f;
+    if (r < nr) {
+      const float* src =
+          p.q + (static_cast<int64_t>(t0 + r / group) * p.n_head + h0 + r % group) * D + d;
+      a = src[0] * q_scale;
+      b = src[1] * q_scale;
+    }
+    *reinterpret_cast<__half2*>(q_s + r * S::kLd + d) = __floats2half2_rn(a, b);
+  }
+  __syncthreads();
+  // This warp's 16 query rows as the A operand of every k-step.
+  uint32_t qf[kSteps][4];
+  {
+    const int m = lane >> 3;
+    const int r = warp * 16 + (m & 1) * 8 + (lane & 7);
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s)
+      LoadMatrices(SmemAddress(q_s + r * S::kLd + s * 16 + (m >> 1) * 8), qf[s]);
+  }
+
+  const int g = lane >> 2, c2 = (lane & 3) * 2;
+  // This thread's two rows (g and g + 8 of the warp's) see positions [0, limit).
+  int64_t limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) limit[h] = pos0 + t0 + (warp * 16 + g + 8 * h) / group + 1;
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    if (tile + 1 < n_tiles) {
+      load_tile(tile + 1);  // into the stage the tile before this one used
+    } else {
+      CopyAsyncCommit();  // an empty group, so the wait below still means "this tile is in"
+    }
+    CopyAsyncWaitAllButOne();
+    __syncthreads();
+    const __half* ks = tiles + (tile & 1) * 2 * S::kTile;
+    const __half* vs = ks + S::kTile;
+
+    // S = Q K^T, 16 rows by 64 positions a warp: K rows (positions) are the B operand's
+    // columns, read as stored.
+    float sc[kPos / 8][4];
+#pragma unroll
+    for (int j = 0; j < kPos / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+    {
+      const int m = lane >> 3;
+#pragma unroll
+      for (int j = 0; j < kPos / 8; j += 2) {
+        const int pos = (j + (m >> 1)) * 8 + (lane & 7);
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) {
+          uint32_t b[4];
+          LoadMatrices(SmemAddress(ks + pos * S::kLd + s * 16 + (m & 1) * 8), b);
+          Mma(sc[j], qf[s], b[0], b[1]);
+          Mma(sc[j + 1], qf[s], b[2], b[3]);
+        }
+      }
+    }
+
+    // Online softmax over the tile. A NaN score is not the max, so exp2(NaN - m) carries it
+    // into the sum and the output.
+    const int64_t p0 = static_cast<int64_t>(tile) * kPos;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kPos / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        if (p0 + j * 8 + c2 + (e & 1) >= limit[h]) sc[j][e] = -INFINITY;
+        tile_max[h] = fmaxf(tile_max[h], sc[j][e]);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      const float m_new = fmaxf(row_max[h], tile_max[h]);
+      // Position 0 is in every row's first tile, so m_new is finite from there on.
+      alpha[h] = row_max[h] == -INFINITY ? 0.0f : exp2f(row_max[h] - m_new);
+      row_max[h] = m_new;
+      row_sum[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int j = 0; j < kPos / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        sc[j][e] = sc[j][e] == -INFINITY ? 0.0f : exp2f(sc[j][e] - row_max[h]);
+        row_sum[h] += sc[j][e];
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+
+    // O += P V: the probabilities' C fragments are the A operand as they lie; V rows
+    // (positions) are the B operand's k, read transposed.
+    {
+      const int m = lane >> 3;
+#pragma unroll
+      for (int s = 0; s < kPos / 16; ++s) {
+        const uint32_t a[4] = {PackHalves(sc[2 * s][0], sc[2 * s][1]),
+                               PackHalves(sc[2 * s][2], sc[2 * s][3]),
+                               PackHalves(sc[2 * s + 1][0], sc[2 * s + 1][1]),
+                               PackHalves(sc[2 * s + 1][2], sc[2 * s + 1][3])};
+        const int pos = s * 16 + (m & 1) * 8 + (lane & 7);
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          uint32_t b[4];
+          LoadMatricesTransposed(SmemAddress(vs + pos * S::kLd + (n + (m >> 1)) * 8), b);
+          Mma(o[n], a, b[0], b[1]);
+          Mma(o[n + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // the stage is loaded again two tiles on
+  }
+
+  // The rows' sums are spread over the four lanes of each row.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+  }
+  // Staged through shared memory (the tiles are free now), so a warp writes 32 consecutive
+  // elements of one row at a time: coalesced, and one quantization block when xq is set.
+  float* out_s = reinterpret_cast<float*>(tiles) + warp * 16 * S::kOutLd;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float inv = 1.0f / row_sum[h];
+      *reinterpret_cast<float2*>(out_s + (g + 8 * h) * S::kOutLd + n * 8 + c2) =
+          make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+    }
+  }
+  __syncwarp();
+  for (int i = lane; i < 16 * D; i += 32) {
+    const int r = warp * 16 + i / D, d = i % D;
+    if (r >= nr) break;  // the warp's later rows are past the block's too
+    const float v = out_s[(i / D) * S::kOutLd + d];
+    const int64_t at = (static_cast<int64_t>(t0 + r / group) * p.n_head + h0 + r % group) * D + d;
+    p.out[at] = v;
+    if (p.xq) QuantizeWarpStore(v, at, p.xq, p.xs);
+  }
+}
+
+template <int D>
+void Launch(const AttentionParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((p.n_tok + p.q_per_block - 1) / p.q_per_block),
+                  static_cast<unsigned>(p.n_head_kv));
+  LaunchKernel(AttentionMmaKernel<D>, grid, dim3(kThreads), MmaSmem<D>::kBytes, stream, p);
+}
+
+}  // namespace
+
+bool AttentionMmaFits(int dk, int dv, int group) {
+  return dk == dv && (dk == 64 || dk == 128) && group <= kRows;
+}
+
+void AllowAttentionMmaSmem() {
+  SUBSTRATE_CUDA_CHECK(cudaFuncSetAttribute(
+      AttentionMmaKernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, MmaSmem<64>::kBytes));
+  SUBSTRATE_CUDA_CHECK(cudaFuncSetAttribute(
+      AttentionMmaKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, MmaSmem<128>::kBytes));
+}
+
+void LaunchAttentionMma(const AttentionParams& p, cudaStream_t stream) {
+  if (p.dk == 64) {
+    Launch<64>(p, stream);
+  } else {
+    Launch<128>(p, stream);
+  }
+}
+
+}  // namespace substrate::cuda
