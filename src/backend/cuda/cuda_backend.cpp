@@ -773,11 +773,13 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
        slots > kMoeSortMaxSlots || E > kMoeSortMaxExperts || std::max(d, ff) > GemvTilesMaxCols()))
     return false;
 
+  // Tiles on int8 tensor cores where the device has them.
+  const int tile_slots = tiled && moe_mma_ ? kMoeMmaTileSlots : kMoeTileSlots;
+  const int64_t max_tiles = slots / tile_slots + E;
   EnsureStaging(op.bias ? StagingBytes(*op.bias) : 0);
   EnsureWork(static_cast<size_t>(E) * 4 + static_cast<size_t>(slots) * 16 +
-             static_cast<size_t>(slots / kMoeTileSlots + E) * 16 +
-             static_cast<size_t>(slots * ff) * 10 + static_cast<size_t>(slots * d) * 4 +
-             static_cast<size_t>(n * d) * 2 + 16 * 256);
+             static_cast<size_t>(max_tiles) * 16 + static_cast<size_t>(slots * ff) * 10 +
+             static_cast<size_t>(slots * d) * 4 + static_cast<size_t>(n * d) * 2 + 16 * 256);
   const float* bias = op.bias ? VectorOf(*op.bias, E) : nullptr;
   auto* sel = static_cast<int32_t*>(Carve(static_cast<size_t>(slots) * 4));
   auto* weight = static_cast<float*>(Carve(static_cast<size_t>(slots) * 4));
@@ -836,7 +838,6 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
   };
   const int32_t* pos = nullptr;
   if (tiled) {
-    const int64_t max_tiles = slots / kMoeTileSlots + E;
     auto* tiles = static_cast<int4*>(Carve(static_cast<size_t>(max_tiles) * sizeof(int4)));
     auto* n_tiles = static_cast<int32_t*>(Carve(4));
     auto* row_src = static_cast<int32_t*>(Carve(static_cast<size_t>(slots) * 4));
@@ -847,6 +848,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
     so->n_slots = static_cast<int32_t>(slots);
     so->n_expert = E;
     so->k = K;
+    so->tile_slots = tile_slots;
     so->tiles = tiles;
     so->n_tiles = n_tiles;
     so->row_src = row_src;
@@ -854,12 +856,12 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
     // One launch of up to two products over the tiles.
     auto tiles_gemv = [&](const ExpertTable* const* t, float* const* y, int n_jobs, int64_t cols,
                           int64_t rows, const void* x, const void* x_scales, const int32_t* src) {
-      auto* p = Add<GemvTilesParams>(&LaunchGemvTiles);
+      auto* p = Add<GemvTilesParams>(moe_mma_ ? &LaunchGemvTilesMma : &LaunchGemvTiles);
       p->type = t[0]->part.type;
       p->n_jobs = n_jobs;
       p->cols = cols;
       p->rows = static_cast<int32_t>(rows);
-      const int per = GemvTilesRowsPerBlock();
+      const int per = kGemvTilesRowsPerBlock;
       p->row_blocks = static_cast<int32_t>((rows + per - 1) / per);
       p->grid = static_cast<int32_t>(max_tiles * n_jobs * p->row_blocks);
       for (int j = 0; j < n_jobs; ++j) {

@@ -329,12 +329,14 @@ constexpr int kRouteMaxExperts = 1024;
 // [sorted position] = the slot's token, pos [slot] = its sorted position. One block; at most
 // kMoeSortMaxSlots slots of kMoeSortMaxExperts experts.
 constexpr int kMoeTileSlots = 8;
+constexpr int kMoeMmaTileSlots = 32;  // tiles of LaunchGemvTilesMma
 constexpr int kMoeSortMaxSlots = 8192;
 constexpr int kMoeSortMaxExperts = 256;
 struct MoeSortParams {
   const int32_t* sel = nullptr;
   int32_t n_slots = 0, n_expert = 0, k = 0;
-  int4* tiles = nullptr;  // [n_slots / kMoeTileSlots + n_expert] at most
+  int32_t tile_slots = kMoeTileSlots;  // or kMoeMmaTileSlots
+  int4* tiles = nullptr;               // [n_slots / tile_slots + n_expert] at most
   int32_t* n_tiles = nullptr;
   int32_t* row_src = nullptr;
   int32_t* pos = nullptr;
@@ -363,8 +365,13 @@ struct GemvTilesParams {
   const int32_t* n_tiles = nullptr;
 };
 void LaunchGemvTiles(const void* params, cudaStream_t stream);
-// Rows of one expert's matrix a block of LaunchGemvTiles computes; the widest rows it takes.
-int GemvTilesRowsPerBlock();
+// The same products on int8 tensor cores (moe_mma.cu; compute capability 8.0 and later), over
+// tiles of kMoeMmaTileSlots slots; its shared memory limit raised once per process and device.
+void LaunchGemvTilesMma(const void* params, cudaStream_t stream);
+void AllowGemvTilesMmaSmem();
+// Rows of one expert's matrix a block of LaunchGemvTiles (and LaunchGemvTilesMma) computes; the
+// widest rows they take.
+constexpr int kGemvTilesRowsPerBlock = 128;
 int64_t GemvTilesMaxCols();
 
 // acc[t, :] = sum over j < k of weight[t k + j] * out[pos[t k + j], :] (pos null: t k + j):
