@@ -561,10 +561,12 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
                    AttentionMmaFits(s.dk, s.dv, group);
   int hb = std::max(1, std::min(group, 128 * kAttentionMaxAcc / s.dv));
   int splits = 1, qb = 1;
-  const int64_t cells = q.rows * s.n_head_kv * ((group + hb - 1) / hb);
+  int64_t cells = q.rows * s.n_head_kv * ((group + hb - 1) / hb);
   if (mma) {
     hb = group;
     qb = kAttentionMmaRows / group;
+    cells = (q.rows + qb - 1) / qb * s.n_head_kv;
+    if (cells <= kCounterCells) splits = AttentionMmaSplits(cells, sm_count_, pos0 + q.rows);
   } else if (q.rows <= 8 && cells <= kCounterCells) {
     // Decode: few tokens, so each one's positions are split over blocks.
     const int64_t tiles = (pos0 + q.rows + kAttentionTile - 1) / kAttentionTile;
@@ -578,7 +580,9 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
     AllowAttentionSmem(smem);
     attn_smem_allowed_ = smem;
   }
-  const size_t partial = splits > 1 ? static_cast<size_t>(cells * splits * hb * (s.dv + 2)) * 4 : 0;
+  const int cell_rows = mma ? kAttentionMmaRows : hb;  // (q_per_block is 1 where decode splits)
+  const size_t partial =
+      splits > 1 ? static_cast<size_t>(cells * splits * cell_rows * (s.dv + 2)) * 4 : 0;
   EnsureArgs(32);
   EnsureWork(partial);
   auto* p = Add<AttentionParams>(&LaunchAttention);

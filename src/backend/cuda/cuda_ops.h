@@ -285,7 +285,8 @@ struct AttentionParams {
   int32_t smem_bytes = 0;
   int32_t vec = 0;  // 16-byte loads (dk, dv, strides and head offsets multiples of 8, q aligned)
   int32_t mma = 0;  // the tensor-core kernel (attention_mma.cu): f16 cache, AttentionMmaFits,
-                    // q_per_block = kAttentionMmaRows / group, heads_per_block = group, splits 1
+                    // q_per_block = kAttentionMmaRows / group, heads_per_block = group,
+                    // splits = AttentionMmaSplits
   int8_t* xq = nullptr;  // when set (dv % 32 == 0): out quantized as by LaunchQuantizeQ8 too
   float2* xs = nullptr;
 };
@@ -302,8 +303,19 @@ bool AttentionMmaFits(int dk, int dv, int group);
 void AllowAttentionMmaSmem();
 void LaunchAttentionMma(const AttentionParams& p, cudaStream_t stream);
 constexpr int kAttentionMaxAcc = 16;     // accumulators per thread: rows * dv <= 2048
-constexpr int kAttentionMaxSplits = 64;  // decode: blocks sharing one cell's positions
+constexpr int kAttentionMaxSplits = 64;  // blocks sharing one cell's positions
 constexpr int kAttentionTile = 32;       // positions a block scores at a time
+constexpr int kAttentionMmaTile = 64;    // the same, on tensor cores
+// The tensor-core kernel's splits for `cells` blocks (token groups x KV heads) over a history of n_kv positions:
+// fewer blocks than two a multiprocessor (a short prompt, a verify window) split each one's
+// kAttentionMmaTile-position tiles over several, as far as the tiles go.
+inline int AttentionMmaSplits(int64_t cells, int sm_count, int64_t n_kv) {
+  if (cells <= 0 || cells >= 2 * static_cast<int64_t>(sm_count)) return 1;
+  int64_t want = (2 * static_cast<int64_t>(sm_count) + cells - 1) / cells;
+  const int64_t tiles = (n_kv + kAttentionMmaTile - 1) / kAttentionMmaTile;
+  want = want < tiles ? want : tiles;
+  return static_cast<int>(want > kAttentionMaxSplits ? kAttentionMaxSplits : want < 1 ? 1 : want);
+}
 // Decode's splits for `cells` (token, KV head, head chunk) cells over a history of `tiles`
 // tiles: enough blocks for four per multiprocessor, since a block walks its tiles one round
 // trip after another and only other blocks hide that latency; but no more than the history's
