@@ -3,7 +3,8 @@
 // group, 16 to a warp, and walks the positions in tiles of 64: S = Q K^T and O += P V run as
 // m16n8k16 MMAs (f16 inputs, f32 sums) with the online softmax between them in registers, the
 // probabilities turned into the second product's operand without a trip through shared
-// memory. The next tile's K and V are copied in (cp.async) while this one is computed.
+// memory. The next tile's K and V are copied in (cp.async) while this one is computed. A short
+// prompt over a long history also splits its positions over blocks, merged as decode's are.
 //
 // The queries and the probabilities are rounded to f16 for the products: the precision an F16
 // cache already holds the keys and values at. An F32 cache keeps the float kernel
@@ -24,7 +25,7 @@ namespace {
 constexpr int kRows = kAttentionMmaRows;  // query rows a block
 constexpr int kWarps = kRows / 16;        // a warp's MMA rows are 16
 constexpr int kThreads = 32 * kWarps;
-constexpr int kPos = 64;  // positions a tile
+constexpr int kPos = kAttentionMmaTile;  // positions a tile
 
 // Shared memory, in halves: the block's queries, then two stages of a K and a V tile. Rows are
 // padded by 16 bytes, so the eight rows one ldmatrix reads start in eight different bank
@@ -35,7 +36,8 @@ struct MmaSmem {
   static constexpr int kTile = kPos * kLd;
   static constexpr int kBytes = (kRows * kLd + 4 * kTile) * 2;
   static constexpr int kOutLd = D + 4;  // floats a row of the output's staging
-  static_assert(kRows * kOutLd * 4 <= 4 * kTile * 2, "the output's staging fits the tiles");
+  static_assert((kRows * kOutLd + kRows * kAttentionMaxSplits) * 4 <= 4 * kTile * 2,
+                "the output's staging and the merge weights fit the tiles");
 };
 
 __device__ __forceinline__ uint32_t SmemAddress(const void* p) {
@@ -109,11 +111,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t pos0 = *p.pos0;
   const int64_t n_kv_max = pos0 + t0 + nt;  // the block's last token's history
   const int n_tiles = static_cast<int>((n_kv_max + kPos - 1) / kPos);
+  // A short prompt over a long history: the positions are split over blocks (every splits-th
+  // tile from `split`), as in decode; only as many as there are tiles take part.
+  const int splits = min(p.splits, n_tiles), split = blockIdx.z;
+  if (split >= splits) return;
 
   const __half* k_base = static_cast<const __half*>(p.k) + static_cast<int64_t>(hk) * D;
   const __half* v_base = static_cast<const __half*>(p.v) + static_cast<int64_t>(hk) * D;
-  auto load_tile = [&](int tile) {
-    __half* ks = tiles + (tile & 1) * 2 * S::kTile;
+  auto load_tile = [&](int tile, int stage) {
+    __half* ks = tiles + stage * 2 * S::kTile;
     __half* vs = ks + S::kTile;
     constexpr int kChunks = kPos * D / 8;  // 16-byte chunks a side
 #pragma unroll 4
@@ -128,7 +134,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     CopyAsyncCommit();
   };
-  load_tile(0);  // first, so its round trip overlaps the queries'
+  load_tile(split, 0);  // first, so its round trip overlaps the queries'
 
   // The queries, scaled by scale * log2(e) (the softmax runs on exp2), as halves; rows past
   // the block's are zeros.
@@ -165,15 +171,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    if (tile + 1 < n_tiles) {
-      load_tile(tile + 1);  // into the stage the tile before this one used
+  for (int tile = split, it = 0; tile < n_tiles; tile += splits, ++it) {
+    if (tile + splits < n_tiles) {
+      load_tile(tile + splits, (it + 1) & 1);  // into the stage the tile before this one used
     } else {
       CopyAsyncCommit();  // an empty group, so the wait below still means "this tile is in"
     }
     CopyAsyncWaitAllButOne();
     __syncthreads();
-    const __half* ks = tiles + (tile & 1) * 2 * S::kTile;
+    const __half* ks = tiles + (it & 1) * 2 * S::kTile;
     const __half* vs = ks + S::kTile;
 
     // S = Q K^T, 16 rows by 64 positions a warp: K rows (positions) are the B operand's
@@ -215,7 +221,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
       const float m_new = fmaxf(row_max[h], tile_max[h]);
-      // Position 0 is in every row's first tile, so m_new is finite from there on.
+      // A row's first tile with a position it sees makes m_new finite (with splits, a row may
+      // see none of a split's tiles: its m stays -inf, its sums zero).
       alpha[h] = row_max[h] == -INFINITY ? 0.0f : exp2f(row_max[h] - m_new);
       row_max[h] = m_new;
       row_sum[h] *= alpha[h];
@@ -268,21 +275,74 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   // Staged through shared memory (the tiles are free now), so a warp writes 32 consecutive
   // elements of one row at a time: coalesced, and one quantization block when xq is set.
-  float* out_s = reinterpret_cast<float*>(tiles) + warp * 16 * S::kOutLd;
+  float* out_s = reinterpret_cast<float*>(tiles);
+  if (splits == 1) {
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
+    for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float inv = 1.0f / row_sum[h];
+        *reinterpret_cast<float2*>(out_s + (warp * 16 + g + 8 * h) * S::kOutLd + n * 8 + c2) =
+            make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+      }
+    }
+    __syncwarp();
+  } else {
+    // This split's partial result: per row its unnormalized sums, m and l ([D + 2] floats);
+    // the cell's last split to finish merges them all into out_s.
+    const int64_t cell = static_cast<int64_t>(blockIdx.x) * gridDim.y + blockIdx.y;
+    constexpr int kRowFloats = D + 2;
+    float* part = p.partial + (cell * p.splits + split) * (kRows * kRowFloats);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float inv = 1.0f / row_sum[h];
-      *reinterpret_cast<float2*>(out_s + (g + 8 * h) * S::kOutLd + n * 8 + c2) =
-          make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+      float* row = part + (warp * 16 + g + 8 * h) * kRowFloats;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n)
+        *reinterpret_cast<float2*>(row + n * 8 + c2) = make_float2(o[n][2 * h], o[n][2 * h + 1]);
+      if (c2 == 0) {
+        row[D] = row_max[h];
+        row[D + 1] = row_sum[h];
+      }
     }
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (tid == 0) last = atomicAdd(p.counters + cell, 1u) == static_cast<unsigned>(splits - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float* parts = p.partial + cell * p.splits * (kRows * kRowFloats);
+    // Each row's weight per split, exp2(m_s - m) / l, after the staging rows.
+    float* w_s = out_s + kRows * S::kOutLd;  // [kRows][kAttentionMaxSplits]
+    if (tid < kRows) {
+      float m = -INFINITY;
+      for (int sp = 0; sp < splits; ++sp)
+        m = fmaxf(m, __ldcg(parts + (sp * kRows + tid) * kRowFloats + D));
+      float l = 0.0f;
+      for (int sp = 0; sp < splits; ++sp) {
+        const float ms = __ldcg(parts + (sp * kRows + tid) * kRowFloats + D);
+        const float w = ms == -INFINITY ? 0.0f : exp2f(ms - m);
+        w_s[tid * kAttentionMaxSplits + sp] = w;
+        l += w * __ldcg(parts + (sp * kRows + tid) * kRowFloats + D + 1);
+      }
+      for (int sp = 0; sp < splits; ++sp) w_s[tid * kAttentionMaxSplits + sp] /= l;
+    }
+    __syncthreads();
+    for (int i = tid; i < kRows * D; i += kThreads) {
+      const int r = i / D, d = i % D;
+      float v = 0.0f;
+      for (int sp = 0; sp < splits; ++sp)
+        v = fmaf(__ldcg(parts + (sp * kRows + r) * kRowFloats + d),
+                 w_s[r * kAttentionMaxSplits + sp], v);
+      out_s[r * S::kOutLd + d] = v;
+    }
+    __syncthreads();
+    if (tid == 0) p.counters[cell] = 0;
   }
-  __syncwarp();
   for (int i = lane; i < 16 * D; i += 32) {
     const int r = warp * 16 + i / D, d = i % D;
     if (r >= nr) break;  // the warp's later rows are past the block's too
-    const float v = out_s[(i / D) * S::kOutLd + d];
+    const float v = out_s[(warp * 16 + i / D) * S::kOutLd + d];
     const int64_t at = (static_cast<int64_t>(t0 + r / group) * p.n_head + h0 + r % group) * D + d;
     p.out[at] = v;
     if (p.xq) QuantizeWarpStore(v, at, p.xq, p.xs);
@@ -292,7 +352,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 template <int D>
 void Launch(const AttentionParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.n_tok + p.q_per_block - 1) / p.q_per_block),
-                  static_cast<unsigned>(p.n_head_kv));
+                  static_cast<unsigned>(p.n_head_kv), static_cast<unsigned>(p.splits));
   LaunchKernel(AttentionMmaKernel<D>, grid, dim3(kThreads), MmaSmem<D>::kBytes, stream, p);
 }
 

@@ -556,15 +556,18 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
   if (s.dv > 128 * kAttentionMaxAcc) FatalError("attention value heads over 2048");
   const bool vec = s.dk % 8 == 0 && s.dv % 8 == 0 && kv.k_stride % 8 == 0 && kv.v_stride % 8 == 0 &&
                    reinterpret_cast<uintptr_t>(q.data) % 16 == 0;
-  // Prefill over an F16 cache runs on tensor cores where the shape allows.
-  const bool mma = attn_mma_ && q.rows > 8 && kv.type == DType::kF16 && vec &&
-                   AttentionMmaFits(s.dk, s.dv, group);
+  // Prefill over an F16 cache runs on tensor cores where the shape allows and the history is
+  // over one tile (H200, 16 tokens from an empty cache: 14 us on the float kernel, 20 us here).
+  const bool mma = attn_mma_ && q.rows > 8 && pos0 + q.rows > kAttentionMmaTile &&
+                   kv.type == DType::kF16 && vec && AttentionMmaFits(s.dk, s.dv, group);
   int hb = std::max(1, std::min(group, 128 * kAttentionMaxAcc / s.dv));
   int splits = 1, qb = 1;
-  const int64_t cells = q.rows * s.n_head_kv * ((group + hb - 1) / hb);
+  int64_t cells = q.rows * s.n_head_kv * ((group + hb - 1) / hb);
   if (mma) {
     hb = group;
     qb = kAttentionMmaRows / group;
+    cells = (q.rows + qb - 1) / qb * s.n_head_kv;
+    if (cells <= kCounterCells) splits = AttentionMmaSplits(cells, sm_count_, pos0 + q.rows);
   } else if (q.rows <= 8 && cells <= kCounterCells) {
     // Decode: few tokens, so each one's positions are split over blocks.
     const int64_t tiles = (pos0 + q.rows + kAttentionTile - 1) / kAttentionTile;
@@ -578,7 +581,9 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
     AllowAttentionSmem(smem);
     attn_smem_allowed_ = smem;
   }
-  const size_t partial = splits > 1 ? static_cast<size_t>(cells * splits * hb * (s.dv + 2)) * 4 : 0;
+  const int cell_rows = mma ? kAttentionMmaRows : hb;  // (q_per_block is 1 where decode splits)
+  const size_t partial =
+      splits > 1 ? static_cast<size_t>(cells * splits * cell_rows * (s.dv + 2)) * 4 : 0;
   EnsureArgs(32);
   EnsureWork(partial);
   auto* p = Add<AttentionParams>(&LaunchAttention);
@@ -773,11 +778,13 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
        slots > kMoeSortMaxSlots || E > kMoeSortMaxExperts || std::max(d, ff) > GemvTilesMaxCols()))
     return false;
 
+  // Tiles on int8 tensor cores where the device has them.
+  const int tile_slots = tiled && moe_mma_ ? kMoeMmaTileSlots : kMoeTileSlots;
+  const int64_t max_tiles = slots / tile_slots + E;
   EnsureStaging(op.bias ? StagingBytes(*op.bias) : 0);
   EnsureWork(static_cast<size_t>(E) * 4 + static_cast<size_t>(slots) * 16 +
-             static_cast<size_t>(slots / kMoeTileSlots + E) * 16 +
-             static_cast<size_t>(slots * ff) * 10 + static_cast<size_t>(slots * d) * 4 +
-             static_cast<size_t>(n * d) * 2 + 16 * 256);
+             static_cast<size_t>(max_tiles) * 16 + static_cast<size_t>(slots * ff) * 10 +
+             static_cast<size_t>(slots * d) * 4 + static_cast<size_t>(n * d) * 2 + 16 * 256);
   const float* bias = op.bias ? VectorOf(*op.bias, E) : nullptr;
   auto* sel = static_cast<int32_t*>(Carve(static_cast<size_t>(slots) * 4));
   auto* weight = static_cast<float*>(Carve(static_cast<size_t>(slots) * 4));
@@ -836,7 +843,6 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
   };
   const int32_t* pos = nullptr;
   if (tiled) {
-    const int64_t max_tiles = slots / kMoeTileSlots + E;
     auto* tiles = static_cast<int4*>(Carve(static_cast<size_t>(max_tiles) * sizeof(int4)));
     auto* n_tiles = static_cast<int32_t*>(Carve(4));
     auto* row_src = static_cast<int32_t*>(Carve(static_cast<size_t>(slots) * 4));
@@ -847,6 +853,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
     so->n_slots = static_cast<int32_t>(slots);
     so->n_expert = E;
     so->k = K;
+    so->tile_slots = tile_slots;
     so->tiles = tiles;
     so->n_tiles = n_tiles;
     so->row_src = row_src;
@@ -854,12 +861,12 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
     // One launch of up to two products over the tiles.
     auto tiles_gemv = [&](const ExpertTable* const* t, float* const* y, int n_jobs, int64_t cols,
                           int64_t rows, const void* x, const void* x_scales, const int32_t* src) {
-      auto* p = Add<GemvTilesParams>(&LaunchGemvTiles);
+      auto* p = Add<GemvTilesParams>(moe_mma_ ? &LaunchGemvTilesMma : &LaunchGemvTiles);
       p->type = t[0]->part.type;
       p->n_jobs = n_jobs;
       p->cols = cols;
       p->rows = static_cast<int32_t>(rows);
-      const int per = GemvTilesRowsPerBlock();
+      const int per = kGemvTilesRowsPerBlock;
       p->row_blocks = static_cast<int32_t>((rows + per - 1) / per);
       p->grid = static_cast<int32_t>(max_tiles * n_jobs * p->row_blocks);
       for (int j = 0; j < n_jobs; ++j) {

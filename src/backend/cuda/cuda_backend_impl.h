@@ -332,6 +332,7 @@ class CudaBackend final : public Backend {
   int* flag_host_ = nullptr;
   int attn_smem_allowed_ = 48 * 1024;
   bool attn_mma_ = false;  // prefill attention on tensor cores where the shape allows
+  bool moe_mma_ = false;   // the routed experts' prefill tiles on int8 tensor cores
 
   const CublasApi* cublas_ = nullptr;
   cublasHandle_t cublas_handle_ = nullptr;

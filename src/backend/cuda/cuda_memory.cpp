@@ -74,6 +74,11 @@ Status CudaBackend::Init() {
   const char* mma = std::getenv("SUBSTRATE_CUDA_ATTN_MMA");
   attn_mma_ = cc_major >= 8 && !(mma && std::string(mma) == "0");
   if (attn_mma_) AllowAttentionMmaSmem();
+  // The routed experts' prefill products on int8 tensor cores: SUBSTRATE_CUDA_MOE_MMA=0 keeps
+  // the dp4a kernel.
+  const char* moe_mma = std::getenv("SUBSTRATE_CUDA_MOE_MMA");
+  moe_mma_ = cc_major >= 8 && !(moe_mma && std::string(moe_mma) == "0");
+  if (moe_mma_) AllowGemvTilesMmaSmem();
   free_ctx_ = new FreeContext{this, opt_.device};  // leaked on purpose: see FreeContext
   auto charge = [&](size_t bytes) -> Status {
     ASSIGN_OR_RETURN(LedgerCharge c, ledger_->Charge("backend", bytes));

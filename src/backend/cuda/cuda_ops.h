@@ -285,7 +285,8 @@ struct AttentionParams {
   int32_t smem_bytes = 0;
   int32_t vec = 0;  // 16-byte loads (dk, dv, strides and head offsets multiples of 8, q aligned)
   int32_t mma = 0;  // the tensor-core kernel (attention_mma.cu): f16 cache, AttentionMmaFits,
-                    // q_per_block = kAttentionMmaRows / group, heads_per_block = group, splits 1
+                    // q_per_block = kAttentionMmaRows / group, heads_per_block = group,
+                    // splits = AttentionMmaSplits
   int8_t* xq = nullptr;  // when set (dv % 32 == 0): out quantized as by LaunchQuantizeQ8 too
   float2* xs = nullptr;
 };
@@ -302,8 +303,21 @@ bool AttentionMmaFits(int dk, int dv, int group);
 void AllowAttentionMmaSmem();
 void LaunchAttentionMma(const AttentionParams& p, cudaStream_t stream);
 constexpr int kAttentionMaxAcc = 16;     // accumulators per thread: rows * dv <= 2048
-constexpr int kAttentionMaxSplits = 64;  // decode: blocks sharing one cell's positions
+constexpr int kAttentionMaxSplits = 64;  // blocks sharing one cell's positions
 constexpr int kAttentionTile = 32;       // positions a block scores at a time
+constexpr int kAttentionMmaTile = 64;    // the same, on tensor cores
+// The tensor-core kernel's splits for `cells` blocks (token groups x KV heads) over a history
+// of n_kv positions: blocks for fewer than half the multiprocessors (a short prompt, a verify
+// window) split their kAttentionMmaTile-position tiles to about two blocks a multiprocessor,
+// as far as the tiles go. Above that the merge costs more than it gains (H200: 512 tokens of
+// the 8B, 256 blocks, took 88 us from an empty cache split in two, 43 us whole).
+inline int AttentionMmaSplits(int64_t cells, int sm_count, int64_t n_kv) {
+  if (cells <= 0 || 2 * cells > sm_count) return 1;
+  int64_t want = (2 * static_cast<int64_t>(sm_count) + cells - 1) / cells;
+  const int64_t tiles = (n_kv + kAttentionMmaTile - 1) / kAttentionMmaTile;
+  want = want < tiles ? want : tiles;
+  return static_cast<int>(want > kAttentionMaxSplits ? kAttentionMaxSplits : want < 1 ? 1 : want);
+}
 // Decode's splits for `cells` (token, KV head, head chunk) cells over a history of `tiles`
 // tiles: enough blocks for four per multiprocessor, since a block walks its tiles one round
 // trip after another and only other blocks hide that latency; but no more than the history's
@@ -329,12 +343,14 @@ constexpr int kRouteMaxExperts = 1024;
 // [sorted position] = the slot's token, pos [slot] = its sorted position. One block; at most
 // kMoeSortMaxSlots slots of kMoeSortMaxExperts experts.
 constexpr int kMoeTileSlots = 8;
+constexpr int kMoeMmaTileSlots = 32;  // tiles of LaunchGemvTilesMma
 constexpr int kMoeSortMaxSlots = 8192;
 constexpr int kMoeSortMaxExperts = 256;
 struct MoeSortParams {
   const int32_t* sel = nullptr;
   int32_t n_slots = 0, n_expert = 0, k = 0;
-  int4* tiles = nullptr;  // [n_slots / kMoeTileSlots + n_expert] at most
+  int32_t tile_slots = kMoeTileSlots;  // or kMoeMmaTileSlots
+  int4* tiles = nullptr;               // [n_slots / tile_slots + n_expert] at most
   int32_t* n_tiles = nullptr;
   int32_t* row_src = nullptr;
   int32_t* pos = nullptr;
@@ -363,8 +379,13 @@ struct GemvTilesParams {
   const int32_t* n_tiles = nullptr;
 };
 void LaunchGemvTiles(const void* params, cudaStream_t stream);
-// Rows of one expert's matrix a block of LaunchGemvTiles computes; the widest rows it takes.
-int GemvTilesRowsPerBlock();
+// The same products on int8 tensor cores (moe_mma.cu; compute capability 8.0 and later), over
+// tiles of kMoeMmaTileSlots slots; its shared memory limit raised once per process and device.
+void LaunchGemvTilesMma(const void* params, cudaStream_t stream);
+void AllowGemvTilesMmaSmem();
+// Rows of one expert's matrix a block of LaunchGemvTiles (and LaunchGemvTilesMma) computes; the
+// widest rows they take.
+constexpr int kGemvTilesRowsPerBlock = 128;
 int64_t GemvTilesMaxCols();
 
 // acc[t, :] = sum over j < k of weight[t k + j] * out[pos[t k + j], :] (pos null: t k + j):

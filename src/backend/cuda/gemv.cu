@@ -744,7 +744,7 @@ void LaunchRp(const GemvParams& p, cudaStream_t stream) {
 // per R rows. Two blocks per multiprocessor (at most 128 registers a thread): measured on the
 // H200 against one block (134 registers) and two rows per warp at three and four blocks, it
 // gave the best prefill on qwen3-30b-a3b and was within 8 % of the best on qwen2moe.
-constexpr int kTileWarps = 8, kTileR = 4, kTileRowsPerBlock = 128;
+constexpr int kTileWarps = 8, kTileR = 4, kTileRowsPerBlock = kGemvTilesRowsPerBlock;
 constexpr int kTileMaxCols = 4096;  // 8 rows of int8 activations and their scales: 40 KiB
 
 template <int T>
@@ -978,9 +978,6 @@ void LaunchGemv(const void* params, cudaStream_t stream) {
   if (!ok) FatalError("gemv: unsupported weight type " + std::to_string(p.type));
 }
 
-int GemvTilesRowsPerBlock() {
-  return kTileRowsPerBlock;
-}
 int64_t GemvTilesMaxCols() {
   return kTileMaxCols;
 }

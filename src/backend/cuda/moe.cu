@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kSortThreads)
       run += c;
     }
     first[e + 1] = run;
-    first_tile[e + 1] = (run + kMoeTileSlots - 1) / kMoeTileSlots;
+    first_tile[e + 1] = (run + p.tile_slots - 1) / p.tile_slots;
   }
   __syncthreads();
   if (threadIdx.x == 0) {  // counts -> first positions and first tiles
@@ -95,8 +95,8 @@ __global__ void __launch_bounds__(kSortThreads)
   }
   for (int e = threadIdx.x; e < E; e += kSortThreads) {
     const int count = first[e + 1] - first[e];
-    for (int j = 0, t = first_tile[e]; j < count; j += kMoeTileSlots, ++t)
-      p.tiles[t] = make_int4(e, first[e] + j, min(kMoeTileSlots, count - j), 0);
+    for (int j = 0, t = first_tile[e]; j < count; j += p.tile_slots, ++t)
+      p.tiles[t] = make_int4(e, first[e] + j, min(p.tile_slots, count - j), 0);
   }
 }
 
