@@ -1,18 +1,19 @@
-// Prefill attention on tensor cores, for an F16 KV cache and head sizes 64 and 128 (keys and
-// values alike). A block takes 64 query rows of one KV head, (token, head) pairs of the GQA
-// group, 16 to a warp, and walks the positions in tiles of 64: S = Q K^T and O += P V run as
-// m16n8k16 MMAs (f16 inputs, f32 sums) with the online softmax between them in registers, the
-// probabilities turned into the second product's operand without a trip through shared
-// memory. The next tile's K and V are copied in (cp.async) while this one is computed. A short
-// prompt over a long history also splits its positions over blocks, merged as decode's are.
+// Prefill attention on tensor cores, for head sizes 64 and 128 (keys and values alike). A block
+// takes 64 query rows of one KV head, (token, head) pairs of the GQA group, 16 to a warp, and walks
+// the positions in tiles of 64: S = Q K^T and O += P V run as m16n8k16 MMAs (f16 inputs, f32 sums)
+// with the online softmax between them in registers, the probabilities turned into the second
+// product's operand without a trip through shared memory. The next tile's K and V are copied in
+// (cp.async) while this one is computed. A short prompt over a long history also splits its
+// positions over blocks, merged as decode's are.
 //
-// The queries and the probabilities are rounded to f16 for the products: the precision an F16
-// cache already holds the keys and values at. An F32 cache keeps the float kernel
-// (attention.cu).
+// The queries, the probabilities and (from an F32 cache) the keys and values are rounded to
+// f16 for the products, as the GPU's prefill GEMMs round their activations (cuBLAS on halves);
+// an F32 cache's tiles are converted as they are loaded, without the copy's overlap.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
@@ -84,6 +85,18 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
 #endif
 }
 
+// 8 floats from global memory into 8 halves of shared memory (zeros when !in).
+__device__ __forceinline__ void StoreHalves(__half* dst, const float* src, bool in) {
+  float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+  if (in) {
+    a = *reinterpret_cast<const float4*>(src);
+    b = *reinterpret_cast<const float4*>(src + 4);
+  }
+  const __half2 h[4] = {__floats2half2_rn(a.x, a.y), __floats2half2_rn(a.z, a.w),
+                        __floats2half2_rn(b.x, b.y), __floats2half2_rn(b.z, b.w)};
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(h);
+}
+
 __device__ __forceinline__ uint32_t PackHalves(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
@@ -92,7 +105,7 @@ __device__ __forceinline__ uint32_t PackHalves(float lo, float hi) {
 // Block (x, y): tokens [x * q_per_block, ...) and all heads of KV head y; row r is token
 // r / group, head r % group. Fragment layout of m16n8k16 (PTX ISA): lane = 4 g + c holds rows
 // g and g + 8 of a 16-row operand or result, columns 2c and 2c + 1 of each 8-column tile.
-template <int D>
+template <int D, bool kF32Cache>
 __global__ void __launch_bounds__(kThreads, 2)
     AttentionMmaKernel(const __grid_constant__ AttentionParams p) {
   using S = MmaSmem<D>;
@@ -116,12 +129,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int splits = min(p.splits, n_tiles), split = blockIdx.z;
   if (split >= splits) return;
 
-  const __half* k_base = static_cast<const __half*>(p.k) + static_cast<int64_t>(hk) * D;
-  const __half* v_base = static_cast<const __half*>(p.v) + static_cast<int64_t>(hk) * D;
+  using Elem = std::conditional_t<kF32Cache, float, __half>;
+  const Elem* k_base = static_cast<const Elem*>(p.k) + static_cast<int64_t>(hk) * D;
+  const Elem* v_base = static_cast<const Elem*>(p.v) + static_cast<int64_t>(hk) * D;
   auto load_tile = [&](int tile, int stage) {
     __half* ks = tiles + stage * 2 * S::kTile;
     __half* vs = ks + S::kTile;
-    constexpr int kChunks = kPos * D / 8;  // 16-byte chunks a side
+    constexpr int kChunks = kPos * D / 8;  // 8-element chunks a side
 #pragma unroll 4
     for (int i = tid; i < kChunks; i += kThreads) {
       const int r = i / (D / 8), c = (i % (D / 8)) * 8;
@@ -129,10 +143,15 @@ __global__ void __launch_bounds__(kThreads, 2)
       // Past the history: zeros (garbage V times a zero probability may be NaN).
       const bool in = pos < n_kv_max;
       const int64_t at = in ? pos : 0;
-      CopyAsync16(SmemAddress(ks + r * S::kLd + c), k_base + at * p.k_stride + c, in);
-      CopyAsync16(SmemAddress(vs + r * S::kLd + c), v_base + at * p.v_stride + c, in);
+      if constexpr (kF32Cache) {
+        StoreHalves(ks + r * S::kLd + c, k_base + at * p.k_stride + c, in);
+        StoreHalves(vs + r * S::kLd + c, v_base + at * p.v_stride + c, in);
+      } else {
+        CopyAsync16(SmemAddress(ks + r * S::kLd + c), k_base + at * p.k_stride + c, in);
+        CopyAsync16(SmemAddress(vs + r * S::kLd + c), v_base + at * p.v_stride + c, in);
+      }
     }
-    CopyAsyncCommit();
+    CopyAsyncCommit();  // (an empty group for an F32 cache, so the waits below stay the same)
   };
   load_tile(split, 0);  // first, so its round trip overlaps the queries'
 
@@ -353,7 +372,11 @@ template <int D>
 void Launch(const AttentionParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.n_tok + p.q_per_block - 1) / p.q_per_block),
                   static_cast<unsigned>(p.n_head_kv), static_cast<unsigned>(p.splits));
-  LaunchKernel(AttentionMmaKernel<D>, grid, dim3(kThreads), MmaSmem<D>::kBytes, stream, p);
+  if (p.f16) {
+    LaunchKernel(AttentionMmaKernel<D, false>, grid, dim3(kThreads), MmaSmem<D>::kBytes, stream, p);
+  } else {
+    LaunchKernel(AttentionMmaKernel<D, true>, grid, dim3(kThreads), MmaSmem<D>::kBytes, stream, p);
+  }
 }
 
 }  // namespace
@@ -363,10 +386,14 @@ bool AttentionMmaFits(int dk, int dv, int group) {
 }
 
 void AllowAttentionMmaSmem() {
-  SUBSTRATE_CUDA_CHECK(cudaFuncSetAttribute(
-      AttentionMmaKernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, MmaSmem<64>::kBytes));
-  SUBSTRATE_CUDA_CHECK(cudaFuncSetAttribute(
-      AttentionMmaKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, MmaSmem<128>::kBytes));
+  auto allow = [](auto kernel, int bytes) {
+    SUBSTRATE_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  };
+  allow(AttentionMmaKernel<64, false>, MmaSmem<64>::kBytes);
+  allow(AttentionMmaKernel<64, true>, MmaSmem<64>::kBytes);
+  allow(AttentionMmaKernel<128, false>, MmaSmem<128>::kBytes);
+  allow(AttentionMmaKernel<128, true>, MmaSmem<128>::kBytes);
 }
 
 void LaunchAttentionMma(const AttentionParams& p, cudaStream_t stream) {

@@ -556,10 +556,10 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
   if (s.dv > 128 * kAttentionMaxAcc) FatalError("attention value heads over 2048");
   const bool vec = s.dk % 8 == 0 && s.dv % 8 == 0 && kv.k_stride % 8 == 0 && kv.v_stride % 8 == 0 &&
                    reinterpret_cast<uintptr_t>(q.data) % 16 == 0;
-  // Prefill over an F16 cache runs on tensor cores where the shape allows and the history is
-  // over one tile (H200, 16 tokens from an empty cache: 14 us on the float kernel, 20 us here).
-  const bool mma = attn_mma_ && q.rows > 8 && pos0 + q.rows > kAttentionMmaTile &&
-                   kv.type == DType::kF16 && vec && AttentionMmaFits(s.dk, s.dv, group);
+  // Prefill runs on tensor cores where the shape allows and the history is over one tile
+  // (H200, 16 tokens from an empty cache: 14 us on the float kernel, 20 us there).
+  const bool mma = attn_mma_ && q.rows > 8 && pos0 + q.rows > kAttentionMmaTile && vec &&
+                   AttentionMmaFits(s.dk, s.dv, group);
   int hb = std::max(1, std::min(group, 128 * kAttentionMaxAcc / s.dv));
   int splits = 1, qb = 1;
   int64_t cells = q.rows * s.n_head_kv * ((group + hb - 1) / hb);

@@ -284,7 +284,7 @@ struct AttentionParams {
   uint32_t* counters = nullptr;   // splits > 1: per (token, kv head, chunk), zero between uses
   int32_t smem_bytes = 0;
   int32_t vec = 0;  // 16-byte loads (dk, dv, strides and head offsets multiples of 8, q aligned)
-  int32_t mma = 0;  // the tensor-core kernel (attention_mma.cu): f16 cache, AttentionMmaFits,
+  int32_t mma = 0;  // the tensor-core kernel (attention_mma.cu): AttentionMmaFits, vec,
                     // q_per_block = kAttentionMmaRows / group, heads_per_block = group,
                     // splits = AttentionMmaSplits
   int8_t* xq = nullptr;  // when set (dv % 32 == 0): out quantized as by LaunchQuantizeQ8 too
