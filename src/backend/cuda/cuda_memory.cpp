@@ -29,6 +29,16 @@ void SetParts(DequantParams* p, const DevPart* parts, int n) {
   }
 }
 
+namespace {
+
+// Whether the environment sets `var` to `value` (the backend's A/B switches).
+bool EnvIs(const char* var, const char* value) {
+  const char* v = std::getenv(var);
+  return v && std::string(v) == value;
+}
+
+}  // namespace
+
 void FreeDeviceBuffer(void* ctx, void* data) {
   auto* c = static_cast<FreeContext*>(ctx);
   if (c->backend) {
@@ -48,19 +58,16 @@ Status CudaBackend::Init() {
                            std::to_string(count) + " CUDA device(s)");
   SetDevice();
   // SUBSTRATE_CUDA_GRAPHS=0 issues every op run one launch at a time (A/B measurements).
-  if (const char* g = std::getenv("SUBSTRATE_CUDA_GRAPHS"); g && std::string(g) == "0")
-    opt_.graphs = false;
-  if (const char* g = std::getenv("SUBSTRATE_CUDA_PROFILE"); g && std::string(g) == "1") {
+  if (EnvIs("SUBSTRATE_CUDA_GRAPHS", "0")) opt_.graphs = false;
+  if (EnvIs("SUBSTRATE_CUDA_PROFILE", "1")) {
     profile_ = true;
     opt_.graphs = false;
   }
-  if (const char* g = std::getenv("SUBSTRATE_CUDA_REPACK"); g && std::string(g) == "0")
-    repack_ = false;
-  if (const char* g = std::getenv("SUBSTRATE_CUDA_ROUTE"); g && std::string(g) == "0")
-    route_ = false;
+  if (EnvIs("SUBSTRATE_CUDA_REPACK", "0")) repack_ = false;
+  if (EnvIs("SUBSTRATE_CUDA_ROUTE", "0")) route_ = false;
   if (const char* g = std::getenv("SUBSTRATE_CUDA_GEMV_VARIANT"))
     gemv_variant_ = std::clamp(std::atoi(g), -1, kGemvVariants - 1);
-  if (const char* g = std::getenv("SUBSTRATE_CUDA_HOSTTIME"); g && std::string(g) == "1")
+  if (EnvIs("SUBSTRATE_CUDA_HOSTTIME", "1"))
     host_time_ = true;
   if (const char* g = std::getenv("SUBSTRATE_CUDA_CHUNK")) chunk_recs_ = std::max(0, std::atoi(g));
   recs_.reserve(4096);
@@ -69,15 +76,12 @@ Status CudaBackend::Init() {
   CK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, opt_.device));
   int cc_major = 0;
   CK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, opt_.device));
-  // Prefill attention on tensor cores (an F16 cache): SUBSTRATE_CUDA_ATTN_MMA=0 keeps the float
-  // kernel, for comparison.
-  const char* mma = std::getenv("SUBSTRATE_CUDA_ATTN_MMA");
-  attn_mma_ = cc_major >= 8 && !(mma && std::string(mma) == "0");
+  // Prefill attention and the routed experts' prefill products on tensor cores;
+  // SUBSTRATE_CUDA_ATTN_MMA=0 keeps the float attention kernel, SUBSTRATE_CUDA_MOE_MMA=0 the
+  // dp4a tiles (A/B measurements).
+  attn_mma_ = cc_major >= 8 && !EnvIs("SUBSTRATE_CUDA_ATTN_MMA", "0");
   if (attn_mma_) AllowAttentionMmaSmem();
-  // The routed experts' prefill products on int8 tensor cores: SUBSTRATE_CUDA_MOE_MMA=0 keeps
-  // the dp4a kernel.
-  const char* moe_mma = std::getenv("SUBSTRATE_CUDA_MOE_MMA");
-  moe_mma_ = cc_major >= 8 && !(moe_mma && std::string(moe_mma) == "0");
+  moe_mma_ = cc_major >= 8 && !EnvIs("SUBSTRATE_CUDA_MOE_MMA", "0");
   if (moe_mma_) AllowGemvTilesMmaSmem();
   free_ctx_ = new FreeContext{this, opt_.device};  // leaked on purpose: see FreeContext
   auto charge = [&](size_t bytes) -> Status {
