@@ -18,6 +18,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/mma.cuh"
 #include "backend/cuda/quant_device.cuh"
 
 namespace substrate::cuda {
@@ -40,50 +41,6 @@ struct MmaSmem {
   static_assert((kRows * kOutLd + kRows * kAttentionMaxSplits) * 4 <= 4 * kTile * 2,
                 "the output's staging and the merge weights fit the tiles");
 };
-
-__device__ __forceinline__ uint32_t SmemAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes from global to shared memory without passing through registers; zeros when !in.
-__device__ __forceinline__ void CopyAsync16(uint32_t dst, const void* src, bool in) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(in ? 16 : 0));
-}
-__device__ __forceinline__ void CopyAsyncCommit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-// Waits until at most one committed group is still in flight (the one issued last).
-__device__ __forceinline__ void CopyAsyncWaitAllButOne() {
-  asm volatile("cp.async.wait_group 1;\n" ::);
-}
-
-// Four 8x8 f16 matrices from shared memory; lanes 8i..8i+7 give matrix i's row addresses.
-__device__ __forceinline__ void LoadMatrices(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// The same, each matrix transposed.
-__device__ __forceinline__ void LoadMatricesTransposed(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// c (16x8, f32) += a (16x16, f16, row-major) * b (16x8, f16, column-major).
-__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();  // the host takes this kernel only on compute capability 8.0 and later
-#endif
-}
 
 // 8 floats from global memory into 8 halves of shared memory (zeros when !in).
 __device__ __forceinline__ void StoreHalves(__half* dst, const float* src, bool in) {
@@ -215,8 +172,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int s = 0; s < kSteps; ++s) {
           uint32_t b[4];
           LoadMatrices(SmemAddress(ks + pos * S::kLd + s * 16 + (m & 1) * 8), b);
-          Mma(sc[j], qf[s], b[0], b[1]);
-          Mma(sc[j + 1], qf[s], b[2], b[3]);
+          MmaF16(sc[j], qf[s], b[0], b[1]);
+          MmaF16(sc[j + 1], qf[s], b[2], b[3]);
         }
       }
     }
@@ -278,8 +235,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         for (int n = 0; n < D / 8; n += 2) {
           uint32_t b[4];
           LoadMatricesTransposed(SmemAddress(vs + pos * S::kLd + (n + (m >> 1)) * 8), b);
-          Mma(o[n], a, b[0], b[1]);
-          Mma(o[n + 1], a, b[2], b[3]);
+          MmaF16(o[n], a, b[0], b[1]);
+          MmaF16(o[n + 1], a, b[2], b[3]);
         }
       }
     }

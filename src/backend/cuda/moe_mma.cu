@@ -8,7 +8,7 @@
 //
 // The weights are in the repacked layout (repack.cpp: each row's quant plane first, then its
 // scale planes; a 16-byte "unit" of the quant plane per lane in the GEMV kernels of gemv.cu).
-// MMA fragments (PTX ISA, integer m16n8k32): lane = 4 g + c holds rows g and g + 8 of A, the
+// MMA fragments (mma.cuh; integer m16n8k32): lane = 4 g + c holds rows g and g + 8 of A, the
 // k-bytes 4c..4c+3 (registers 0, 1) and 16 + 4c.. (2, 3); B's k-bytes 4c.. and 16 + 4c.. of
 // column g; C's columns 2c and 2c + 1 of rows g and g + 8.
 #include <cuda_fp16.h>
@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/mma.cuh"
 #include "backend/cuda/quant_device.cuh"
 
 namespace substrate::cuda {
@@ -30,46 +31,6 @@ static_assert(kRowsPerBlock == kGemvTilesRowsPerBlock, "the host sizes the grid 
 constexpr int kSlots = kMoeMmaTileSlots;
 constexpr int kNTiles = kSlots / 8;  // the 8-token columns of a tile
 constexpr int kChunkSteps = 8;       // 32-element steps a thread's loads cover at once
-
-__device__ __forceinline__ uint32_t SmemAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void LoadMatrices(uint32_t addr, uint32_t& r0, uint32_t& r1,
-                                             uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-
-// c = a (16x32 s8) * b (32x8 s8), int32.
-__device__ __forceinline__ void MmaK32(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                       uint32_t a3, uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  c[0] = c[1] = c[2] = c[3] = 0;
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-  __trap();  // the host takes this kernel only on compute capability 8.0 and later
-#endif
-}
-
-// c = a (16x16 s8) * b (16x8 s8), int32.
-__device__ __forceinline__ void MmaK16(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  c[0] = c[1] = c[2] = c[3] = 0;
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-      "{%0,%1,%2,%3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a0), "r"(a1), "r"(b0));
-#else
-  __trap();
-#endif
-}
 
 __device__ __forceinline__ uint32_t Word(const uint8_t* p) {
   return __ldg(reinterpret_cast<const uint32_t*>(p));
@@ -130,7 +91,7 @@ struct Mq<kTypeQ4_0> {
     for (int n = 0; n < kNTiles; ++n) {
       if (n >= n_used) break;
       int sums[4];
-      MmaK32(sums, a0, a1, a2, a3, x.b[n][0], x.b[n][1]);
+      MmaS8K32(sums, a0, a1, a2, a3, x.b[n][0], x.b[n][1]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float2 xs = x.s[n][e & 1];
@@ -170,7 +131,7 @@ struct Mq<kTypeQ8_0> {
     for (int n = 0; n < kNTiles; ++n) {
       if (n >= n_used) break;
       int sums[4];
-      MmaK32(sums, w.q[0][s][0], w.q[1][s][0], w.q[0][s][1], w.q[1][s][1], x.b[n][0], x.b[n][1]);
+      MmaS8K32(sums, w.q[0][s][0], w.q[1][s][0], w.q[0][s][1], w.q[1][s][1], x.b[n][0], x.b[n][1]);
       Scale(acc[n], sums, wd, x.s[n]);
     }
   }
@@ -230,7 +191,7 @@ struct Mq<kTypeQ4_K> {
     for (int n = 0; n < kNTiles; ++n) {
       if (n >= n_used) break;
       int sums[4];
-      MmaK32(sums, a0, a1, a2, a3, x.b[n][0], x.b[n][1]);
+      MmaS8K32(sums, a0, a1, a2, a3, x.b[n][0], x.b[n][1]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float2 xs = x.s[n][e & 1];
@@ -291,8 +252,8 @@ struct Mq<kTypeQ6_K> {
     for (int n = 0; n < kNTiles; ++n) {
       if (n >= n_used) break;
       int first[4], second[4];
-      MmaK16(first, a0, a1, x.b[n][0]);
-      MmaK16(second, b0, b1, x.b[n][1]);
+      MmaS8K16(first, a0, a1, x.b[n][0]);
+      MmaS8K16(second, b0, b1, x.b[n][1]);
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         acc[n][e] += x.s[n][e & 1].x * (s0[e >> 1] * static_cast<float>(first[e]) +
@@ -382,8 +343,12 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int n = 0; n < kNTiles; n += 2) {
         if (n >= n_used) break;
-        LoadMatrices(SmemAddress(sx + (8 * n + x_row) * ld + k0 + x_col), x.b[n][0], x.b[n][1],
-                     x.b[n + 1][0], x.b[n + 1][1]);
+        uint32_t r[4];
+        LoadMatrices(SmemAddress(sx + (8 * n + x_row) * ld + k0 + x_col), r);
+        x.b[n][0] = r[0];
+        x.b[n][1] = r[1];
+        x.b[n + 1][0] = r[2];
+        x.b[n + 1][1] = r[3];
       }
 #pragma unroll
       for (int n = 0; n < kNTiles; ++n) {
