@@ -386,13 +386,7 @@ __global__ void __launch_bounds__(kThreads)
     const int idx = tid + i * kThreads;
     if (idx < nr * dv) part[idx] = acc[i];
   }
-  __threadfence();
-  __syncthreads();
-  __shared__ int last;
-  if (tid == 0) last = atomicAdd(p.counters + cell, 1u) == static_cast<unsigned>(splits - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
+  if (!ArrivesLast(p.counters + cell, splits)) return;
   // Each head's weight per split, exp(m_s - m) / l, into shared memory: a warp per head (its
   // heads every kWarps-th, four at a time), a lane per split (two for over 32), every (m, l) of
   // the four read at once. Splits past `splits` weigh zero.

@@ -280,13 +280,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         row[D + 1] = row_sum[h];
       }
     }
-    __threadfence();
-    __syncthreads();
-    __shared__ int last;
-    if (tid == 0) last = atomicAdd(p.counters + cell, 1u) == static_cast<unsigned>(splits - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!ArrivesLast(p.counters + cell, splits)) return;
     const float* parts = p.partial + cell * p.splits * (kRows * kRowFloats);
     // Each row's weight per split, exp2(m_s - m) / l, after the staging rows.
     float* w_s = out_s + kRows * S::kOutLd;  // [kRows][kAttentionMaxSplits]

@@ -755,12 +755,10 @@ __global__ void __launch_bounds__(32 * kTileWarps, 2)
   __shared__ int4 sxq[NT * kTileMaxCols / 16];
   __shared__ float2 sxs[NT * kTileMaxCols / 32];
   PdlStart();  // the tiles are the sort kernel's output
-  const int per_tile = p.n_jobs * p.row_blocks;
-  const int tile = static_cast<int>(blockIdx.x) / per_tile;
-  if (tile >= *p.n_tiles) return;
-  const int j = (static_cast<int>(blockIdx.x) / p.row_blocks) % p.n_jobs;
-  const int rb = static_cast<int>(blockIdx.x) % p.row_blocks;
-  const int4 tl = p.tiles[tile];  // expert, first position, slots
+  TileBlock b;
+  if (!LocateTileBlock(p, &b)) return;
+  const int j = b.j, rb = b.rb;
+  const int4 tl = b.tile;  // expert, first position, slots
   const int nt = tl.z;
   const int64_t cols = p.cols, groups = cols / 32;
   const int words = static_cast<int>(cols / 16);

@@ -38,6 +38,21 @@ __device__ __forceinline__ void PdlWait() {
 #endif
 }
 
+// Called by every thread of a block after writing its share of a result that several blocks
+// split (attention's position splits): true in the one block that arrives last of `blocks` at
+// `counter`, once every other block's writes are visible to it. The counter is the caller's to
+// reset.
+__device__ __forceinline__ bool ArrivesLast(uint32_t* counter, int blocks) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == static_cast<unsigned>(blocks - 1);
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();
+  return true;
+}
+
 template <typename... KArgs, typename... Args>
 inline void LaunchKernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                          cudaStream_t stream, Args... args) {

@@ -297,6 +297,23 @@ __device__ __forceinline__ void QuantizeWarpStore(float v, int64_t i, int8_t* xq
     xs[i / 32] = bad ? make_float2(NAN, NAN) : make_float2(d, d * static_cast<float>(sum));
 }
 
+// The block of a tiles launch (LaunchGemvTiles, LaunchGemvTilesMma): its tile {expert, first
+// sorted position, slots}, job j (gate or up) and row block rb. False for a block past the
+// tiles the sort made (the grid is sized for the most it can make).
+struct TileBlock {
+  int4 tile;
+  int j, rb;
+};
+__device__ __forceinline__ bool LocateTileBlock(const GemvTilesParams& p, TileBlock* b) {
+  const int per_tile = p.n_jobs * p.row_blocks;
+  const int tile = static_cast<int>(blockIdx.x) / per_tile;
+  if (tile >= *p.n_tiles) return false;
+  b->j = (static_cast<int>(blockIdx.x) / p.row_blocks) % p.n_jobs;
+  b->rb = static_cast<int>(blockIdx.x) % p.row_blocks;
+  b->tile = p.tiles[tile];
+  return true;
+}
+
 // Calls f.template operator()<T>() with T the kernel type id `type` (a switch over every type
 // the kernels read); returns false for others.
 template <typename F>
