@@ -620,14 +620,7 @@ struct Rp<kTypeQ6_K> {
 // (the arithmetic of the SwiGLU kernel) and their quantization, and clears the count.
 __device__ __forceinline__ void GluEpilogue(const GemvParams& p, int row0, int nr) {
   const int lane = threadIdx.x & 31, g = row0 / 32;
-  uint32_t done = 0;
-  if (lane == 0) {
-    __threadfence();  // this lane's writes of y before the count
-    done = atomicAdd(&p.glu_counters[g], static_cast<uint32_t>(nr)) + static_cast<uint32_t>(nr);
-  }
-  done = __shfl_sync(0xffffffffu, done, 0);
-  if (done != 64) return;
-  __threadfence();
+  if (!WarpArrivesLast(&p.glu_counters[g], static_cast<uint32_t>(nr), 64)) return;
   const int i = 32 * g + lane;
   const float gv = __ldcg(p.jobs[0].y + i), uv = __ldcg(p.jobs[1].y + i);
   const float v = gv / (1.0f + expf(-gv)) * uv;
@@ -863,14 +856,7 @@ __global__ void __launch_bounds__(128) GemvFloatKernel(const __grid_constant__ G
   }
   WriteRows<NT>(job, row, t0, nt, acc);
   if constexpr (kRoute) {
-    uint32_t done = 0;
-    if (lane == 0) {
-      __threadfence();  // this row's logit before the count
-      done = atomicAdd(p.route_counter, 1u) + 1u;
-    }
-    done = __shfl_sync(0xffffffffu, done, 0);
-    if (done != static_cast<uint32_t>(job.rows)) return;
-    __threadfence();
+    if (!WarpArrivesLast(p.route_counter, 1, static_cast<uint32_t>(job.rows))) return;
     __shared__ float prob[kRouteMaxExperts];
     __shared__ float choice[kRouteMaxExperts];
     RouteToken(p.route, 0, prob, choice);

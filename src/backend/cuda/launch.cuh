@@ -53,6 +53,21 @@ __device__ __forceinline__ bool ArrivesLast(uint32_t* counter, int blocks) {
   return true;
 }
 
+// The same for a warp whose lane 0 wrote its share (a GEMV epilogue's rows): lane 0 adds
+// `count` to `counter`; true in every lane of the warp that brings it to `total`, once the
+// other warps' writes are visible to it. The counter is the caller's to reset.
+__device__ __forceinline__ bool WarpArrivesLast(uint32_t* counter, uint32_t count, uint32_t total) {
+  uint32_t done = 0;
+  if ((threadIdx.x & 31) == 0) {
+    __threadfence();  // lane 0's writes before the count
+    done = atomicAdd(counter, count) + count;
+  }
+  done = __shfl_sync(0xffffffffu, done, 0);
+  if (done != total) return false;
+  __threadfence();
+  return true;
+}
+
 template <typename... KArgs, typename... Args>
 inline void LaunchKernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                          cudaStream_t stream, Args... args) {
