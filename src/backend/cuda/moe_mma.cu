@@ -56,6 +56,21 @@ __device__ __forceinline__ void Scale(float (&acc)[4], const int (&sums)[4], con
   for (int e = 0; e < 4; ++e) acc[e] += wd[e >> 1] * xs[e & 1].x * static_cast<float>(sums[e]);
 }
 
+// The f16 d of blocks b0 .. b0 + steps of both rows, from the scale plane `plane` bytes into
+// each row (Q4_0, Q8_0); zeros past the row.
+__device__ __forceinline__ void LoadBlockScales(float (&d)[2][kChunkSteps],
+                                                const uint8_t* const (&row)[2], int64_t plane,
+                                                int b0, int steps) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int s = 0; s < kChunkSteps; ++s)
+      d[r][s] =
+          s < steps
+              ? HalfToFloat(__ldg(reinterpret_cast<const unsigned short*>(row[r] + plane) + b0 + s))
+              : 0.0f;
+}
+
 // Per type: Chunk holds a thread's two rows' words for kChunkSteps steps (Load), Step adds step
 // s's products with the warp's tokens to acc.
 template <int T>
@@ -71,17 +86,12 @@ struct Mq<kTypeQ4_0> {
   };
   __device__ static void Load(Chunk& w, const uint8_t* const (&row)[2], int64_t cols, int b0,
                               int steps, int c) {
-    const int64_t nb = cols / 32;
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int s = 0; s < kChunkSteps; ++s) {
-        const bool in = s < steps;
-        w.q[r][s] = in ? Word(row[r] + 16 * (b0 + s) + 4 * c) : 0;
-        w.d[r][s] = in ? HalfToFloat(__ldg(
-                             reinterpret_cast<const unsigned short*>(row[r] + 16 * nb) + b0 + s))
-                       : 0.0f;
-      }
+      for (int s = 0; s < kChunkSteps; ++s)
+        w.q[r][s] = s < steps ? Word(row[r] + 16 * (b0 + s) + 4 * c) : 0;
+    LoadBlockScales(w.d, row, 16 * (cols / 32), b0, steps);
   }
   __device__ static void Step(const Chunk& w, int s, const XStep& x, float (&acc)[kNTiles][4],
                               int n_used) {
@@ -110,7 +120,6 @@ struct Mq<kTypeQ8_0> {
   };
   __device__ static void Load(Chunk& w, const uint8_t* const (&row)[2], int64_t cols, int b0,
                               int steps, int c) {
-    const int64_t nb = cols / 32;
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -119,10 +128,8 @@ struct Mq<kTypeQ8_0> {
         const uint8_t* q = row[r] + 32 * (b0 + s) + 4 * c;
         w.q[r][s][0] = in ? Word(q) : 0;
         w.q[r][s][1] = in ? Word(q + 16) : 0;
-        w.d[r][s] = in ? HalfToFloat(__ldg(
-                             reinterpret_cast<const unsigned short*>(row[r] + 32 * nb) + b0 + s))
-                       : 0.0f;
       }
+    LoadBlockScales(w.d, row, 32 * (cols / 32), b0, steps);
   }
   __device__ static void Step(const Chunk& w, int s, const XStep& x, float (&acc)[kNTiles][4],
                               int n_used) {
