@@ -567,7 +567,9 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
     hb = group;
     qb = kAttentionMmaRows / group;
     cells = (q.rows + qb - 1) / qb * s.n_head_kv;
-    if (cells <= kCounterCells) splits = AttentionMmaSplits(cells, sm_count_, pos0 + q.rows);
+    // (It splits only launches of fewer cells than half the multiprocessors: far fewer than
+    // kCounterCells.)
+    splits = AttentionMmaSplits(cells, sm_count_, pos0 + q.rows);
   } else if (q.rows <= 8 && cells <= kCounterCells) {
     // Decode: few tokens, so each one's positions are split over blocks.
     const int64_t tiles = (pos0 + q.rows + kAttentionTile - 1) / kAttentionTile;
