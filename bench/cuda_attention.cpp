@@ -78,6 +78,24 @@ int main(int argc, char** argv) {
     const char* name;
     int n_head_kv;
   };
+  // What every launch below shares: the cache, the heads, the scale, the position.
+  auto base_params = [&](const Shape& sh, const float* qs, float* os, int n_tok) {
+    AttentionParams p;
+    p.q = qs;
+    p.out = os;
+    p.k = k;
+    p.v = v;
+    p.k_stride = p.v_stride = static_cast<int64_t>(sh.n_head_kv) * kDim;
+    p.f16 = 1;
+    p.n_tok = n_tok;
+    p.n_head = kHeads;
+    p.n_head_kv = sh.n_head_kv;
+    p.dk = p.dv = kDim;
+    p.scale = 0.0884f;
+    p.pos0 = pos0;
+    p.vec = 1;
+    return p;
+  };
   for (const Shape& sh : {Shape{"llama3-8b", 8}, Shape{"qwen3-30b-a3b", 4}}) {
     // As CudaBackend::Attention chooses for one token.
     const int group = kHeads / sh.n_head_kv;
@@ -92,26 +110,13 @@ int main(int argc, char** argv) {
                    std::max(1, max_splits));
       const int64_t p0 = ctx - 1;
       CHECK(cudaMemcpy(pos0, &p0, 8, cudaMemcpyHostToDevice));
-      AttentionParams p;
-      p.q = q;
-      p.out = out;
-      p.k = k;
-      p.v = v;
-      p.k_stride = p.v_stride = static_cast<int64_t>(sh.n_head_kv) * kDim;
-      p.f16 = 1;
-      p.n_tok = 1;
-      p.n_head = kHeads;
-      p.n_head_kv = sh.n_head_kv;
-      p.dk = p.dv = kDim;
+      AttentionParams p = base_params(sh, q, out, 1);
       p.heads_per_block = hb;
       p.q_per_block = 1;
       p.splits = splits;
-      p.scale = 0.0884f;
-      p.pos0 = pos0;
       p.partial = partial;
       p.counters = counters;
       p.smem_bytes = smem;
-      p.vec = 1;
       const double us = MicrosecondsPerLaunch(s, kLaunches, [&](int) { LaunchAttention(&p, s); });
       const double bytes = 2.0 * ctx * sh.n_head_kv * kDim * 2;  // K and V, F16
       std::printf(
@@ -149,32 +154,17 @@ int main(int argc, char** argv) {
         double us[2] = {0, 0};
         int mma_splits = 1;
         for (int mma = 0; mma < 2; ++mma) {
-          AttentionParams p;
-          p.q = q_pre;
-          p.out = out_pre;
-          p.k = k;
-          p.v = v;
-          p.k_stride = p.v_stride = static_cast<int64_t>(sh.n_head_kv) * kDim;
-          p.f16 = 1;
-          p.n_tok = n_tok;
-          p.n_head = kHeads;
-          p.n_head_kv = sh.n_head_kv;
-          p.dk = p.dv = kDim;
+          AttentionParams p = base_params(sh, q_pre, out_pre, n_tok);
           p.heads_per_block = mma ? group : hb;
           p.q_per_block = mma ? kAttentionMmaRows / group : qb;
-          p.scale = 0.0884f;
-          p.pos0 = pos0;
           p.smem_bytes = smem;
-          p.vec = 1;
           p.mma = mma;
-          int splits = 1;
           if (mma) {  // as CudaBackend::Attention splits a short prompt's positions
             const int64_t cells = (n_tok + p.q_per_block - 1) / p.q_per_block * sh.n_head_kv;
-            splits = p.splits = AttentionMmaSplits(cells, sms, depth + n_tok);
+            mma_splits = p.splits = AttentionMmaSplits(cells, sms, depth + n_tok);
             p.partial = partial;
             p.counters = counters;
           }
-          mma_splits = std::max(mma_splits, splits);
           us[mma] = MicrosecondsPerLaunch(s, 8, [&](int) { LaunchAttention(&p, s); });
         }
         const double ops = 4.0 * n_tok * kHeads * (depth + (n_tok + 1) / 2.0) * kDim;

@@ -209,7 +209,9 @@ int RunBench(const std::vector<std::string>& args) {
   eo.n_threads = static_cast<int>(*t);
   eo.require_tokenizer = false;
   eo.kv_type = *kv_type;
-  eo.n_ctx = *p + *n + *depth + 8;
+  // Positions the cache must hold: the depth, then a test (p + n covers either).
+  const int64_t bench_ctx = *p + *n + *depth + 8;
+  eo.n_ctx = bench_ctx;
   eo.extra_reserve = *bw_bytes;
   if (Status st = ApplyStoreFlags(f, &eo); !st.ok()) return PrintError("bench", st);
   auto verify = ParseVerifyFlags(f);
@@ -321,7 +323,7 @@ int RunBench(const std::vector<std::string>& args) {
     return Status::Ok();
   };
 
-  auto cache = KvCache::Create(model.hparams(), *p + *n + *depth + 8, model.backend(), *kv_type);
+  auto cache = KvCache::Create(model.hparams(), bench_ctx, model.backend(), *kv_type);
   if (!cache.ok()) return PrintError("bench", cache.status());
   std::vector<float> logits;
   // --sequences: one cache per sequence, and each one's last logits.
