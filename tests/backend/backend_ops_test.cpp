@@ -692,6 +692,56 @@ Failures CheckRope(Backend& be) {
              tb.Read(xb), tr.Read(xr), 1e-10);
     }
   }
+  // qwen3's attention start: each head of q and k normed in place, both rotated, k and v
+  // stored (a GPU joins the two norms, and the store to the rotation); full and partial
+  // rotation, both styles.
+  for (const Case& k : {Case{RopeStyle::kNeox, 8, 128, 0, 128, 0},
+                        Case{RopeStyle::kNormal, 6, 64, 0, 64, 0},
+                        Case{RopeStyle::kNeox, 4, 64, 0, 32, 0}}) {
+    for (int64_t n : {1, 5, 40}) {
+      RopeParams p;
+      p.style = k.style;
+      p.n_rot = k.n_rot;
+      p.freq_base = 1000000.0f;
+      const int kv_heads = k.n_heads / 2;
+      const int64_t qd = int64_t{k.n_heads} * k.head_dim, kd = int64_t{kv_heads} * k.head_dim;
+      const int64_t pos0 = 3;
+      std::vector<int32_t> pos(static_cast<size_t>(n));
+      for (int64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(pos0 + t);
+      const std::vector<float> q = Random(n * qd, rng), kk = Random(n * kd, rng);
+      const std::vector<float> v = Random(n * kd, rng);
+      const Weight qn = MakeWeight(DType::kF32, 1, k.head_dim, rng);
+      const Weight kn = MakeWeight(DType::kF32, 1, k.head_dim, rng);
+      Tensors tb(be), tr(ref);
+      const Tensor qb = tb.Make(n, qd, q), kb = tb.Make(n, kd, kk);
+      const Tensor qr = tr.Make(n, qd, q), kr = tr.Make(n, kd, kk);
+      const KvLayer cb = tb.Kv(DType::kF32, pos0 + n, kd, kd);
+      const KvLayer cr = tr.Kv(DType::kF32, pos0 + n, kd, kd);
+      for (auto [b, qt, kt, c, tens] :
+           {std::tuple<Backend*, Tensor, Tensor, KvLayer, Tensors*>{&be, qb, kb, cb, &tb},
+            {&ref, qr, kr, cr, &tr}}) {
+        const Tensor qh = qt.Reshape(n * k.n_heads, k.head_dim);
+        const Tensor kh = kt.Reshape(n * kv_heads, k.head_dim);
+        b->RmsNorm(qh, qn.View(0), 1e-6f, qh);
+        b->RmsNorm(kh, kn.View(0), 1e-6f, kh);
+        b->Rope(qt, k.n_heads, k.head_dim, 0, pos.data(), p);
+        b->Rope(kt, kv_heads, k.head_dim, 0, pos.data(), p);
+        b->StoreKv(c, pos0, kt, tens->Make(n, kd, v));
+      }
+      const std::string what = "head norms, Rope and StoreKv " + std::to_string(k.n_heads) +
+                               "x" + std::to_string(k.head_dim) + " rot " +
+                               std::to_string(k.n_rot) + " n=" + std::to_string(n);
+      Expect(f, what + ": q", tb.Read(qb), tr.Read(qr), 1e-10);
+      Expect(f, what + ": k", tb.Read(kb), tr.Read(kr), 1e-10);
+      for (const bool keys : {true, false}) {
+        const auto rows = [&](const KvLayer& c) {
+          return Tensor{static_cast<float*>(keys ? c.k : c.v) + pos0 * kd, n, kd};
+        };
+        Expect(f, what + (keys ? ": cached k" : ": cached v"), tb.Read(rows(cb)),
+               tr.Read(rows(cr)), 1e-10);
+      }
+    }
+  }
   return f;
 }
 
@@ -911,7 +961,12 @@ Failures CheckRoutedExperts(const Candidate& cand,
         if (!takes(c.gate, c.down, 1)) return f;  // declines them all
         continue;
       }
-      const std::vector<float> got = tb.Read(op.acc);
+      // The residual add a MoE layer does next (a GPU joins it to the launch that sums the
+      // experts).
+      const std::vector<float> resid = Random(n * c.d, rng);
+      const Tensor rt = tb.Make(n, c.d, resid);
+      be->Add(rt, op.acc);
+      const std::vector<float> got = tb.Read(op.acc), got_resid = tb.Read(rt);
 
       ReferenceBackend ref(&Ledger());
       Tensors tr(ref);
@@ -944,6 +999,9 @@ Failures CheckRoutedExperts(const Candidate& cand,
       }
       // int8 activations on the device's fast paths, as in the products' own checks.
       Expect(f, what, got, want, 2e-3);
+      std::vector<float> want_resid = resid;
+      for (size_t i = 0; i < want_resid.size(); ++i) want_resid[i] += got[i];
+      Expect(f, what + ", added to the residual", got_resid, want_resid, 1e-12);
     }
   }
   return f;
