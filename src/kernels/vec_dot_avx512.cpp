@@ -1,7 +1,8 @@
 // AVX-512VL + VNNI (+ BF16 where present) kernels: 256-bit vectors, dpbusd integer products
 // and 32 registers, so 8 tokens per weight pass; see vec_dot_x86.inc. The hottest types (Q4_K,
-// the bulk of Q4_K_M files, and Q8_0, Q4_0, Q6_K) get 512-bit kernels here, one template over
-// the token count serving decode (NT = 1) and prefill alike, so both give the same bits per row.
+// the bulk of Q4_K_M files, and Q8_0, Q4_0, Q6_K; Q3_K and Q2_K, which the 256-bit code left
+// compute-bound) get 512-bit kernels here, one template over the token count serving decode
+// (NT = 1) and prefill alike, so both give the same bits per row.
 // GCC 12's 512-bit insert/extract intrinsics pass an "undefined" vector that its own
 // -Wuninitialized then flags; the warning is about the header, not this code.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -235,6 +236,23 @@ void DotQ4_0WideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
     out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + HsumPs(tail[t]);
 }
 
+// A zmm whose low 256-bit lane repeats the 32-bit value lo and whose high lane repeats hi
+// (per-lane shift counts).
+inline __m512i LanePair32(int lo, int hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(lo)), _mm256_set1_epi32(hi),
+                            1);
+}
+
+// For the K formats' 16 int16 scales of 16-value groups: pick[g] lets int16 lane j of the zmm
+// holding values 64g..64g+63 (after maddubs, two values a lane) take scale 4g + j / 8.
+inline void GroupScalePicks(__m512i (&pick)[4]) {
+  for (int g = 0; g < 4; ++g) {
+    alignas(64) int16_t idx[32];
+    for (int j = 0; j < 32; ++j) idx[j] = static_cast<int16_t>(4 * g + j / 8);
+    pick[g] = _mm512_load_si512(idx);
+  }
+}
+
 // Q6_K x Q8_K. Each half block (128 values) is one zmm of low nibbles (values 0-63 of the half)
 // and one of high nibbles (64-127), their two top bits taken from the same 32 qh bytes at
 // per-256-bit-lane shifts; each 128-bit chunk then holds one 16-value group, so the int16
@@ -243,17 +261,9 @@ template <int NT>
 void DotQ6_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, float* out) {
   auto* w = static_cast<const BlockQ6_K*>(wv);
   const __m512i m4 = _mm512_set1_epi8(0xF), m3 = _mm512_set1_epi8(3);
-  auto halves = [](short a, short b) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(a)), _mm256_set1_epi16(b), 1);
-  };
-  const __m512i shift_lo = halves(0, 2), shift_hi = halves(4, 6);
-  // pick[g]: int16 lane j of a zmm takes scale 4g + j / 8 (g = 2h + 0 for low, 2h + 1 for high).
-  __m512i pick[4];
-  for (int g = 0; g < 4; ++g) {
-    alignas(64) int16_t idx[32];
-    for (int j = 0; j < 32; ++j) idx[j] = static_cast<int16_t>(4 * g + j / 8);
-    pick[g] = _mm512_load_si512(idx);
-  }
+  const __m512i shift_lo = LanePair32(0, 2), shift_hi = LanePair32(4, 6);
+  __m512i pick[4];  // g = 2h + 0 for the low nibbles of half h, 2h + 1 for the high
+  GroupScalePicks(pick);
   __m256 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < n / kQK_K; ++b) {
@@ -266,8 +276,8 @@ void DotQ6_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
     for (int h = 0; h < 2; ++h) {
       __m512i a = _mm512_loadu_si512(x.ql + 64 * h);
       __m512i qh = _mm512_broadcast_i64x4(Load256(x.qh + 32 * h));
-      __m512i top_lo = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), m3), 4);
-      __m512i top_hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), m3), 4);
+      __m512i top_lo = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi32(qh, shift_lo), m3), 4);
+      __m512i top_hi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi32(qh, shift_hi), m3), 4);
       q[2 * h] = _mm512_or_si512(_mm512_and_si512(a, m4), top_lo);
       q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m4), top_hi);
       s[2 * h] = _mm512_permutexvar_epi16(pick[2 * h], sc);
@@ -294,9 +304,124 @@ void DotQ6_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
   for (int t = 0; t < NT; ++t) out[t] = HsumPs(acc[t]);
 }
 
+// Q3_K's 12 scale bytes -> its 16 signed 6-bit scales (minus 32), as UnpackQ3KScales does,
+// two 32-bit words at a time in 64-bit operations.
+inline __m128i Q3KScales(const uint8_t* p) {
+  uint64_t a01;
+  uint32_t a2;
+  std::memcpy(&a01, p, 8);
+  std::memcpy(&a2, p + 8, 4);
+  const uint64_t m4 = 0x0f0f0f0f0f0f0f0full, m2 = 0x0303030303030303ull;
+  const uint64_t top01 = a2 | static_cast<uint64_t>(a2 >> 2) << 32;  // scales 0-7's top bits
+  const uint64_t top23 = (a2 >> 4) | static_cast<uint64_t>(a2 >> 6) << 32;
+  const uint64_t s01 = (a01 & m4) | (top01 & m2) << 4, s23 = (a01 >> 4 & m4) | (top23 & m2) << 4;
+  return _mm_sub_epi8(_mm_set_epi64x(static_cast<long long>(s23), static_cast<long long>(s01)),
+                      _mm_set1_epi8(32));
+}
+
+// Q3_K x Q8_K, laid out as Q6_K's kernel: zmm g (0-3) holds values 64g..64g+63, the 2-bit
+// quants of one 32-byte load at per-256-bit-lane shifts (0 and 2, then 4 and 6) and the third
+// bit from the 32 hmask bytes, bit 2g (low lane) or 2g + 1 (high lane) moved to bit 2, so values
+// 0..7 (one bit select joins the two); each 128-bit chunk is one 16-value group with its int16
+// scale, and the -4 offset comes back through the bsums. The 256-bit kernel it replaces spent
+// most of a block unpacking scales one byte at a time and decoded Q3_K_M files at a quarter of
+// the memory's speed.
+template <int NT>
+void DotQ3_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, float* out) {
+  auto* w = static_cast<const BlockQ3_K*>(wv);
+  const __m512i m7 = _mm512_set1_epi8(7), m3 = _mm512_set1_epi8(3);
+  // Shifts of whole 32-bit words (one uop, where 16-bit ones take two on some cores): a byte's
+  // bits 0-1 after a right shift, and its bit 2 after a left shift by 1 or 2, are its own.
+  const __m512i shift_lo = LanePair32(0, 2), shift_hi = LanePair32(4, 6);
+  // hmask bit 2g + lane to bit 2: left by 2 and 1 for g = 0, right by 2g - 2 and 2g - 1 after.
+  const __m512i hup = LanePair32(2, 1);
+  const __m512i hdown[4] = {{}, LanePair32(0, 1), LanePair32(2, 3), LanePair32(4, 5)};
+  __m512i pick[4];
+  GroupScalePicks(pick);
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const BlockQ3_K& x = w[b];
+    PrefetchRow<NT>(&x, sizeof(x));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(Q3KScales(x.scales));
+    const __m512i sc = _mm512_castsi256_si512(sc16);
+    const __m512i hm = _mm512_broadcast_i64x4(Load256(x.hmask));
+    __m512i q[4], s[4];
+    for (int h = 0; h < 2; ++h) {
+      const __m512i a = _mm512_broadcast_i64x4(Load256(x.qs + 32 * h));
+      for (int k = 0; k < 2; ++k) {
+        const int g = 2 * h + k;
+        const __m512i lo = _mm512_srlv_epi32(a, k ? shift_hi : shift_lo);
+        const __m512i hb = g == 0 ? _mm512_sllv_epi32(hm, hup) : _mm512_srlv_epi32(hm, hdown[g]);
+        // (lo & 3) | (hb & ~3), then & 7: bits 0-1 from the quants, bit 2 from the mask.
+        q[g] = _mm512_and_si512(_mm512_ternarylogic_epi32(m3, lo, hb, 0xCA), m7);
+        s[g] = _mm512_permutexvar_epi16(pick[g], sc);
+      }
+    }
+    const float dw = H(x.d);
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_K& yb = Act<BlockQ8_K>(act, stride, t)[b];
+      __m512i sumi = _mm512_setzero_si512();
+      for (int g = 0; g < 4; ++g)
+        sumi = _mm512_dpwssd_epi32(
+            sumi, _mm512_maddubs_epi16(q[g], _mm512_loadu_si512(yb.qs + 64 * g)), s[g]);
+      __m256i s8 =
+          _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+      __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, Load256(yb.bsums)), 2);
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * yb.d),
+                               _mm256_cvtepi32_ps(_mm256_sub_epi32(s8, corr)), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = HsumPs(acc[t]);
+}
+
+// Q2_K x Q8_K: Q3_K's kernel without the third bit; each 16-value group's 4-bit scale from the
+// low nibble of its byte, its min (the high nibble) meeting the bsums.
+template <int NT>
+void DotQ2_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, float* out) {
+  auto* w = static_cast<const BlockQ2_K*>(wv);
+  const __m512i m3 = _mm512_set1_epi8(3);
+  const __m128i m4 = _mm_set1_epi8(0xF);
+  const __m512i shift_lo = LanePair32(0, 2), shift_hi = LanePair32(4, 6);  // as Q3_K's
+  __m512i pick[4];
+  GroupScalePicks(pick);
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const BlockQ2_K& x = w[b];
+    PrefetchRow<NT>(&x, sizeof(x));
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
+    const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(sc8, m4)));
+    const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m4));
+    __m512i q[4], s[4];
+    for (int h = 0; h < 2; ++h) {
+      const __m512i a = _mm512_broadcast_i64x4(Load256(x.qs + 32 * h));
+      q[2 * h] = _mm512_and_si512(_mm512_srlv_epi32(a, shift_lo), m3);
+      q[2 * h + 1] = _mm512_and_si512(_mm512_srlv_epi32(a, shift_hi), m3);
+    }
+    for (int g = 0; g < 4; ++g) s[g] = _mm512_permutexvar_epi16(pick[g], sc);
+    const float dw = H(x.d), dmin = H(x.dmin);
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_K& yb = Act<BlockQ8_K>(act, stride, t)[b];
+      __m512i sumi = _mm512_setzero_si512();
+      for (int g = 0; g < 4; ++g)
+        sumi = _mm512_dpwssd_epi32(
+            sumi, _mm512_maddubs_epi16(q[g], _mm512_loadu_si512(yb.qs + 64 * g)), s[g]);
+      __m256i s8 =
+          _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+      __m256i pm = _mm256_madd_epi16(mins16, Load256(yb.bsums));
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * yb.d), _mm256_cvtepi32_ps(s8), acc[t]);
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * yb.d), _mm256_cvtepi32_ps(pm), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = HsumPs(acc[t]);
+}
+
 SUBSTRATE_DEFINE_MULTI(DotQ8_0Wide)
 SUBSTRATE_DEFINE_MULTI(DotQ4_0Wide)
 SUBSTRATE_DEFINE_MULTI(DotQ6_KWide)
+SUBSTRATE_DEFINE_MULTI(DotQ3_KWide)
+SUBSTRATE_DEFINE_MULTI(DotQ2_KWide)
 
 }  // namespace
 
@@ -305,11 +430,15 @@ const DotKernel* FindWide(DType type) {
   static const DotKernel kQ8_0{DType::kQ8_0, DotQ8_0Wide, kMaxNT};
   static const DotKernel kQ4_0{DType::kQ8_0, DotQ4_0Wide, kMaxNT};
   static const DotKernel kQ6_K{DType::kQ8_K, DotQ6_KWide, kMaxNT};
+  static const DotKernel kQ3_K{DType::kQ8_K, DotQ3_KWide, kMaxNT};
+  static const DotKernel kQ2_K{DType::kQ8_K, DotQ2_KWide, kMaxNT};
   switch (type) {
     case DType::kQ4_K: return &kQ4_K;
     case DType::kQ8_0: return &kQ8_0;
     case DType::kQ4_0: return &kQ4_0;
     case DType::kQ6_K: return &kQ6_K;
+    case DType::kQ3_K: return &kQ3_K;
+    case DType::kQ2_K: return &kQ2_K;
     default: return nullptr;
   }
 }
