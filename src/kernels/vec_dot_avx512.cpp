@@ -180,6 +180,16 @@ void DotQ8_0WideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
     out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + HsumPs(tail[t]);
 }
 
+// 32 bytes of nibble pairs as 64 values: [low nibbles of bytes 0-15 | their high nibbles | low
+// nibbles of 16-31 | their high nibbles], the element order of Q4_0's and IQ4_XS's blocks.
+inline __m512i SplitNibbles(__m256i t) {
+  const __m512i dup = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
+  const __m512i shifts = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+  return _mm512_and_si512(
+      _mm512_srlv_epi64(_mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(t)), shifts),
+      _mm512_set1_epi8(0x0F));
+}
+
 // Q4_0 x Q8_0. Nibbles (0..15) meet the activations unsigned-by-signed in dpbusd; the -8
 // offset comes back as 8 * sum(a), itself one dpbusd, which is cheaper than the sign trick.
 // Blocks b, b+1 unpack to [b lo 16 | b hi 16 | b+1 lo | b+1 hi], the activation order.
@@ -187,15 +197,11 @@ template <int NT>
 void DotQ4_0WideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, float* out) {
   auto* w = static_cast<const BlockQ4_0*>(wv);
   const int64_t nb = n / 32;
-  const __m512i m4 = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
-  const __m512i dup = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
-  const __m512i shifts = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+  const __m512i eight = _mm512_set1_epi8(8);
   auto unpack = [&](const BlockQ4_0* x) {
-    __m256i t = _mm256_inserti128_si256(
+    return SplitNibbles(_mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[0].qs))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[1].qs)), 1);
-    __m512i z = _mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(t));
-    return _mm512_and_si512(_mm512_srlv_epi64(z, shifts), m4);
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[1].qs)), 1));
   };
   auto dot = [&](__m512i q, __m512i a) {
     __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, a);
@@ -417,11 +423,64 @@ void DotQ2_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
   for (int t = 0; t < NT; ++t) out[t] = HsumPs(acc[t]);
 }
 
+// IQ4_XS x Q8_K. zmm z holds values 64z..64z+63 (sub-blocks 2z and 2z + 1): the 32 bytes of
+// their indices unpacked as Q4_0's nibbles are, looked up in the non-linear table (one byte
+// shuffle), and multiplied through dpbusd as Q8_0's kernel does (|v| by the activation carrying
+// v's sign); int32 lanes 0-7 belong to sub-block 2z, 8-15 to 2z + 1, so the 6-bit scales apply
+// by one lane multiply and the block's sum stays an exact integer, as in the 256-bit kernel.
+template <int NT>
+void DotIQ4_XSWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, float* out) {
+  auto* w = static_cast<const BlockIQ4_XS*>(wv);
+  const __m512i table =
+      _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues)));
+  __m512i pick[4];  // lanes 0-7 take sub-block 2z's scale, 8-15 take 2z + 1's
+  for (int z = 0; z < 4; ++z) pick[z] = LanePair32(2 * z, 2 * z + 1);
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n / kQK_K; ++b) {
+    const BlockIQ4_XS& x = w[b];
+    PrefetchRow<NT>(&x, sizeof(x));
+    uint32_t lo4;
+    std::memcpy(&lo4, x.scales_l, 4);
+    // Sub-block k's 6-bit scale into byte k: its low 4 bits from nibble k of scales_l, its top
+    // two from bits 2k of scales_h.
+    const uint64_t ls =
+        _pdep_u64(lo4, 0x0F0F0F0F0F0F0F0Full) | _pdep_u64(x.scales_h, 0x3030303030303030ull);
+    const __m512i sc = _mm512_castsi256_si512(
+        _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(ls))),
+                         _mm256_set1_epi32(32)));
+    __m512i av[4], s[4];
+    __mmask64 neg[4];
+    for (int z = 0; z < 4; ++z) {
+      const __m512i v = _mm512_shuffle_epi8(table, SplitNibbles(Load256(x.qs + 32 * z)));
+      av[z] = _mm512_abs_epi8(v);
+      neg[z] = _mm512_movepi8_mask(v);
+      s[z] = _mm512_permutexvar_epi32(pick[z], sc);
+    }
+    const float dw = H(x.d);
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_K& yb = Act<BlockQ8_K>(act, stride, t)[b];
+      __m512i sumi = _mm512_setzero_si512();
+      for (int z = 0; z < 4; ++z) {
+        __m512i y = _mm512_loadu_si512(yb.qs + 64 * z);
+        y = _mm512_mask_sub_epi8(y, neg[z], _mm512_setzero_si512(), y);
+        sumi = _mm512_add_epi32(
+            sumi, _mm512_mullo_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), av[z], y), s[z]));
+      }
+      const __m256i s8 =
+          _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * yb.d), _mm256_cvtepi32_ps(s8), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = HsumPs(acc[t]);
+}
+
 SUBSTRATE_DEFINE_MULTI(DotQ8_0Wide)
 SUBSTRATE_DEFINE_MULTI(DotQ4_0Wide)
 SUBSTRATE_DEFINE_MULTI(DotQ6_KWide)
 SUBSTRATE_DEFINE_MULTI(DotQ3_KWide)
 SUBSTRATE_DEFINE_MULTI(DotQ2_KWide)
+SUBSTRATE_DEFINE_MULTI(DotIQ4_XSWide)
 
 }  // namespace
 
@@ -432,6 +491,7 @@ const DotKernel* FindWide(DType type) {
   static const DotKernel kQ6_K{DType::kQ8_K, DotQ6_KWide, kMaxNT};
   static const DotKernel kQ3_K{DType::kQ8_K, DotQ3_KWide, kMaxNT};
   static const DotKernel kQ2_K{DType::kQ8_K, DotQ2_KWide, kMaxNT};
+  static const DotKernel kIQ4_XS{DType::kQ8_K, DotIQ4_XSWide, kMaxNT};
   switch (type) {
     case DType::kQ4_K: return &kQ4_K;
     case DType::kQ8_0: return &kQ8_0;
@@ -439,6 +499,7 @@ const DotKernel* FindWide(DType type) {
     case DType::kQ6_K: return &kQ6_K;
     case DType::kQ3_K: return &kQ3_K;
     case DType::kQ2_K: return &kQ2_K;
+    case DType::kIQ4_XS: return &kIQ4_XS;
     default: return nullptr;
   }
 }
