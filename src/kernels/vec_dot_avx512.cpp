@@ -310,21 +310,6 @@ void DotQ6_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
   for (int t = 0; t < NT; ++t) out[t] = HsumPs(acc[t]);
 }
 
-// Q3_K's 12 scale bytes -> its 16 signed 6-bit scales (minus 32), as UnpackQ3KScales does,
-// two 32-bit words at a time in 64-bit operations.
-inline __m128i Q3KScales(const uint8_t* p) {
-  uint64_t a01;
-  uint32_t a2;
-  std::memcpy(&a01, p, 8);
-  std::memcpy(&a2, p + 8, 4);
-  const uint64_t m4 = 0x0f0f0f0f0f0f0f0full, m2 = 0x0303030303030303ull;
-  const uint64_t top01 = a2 | static_cast<uint64_t>(a2 >> 2) << 32;  // scales 0-7's top bits
-  const uint64_t top23 = (a2 >> 4) | static_cast<uint64_t>(a2 >> 6) << 32;
-  const uint64_t s01 = (a01 & m4) | (top01 & m2) << 4, s23 = (a01 >> 4 & m4) | (top23 & m2) << 4;
-  return _mm_sub_epi8(_mm_set_epi64x(static_cast<long long>(s23), static_cast<long long>(s01)),
-                      _mm_set1_epi8(32));
-}
-
 // Q3_K x Q8_K, laid out as Q6_K's kernel: zmm g (0-3) holds values 64g..64g+63, the 2-bit
 // quants of one 32-byte load at per-256-bit-lane shifts (0 and 2, then 4 and 6) and the third
 // bit from the 32 hmask bytes, bit 2g (low lane) or 2g + 1 (high lane) moved to bit 2, so values
