@@ -259,6 +259,17 @@ inline void GroupScalePicks(__m512i (&pick)[4]) {
   }
 }
 
+// A Q8_K block's 256 activations against four zmm of unsigned quants (zmm g: values
+// 64g..64g+63), each 16-value group weighted by its int16 scale in s: the exact int32 sums,
+// folded to 8 lanes (the K formats' kernels below).
+inline __m256i ScaledGroupSums(const __m512i (&q)[4], const __m512i (&s)[4], const int8_t* y) {
+  __m512i sumi = _mm512_setzero_si512();
+  for (int g = 0; g < 4; ++g)
+    sumi =
+        _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[g], _mm512_loadu_si512(y + 64 * g)), s[g]);
+  return _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+}
+
 // Q6_K x Q8_K. Each half block (128 values) is one zmm of low nibbles (values 0-63 of the half)
 // and one of high nibbles (64-127), their two top bits taken from the same 32 qh bytes at
 // per-256-bit-lane shifts; each 128-bit chunk then holds one 16-value group, so the int16
@@ -292,16 +303,7 @@ void DotQ6_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
     const float dw = H(x.d);
     for (int t = 0; t < NT; ++t) {
       const BlockQ8_K& yb = Act<BlockQ8_K>(act, stride, t)[b];
-      __m512i sumi = _mm512_setzero_si512();
-      for (int h = 0; h < 2; ++h) {
-        __m512i p_lo = _mm512_madd_epi16(
-            _mm512_maddubs_epi16(q[2 * h], _mm512_loadu_si512(yb.qs + 128 * h)), s[2 * h]);
-        __m512i p_hi = _mm512_madd_epi16(
-            _mm512_maddubs_epi16(q[2 * h + 1], _mm512_loadu_si512(yb.qs + 128 * h + 64)),
-            s[2 * h + 1]);
-        sumi = _mm512_add_epi32(sumi, _mm512_add_epi32(p_lo, p_hi));
-      }
-      __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+      const __m256i s8 = ScaledGroupSums(q, s, yb.qs);
       __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, Load256(yb.bsums)), 5);
       acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * yb.d),
                                _mm256_cvtepi32_ps(_mm256_sub_epi32(s8, corr)), acc[t]);
@@ -352,12 +354,7 @@ void DotQ3_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
     const float dw = H(x.d);
     for (int t = 0; t < NT; ++t) {
       const BlockQ8_K& yb = Act<BlockQ8_K>(act, stride, t)[b];
-      __m512i sumi = _mm512_setzero_si512();
-      for (int g = 0; g < 4; ++g)
-        sumi = _mm512_dpwssd_epi32(
-            sumi, _mm512_maddubs_epi16(q[g], _mm512_loadu_si512(yb.qs + 64 * g)), s[g]);
-      __m256i s8 =
-          _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+      const __m256i s8 = ScaledGroupSums(q, s, yb.qs);
       __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, Load256(yb.bsums)), 2);
       acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * yb.d),
                                _mm256_cvtepi32_ps(_mm256_sub_epi32(s8, corr)), acc[t]);
@@ -394,12 +391,7 @@ void DotQ2_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
     const float dw = H(x.d), dmin = H(x.dmin);
     for (int t = 0; t < NT; ++t) {
       const BlockQ8_K& yb = Act<BlockQ8_K>(act, stride, t)[b];
-      __m512i sumi = _mm512_setzero_si512();
-      for (int g = 0; g < 4; ++g)
-        sumi = _mm512_dpwssd_epi32(
-            sumi, _mm512_maddubs_epi16(q[g], _mm512_loadu_si512(yb.qs + 64 * g)), s[g]);
-      __m256i s8 =
-          _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
+      const __m256i s8 = ScaledGroupSums(q, s, yb.qs);
       __m256i pm = _mm256_madd_epi16(mins16, Load256(yb.bsums));
       acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * yb.d), _mm256_cvtepi32_ps(s8), acc[t]);
       acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * yb.d), _mm256_cvtepi32_ps(pm), acc[t]);
