@@ -403,8 +403,9 @@ void DotQ2_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
 // IQ4_XS x Q8_K. zmm z holds values 64z..64z+63 (sub-blocks 2z and 2z + 1): the 32 bytes of
 // their indices unpacked as Q4_0's nibbles are, looked up in the non-linear table (one byte
 // shuffle), and multiplied through dpbusd as Q8_0's kernel does (|v| by the activation carrying
-// v's sign); int32 lanes 0-7 belong to sub-block 2z, 8-15 to 2z + 1, so the 6-bit scales apply
-// by one lane multiply and the block's sum stays an exact integer, as in the 256-bit kernel.
+// v's sign); int32 lanes 0-7 belong to sub-block 2z, 8-15 to 2z + 1, so the 6-bit scales
+// (IQ4XSScales) apply by one lane multiply and the block's sum stays an exact integer, as in the
+// 256-bit kernel.
 template <int NT>
 void DotIQ4_XSWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, float* out) {
   auto* w = static_cast<const BlockIQ4_XS*>(wv);
@@ -417,12 +418,7 @@ void DotIQ4_XSWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride
   for (int64_t b = 0; b < n / kQK_K; ++b) {
     const BlockIQ4_XS& x = w[b];
     PrefetchRow<NT>(&x, sizeof(x));
-    uint32_t lo4;
-    std::memcpy(&lo4, x.scales_l, 4);
-    // Sub-block k's 6-bit scale into byte k: its low 4 bits from nibble k of scales_l, its top
-    // two from bits 2k of scales_h.
-    const uint64_t ls =
-        _pdep_u64(lo4, 0x0F0F0F0F0F0F0F0Full) | _pdep_u64(x.scales_h, 0x3030303030303030ull);
+    const uint64_t ls = IQ4XSScales(x);
     const __m512i sc = _mm512_castsi256_si512(
         _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(ls))),
                          _mm256_set1_epi32(32)));
