@@ -270,6 +270,14 @@ inline __m256i ScaledGroupSums(const __m512i (&q)[4], const __m512i (&s)[4], con
   return _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1));
 }
 
+// The same for quants stored as value + 2^offset_bits (Q6_K: 32, Q3_K: 4): the offset times
+// each group's scaled activation sum (the bsums) taken off, so the sums stay exact.
+inline __m256i OffsetGroupSums(const __m512i (&q)[4], const __m512i (&s)[4], __m256i sc16,
+                               const BlockQ8_K& y, int offset_bits) {
+  const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(sc16, Load256(y.bsums)), offset_bits);
+  return _mm256_sub_epi32(ScaledGroupSums(q, s, y.qs), offset);
+}
+
 // Q6_K x Q8_K. Each half block (128 values) is one zmm of low nibbles (values 0-63 of the half)
 // and one of high nibbles (64-127), their two top bits taken from the same 32 qh bytes at
 // per-256-bit-lane shifts; each 128-bit chunk then holds one 16-value group, so the int16
@@ -303,10 +311,8 @@ void DotQ6_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
     const float dw = H(x.d);
     for (int t = 0; t < NT; ++t) {
       const BlockQ8_K& yb = Act<BlockQ8_K>(act, stride, t)[b];
-      const __m256i s8 = ScaledGroupSums(q, s, yb.qs);
-      __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, Load256(yb.bsums)), 5);
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * yb.d),
-                               _mm256_cvtepi32_ps(_mm256_sub_epi32(s8, corr)), acc[t]);
+      const __m256i sums = OffsetGroupSums(q, s, sc16, yb, 5);
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * yb.d), _mm256_cvtepi32_ps(sums), acc[t]);
     }
   }
   for (int t = 0; t < NT; ++t) out[t] = HsumPs(acc[t]);
@@ -354,10 +360,8 @@ void DotQ3_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
     const float dw = H(x.d);
     for (int t = 0; t < NT; ++t) {
       const BlockQ8_K& yb = Act<BlockQ8_K>(act, stride, t)[b];
-      const __m256i s8 = ScaledGroupSums(q, s, yb.qs);
-      __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, Load256(yb.bsums)), 2);
-      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * yb.d),
-                               _mm256_cvtepi32_ps(_mm256_sub_epi32(s8, corr)), acc[t]);
+      const __m256i sums = OffsetGroupSums(q, s, sc16, yb, 2);
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * yb.d), _mm256_cvtepi32_ps(sums), acc[t]);
     }
   }
   for (int t = 0; t < NT; ++t) out[t] = HsumPs(acc[t]);
