@@ -21,6 +21,9 @@ namespace {
 constexpr int kTile = kAttentionTile;
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
+// Blocks a multiprocessor must hold at once (so at most 128 registers a thread): decode aims its
+// splits at four blocks a multiprocessor, all resident in one wave.
+constexpr int kBlocksPerSm = 4;
 static_assert(kTile == 32, "a warp's lanes take a tile's positions");
 
 // Floats of a K tile row in shared memory, padded against bank conflicts: by one for the scalar
@@ -150,9 +153,39 @@ __device__ __forceinline__ void LoadTiles(const TileSide k, const TileSide v, in
   }
 }
 
+// The block's outputs o_s [nr][dv] (row r: token t0 + r / nh, head h0 + r % nh), divided by
+// l[r] where l is given, into p.out after a barrier; with xq (dv % 32 == 0, so a warp's 32 elements
+// are one quantization block of one head, all stored or none) also quantized for the product that
+// reads them.
+__device__ __forceinline__ void StoreOutputs(const AttentionParams& p, const float* o_s,
+                                             const float* l, int nr, int dv, int t0, int nt, int nh,
+                                             int h0) {
+  __syncthreads();
+  // Rows by columns (a row's dv elements are a head's), so no index is divided: an integer
+  // division is a chain of ~20 steps, and with one warp a scheduler each step waits. Code that
+  // runs once a launch costs more than its steps (it is fetched as it runs), so the division by
+  // l is here, in a loop, and not in the unrolled loop over the accumulators.
+  const int per = kThreads % dv == 0 ? kThreads / dv : 0;  // rows a pass (0: a column loop)
+  for (int r = per ? static_cast<int>(threadIdx.x) / dv : 0; r < nr; r += per ? per : 1) {
+    const int tok = nt == 1 ? 0 : r / nh, head = r - tok * nh;
+    const int64_t row = (static_cast<int64_t>(t0 + tok) * p.n_head + h0 + head) * dv;
+    for (int d = per ? static_cast<int>(threadIdx.x) % dv : static_cast<int>(threadIdx.x); d < dv;
+         d += per ? dv : kThreads) {
+      const float v = l ? o_s[r * dv + d] / l[r] : o_s[r * dv + d];
+      p.out[row + d] = v;
+      if (p.xq) QuantizeWarpStore(v, row + d, p.xq, p.xs);
+    }
+  }
+}
+
 // A block takes tokens [t0, t0 + q_per_block) and query heads [h0, h0 + heads_per_block) of one
 // KV head: its "rows" are (token, head) pairs, all scored against each K/V tile it loads.
-__global__ void __launch_bounds__(kThreads)
+// kVec: p.vec; kF16: p.f16; kAcc: accumulators a thread needs (rows * dv <= kAcc * kThreads).
+// All compile-time, so a launch runs only its own code: built for 16 accumulators, the unrolled
+// row loops took a decode tile's scores and mix 3.2 us for 4 rows and 3.8 for 8 (an H200; 1.4
+// and 2.0 built for 4 and 8): predicated-off instructions are still fetched and issued.
+template <bool kVec, bool kF16, int kAcc>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     AttentionKernel(const __grid_constant__ AttentionParams p) {
   PdlStart();
   extern __shared__ float smem[];
@@ -168,16 +201,19 @@ __global__ void __launch_bounds__(kThreads)
   const int rmax = qb * hb;
   const int split = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int kld = KRow(dk, p.vec);
+  const int kld = KRow(dk, kVec);
+  // Rows a warp takes together in the scores and the merge: one in decode (a loop's second
+  // pass costs less than a second copy of its body), four in the prefill kernel.
+  constexpr int kPass = kAcc >= 16 ? 4 : 1;
 
-  float* q_s = smem;                // [rmax][dk]
-  float* k_s = q_s + rmax * dk;     // [kTile][kld]
-  float* v_s = k_s + KSize(dk);     // [kTile][dv]
-  float* p_s = v_s + kTile * dv;    // [rmax][kTile]
-  float* m_s = p_s + rmax * kTile;  // [rmax]
-  float* l_s = m_s + rmax;          // [rmax]
-  float* a_s = l_s + rmax;          // [rmax] rescale of the accumulators
-  float* w_s = a_s + rmax;          // [rmax][kAttentionMaxSplits] each split's merge weight
+  float* q_s = smem;                      // [rmax][dk]
+  float* k_s = q_s + rmax * max(dk, dv);  // [kTile][kld] (q_s also holds the outputs)
+  float* v_s = k_s + KSize(dk);           // [kTile][dv]
+  float* p_s = v_s + kTile * dv;          // [rmax][kTile]
+  float* m_s = p_s + rmax * kTile;        // [rmax]
+  float* l_s = m_s + rmax;                // [rmax]
+  float* a_s = l_s + rmax;                // [rmax] rescale of the accumulators
+  float* w_s = a_s + rmax;                // [rmax][kAttentionMaxSplits] each split's merge weight
 
   // The position is read here and used after the query loads, so both round trips overlap.
   const int64_t pos0 = *p.pos0;
@@ -186,7 +222,7 @@ __global__ void __launch_bounds__(kThreads)
     const int r = i / dk, d = i % dk;
     return (static_cast<int64_t>(t0 + r / nh) * p.n_head + h0 + r % nh) * dk + d;
   };
-  if (p.vec) {
+  if (kVec) {
     // 16-byte reads, several in flight per thread before the first store.
     constexpr int kLoads = 4;
     const int n4 = nr * dk / 4;
@@ -216,46 +252,50 @@ __global__ void __launch_bounds__(kThreads)
     m_s[r] = -INFINITY;
     l_s[r] = 0.0f;
   }
-  float acc[kAttentionMaxAcc];
+  float acc[kAcc];
 #pragma unroll
-  for (int i = 0; i < kAttentionMaxAcc; ++i) acc[i] = 0.0f;
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+  // The row of a thread's element i (tid + i * kThreads), without a division where dv divides
+  // the block (unrolled code runs once per element: each division is a chain of ~20 steps).
+  auto row_of = [&](int i) {
+    return kThreads % dv == 0 ? tid / dv + i * (kThreads / dv) : (tid + i * kThreads) / dv;
+  };
   __syncthreads();
 
   for (int64_t tile = split; tile < n_tiles; tile += splits) {
     const int64_t p0 = tile * kTile;
-    if (p.vec) {
+    if (kVec) {
       LoadTiles(TileSide{p.k, p.k_stride, static_cast<int64_t>(hk) * dk, dk, k_s, kld},
-                TileSide{p.v, p.v_stride, static_cast<int64_t>(hk) * dv, dv, v_s, dv}, p.f16, p0,
+                TileSide{p.v, p.v_stride, static_cast<int64_t>(hk) * dv, dv, v_s, dv}, kF16, p0,
                 n_kv_max);
     } else {
       for (int i = tid; i < kTile * dk; i += kThreads) {
         const int r = i / dk, d = i % dk;
         const int64_t pos = p0 + r;
         k_s[r * kld + d] =
-            pos < n_kv_max
-                ? LoadKv(p.k, p.f16, pos * p.k_stride + static_cast<int64_t>(hk) * dk + d)
-                : 0.0f;
+            pos < n_kv_max ? LoadKv(p.k, kF16, pos * p.k_stride + static_cast<int64_t>(hk) * dk + d)
+                           : 0.0f;
       }
       for (int i = tid; i < kTile * dv; i += kThreads) {
         const int r = i / dv, d = i % dv;
         const int64_t pos = p0 + r;
         v_s[i] = pos < n_kv_max
-                     ? LoadKv(p.v, p.f16, pos * p.v_stride + static_cast<int64_t>(hk) * dv + d)
+                     ? LoadKv(p.v, kF16, pos * p.v_stride + static_cast<int64_t>(hk) * dv + d)
                      : 0.0f;
       }
     }
     __syncthreads();
-    if (p.vec) {
-      // A warp's lanes take the tile's positions, the warp every kWarps-th row (up to four a
-      // pass): each K row is read once for all of a thread's rows, whose queries are broadcasts,
-      // and the rows' sums are independent chains.
+    if (kVec) {
+      // A warp's lanes take the tile's positions, the warp every kWarps-th row (kPass of them a
+      // pass): each K row is read once for all of a thread's rows, whose queries are
+      // broadcasts, and the rows' sums are independent chains.
       const float4* k4 = reinterpret_cast<const float4*>(k_s + lane * kld);
-      for (int r0 = warp; r0 < nr; r0 += 4 * kWarps) {
-        float dot[4][2] = {};
+      for (int r0 = warp; r0 < nr; r0 += kPass * kWarps) {
+        float dot[kPass][2] = {};
         for (int d = 0; d < dk / 4; d += 2) {
           const float4 b = k4[d], e = k4[d + 1];
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
+          for (int k = 0; k < kPass; ++k) {
             const int r = r0 + k * kWarps;
             if (r < nr) {
               const float4* q4 = reinterpret_cast<const float4*>(q_s + r * dk);
@@ -266,7 +306,7 @@ __global__ void __launch_bounds__(kThreads)
           }
         }
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
+        for (int k = 0; k < kPass; ++k) {
           const int r = r0 + k * kWarps;
           if (r < nr) {
             const int64_t n_kv = pos0 + t0 + r / nh + 1;  // this row's token sees [0, n_kv)
@@ -312,12 +352,12 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     // Accumulator i of a thread is output element tid + i * kThreads: row r = idx / dv, column
     // d = idx % dv.
-    if (p.vec && kThreads % dv == 0) {
+    if (kVec && kThreads % dv == 0) {
       // The thread's column is the same for all its rows (every G-th from tid / dv): each V
       // value is read once for them all, the weights four at a time.
       const int d = tid % dv, rg = tid / dv, g = kThreads / dv;
 #pragma unroll
-      for (int i = 0; i < kAttentionMaxAcc; ++i) {
+      for (int i = 0; i < kAcc; ++i) {
         if (rg + i * g < nr) acc[i] *= a_s[rg + i * g];
       }
 #pragma unroll 2
@@ -325,7 +365,7 @@ __global__ void __launch_bounds__(kThreads)
         const float v0 = v_s[j * dv + d], v1 = v_s[(j + 1) * dv + d];
         const float v2 = v_s[(j + 2) * dv + d], v3 = v_s[(j + 3) * dv + d];
 #pragma unroll
-        for (int i = 0; i < kAttentionMaxAcc; ++i) {
+        for (int i = 0; i < kAcc; ++i) {
           const int r = rg + i * g;
           if (r < nr) {
             const float4 w = *reinterpret_cast<const float4*>(p_s + r * kTile + j);
@@ -335,7 +375,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < kAttentionMaxAcc; ++i) {
+      for (int i = 0; i < kAcc; ++i) {
         const int idx = tid + i * kThreads;
         if (idx < nr * dv) {
           const int r = idx / dv, d = idx % dv;
@@ -350,24 +390,17 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
   }
 
-  // Row r's output: token t0 + r / nh, head h0 + r % nh.
-  auto out_index = [&](int idx) {
-    const int r = idx / dv, d = idx % dv;
-    return (static_cast<int64_t>(t0 + r / nh) * p.n_head + h0 + r % nh) * dv + d;
-  };
-  // With xq (dv % 32 == 0, so a warp's 32 elements are one quantization block of one head, all
-  // stored or none): the output quantized for the product that reads it, as it is written.
-  auto store = [&](int idx, float v) {
-    const int64_t o = out_index(idx);
-    p.out[o] = v;
-    if (p.xq) QuantizeWarpStore(v, o, p.xq, p.xs);
-  };
+  // The outputs go through shared memory (o_s, over the query rows: rows * max(dk, dv) floats)
+  // and are stored by one loop, so the store, and with xq the quantization, is one copy of code
+  // rather than one per accumulator (unrolled, they made the kernel 180 KB of instructions).
+  float* o_s = q_s;
   if (splits == 1) {
 #pragma unroll
-    for (int i = 0; i < kAttentionMaxAcc; ++i) {
+    for (int i = 0; i < kAcc; ++i) {
       const int idx = tid + i * kThreads;
-      if (idx < nr * dv) store(idx, acc[i] / l_s[idx / dv]);
+      if (idx < nr * dv) o_s[idx] = acc[i];
     }
+    StoreOutputs(p, o_s, l_s, nr, dv, t0, nt, nh, h0);
     return;
   }
 
@@ -382,20 +415,36 @@ __global__ void __launch_bounds__(kThreads)
     part[l_at + tid] = l_s[tid];
   }
 #pragma unroll
-  for (int i = 0; i < kAttentionMaxAcc; ++i) {
+  for (int i = 0; i < kAcc; ++i) {
     const int idx = tid + i * kThreads;
     if (idx < nr * dv) part[idx] = acc[i];
   }
   if (!ArrivesLast(p.counters + cell, splits)) return;
   // Each head's weight per split, exp(m_s - m) / l, into shared memory: a warp per head (its
-  // heads every kWarps-th, four at a time), a lane per split (two for over 32), every (m, l) of
-  // the four read at once. Splits past `splits` weigh zero.
+  // heads every kWarps-th, kPass at a time), a lane per split (two for over 32), every (m, l) of
+  // the pass read at once. Splits past `splits` weigh zero.
   const float* parts = p.partial + cell * p.splits * stride;
   static_assert(kAttentionMaxSplits <= 64, "a lane takes at most two splits");
-  for (int r0 = warp; r0 < nr; r0 += 4 * kWarps) {
-    float ms[4][2], ls[4][2];
+  // Every output element then sums its splits' partial accumulators: kE of a thread's elements
+  // at a time, kU splits of each, all 32 reads in flight at once (not one L2 round trip after
+  // another). The first round's reads are issued here, so that their round trip and the (m, l)
+  // reads' overlap.
+  constexpr int kE = kAcc < 8 ? kAcc : 8, kU = 32 / kE;
+  float a[kE][kU];
+  auto issue = [&](int i0, int s0) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int i = 0; i < kE; ++i) {
+      const int idx = tid + (i0 + i) * kThreads;
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+        a[i][u] = idx < nr * dv && s0 + u < splits ? __ldcg(parts + (s0 + u) * stride + idx) : 0.0f;
+    }
+  };
+  issue(0, 0);
+  for (int r0 = warp; r0 < nr; r0 += kPass * kWarps) {
+    float ms[kPass][2], ls[kPass][2];
+#pragma unroll
+    for (int k = 0; k < kPass; ++k) {
       const int r = r0 + k * kWarps;
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -406,7 +455,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < kPass; ++k) {
       const int r = r0 + k * kWarps;
       if (r >= nr) break;  // the warp's rows, so the shuffles below see every lane
       float m = fmaxf(ms[k][0], ms[k][1]);
@@ -427,38 +476,44 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
-  // Every output element sums its splits' partial accumulators: four of a thread's elements at
-  // a time, eight splits of each, all 32 reads in flight at once (not one L2 round trip after
-  // another).
-  for (int i0 = 0; i0 < kAttentionMaxAcc && tid + i0 * kThreads < nr * dv; i0 += 4) {
-    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int s0 = 0; s0 < splits; s0 += 8) {
-      float a[4][8];
+  for (int i0 = 0; i0 < kAcc && tid + i0 * kThreads < nr * dv; i0 += kE) {
+    float o[kE];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int idx = tid + (i0 + i) * kThreads;
+    for (int i = 0; i < kE; ++i) o[i] = 0.0f;
+    for (int s0 = 0; s0 < splits; s0 += kU) {
+      if (i0 + s0 > 0) issue(i0, s0);
 #pragma unroll
-        for (int u = 0; u < 8; ++u)
-          a[i][u] =
-              idx < nr * dv && s0 + u < splits ? __ldcg(parts + (s0 + u) * stride + idx) : 0.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int i = 0; i < kE; ++i) {
         const int idx = tid + (i0 + i) * kThreads;
         if (idx < nr * dv) {
-          const float* w = w_s + (idx / dv) * kAttentionMaxSplits + s0;
+          const float* w = w_s + row_of(i0 + i) * kAttentionMaxSplits + s0;
 #pragma unroll
-          for (int u = 0; u < 8; ++u) o[i] = fmaf(a[i][u], w[u], o[i]);
+          for (int u = 0; u < kU; ++u) o[i] = fmaf(a[i][u], w[u], o[i]);
         }
       }
     }
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kE; ++i) {
       const int idx = tid + (i0 + i) * kThreads;
-      if (idx < nr * dv) store(idx, o[i]);
+      if (idx < nr * dv) o_s[idx] = o[i];
     }
   }
+  StoreOutputs(p, o_s, nullptr, nr, dv, t0, nt, nh, h0);
   if (tid == 0) p.counters[cell] = 0;
+}
+
+using AttentionKernelFn = void (*)(AttentionParams);
+
+// The instance for a launch: the 16-bit cache's, the 16-byte loads', and the fewest accumulators
+// that hold `acc` (vectorised launches only; the scalar path is the rare one).
+AttentionKernelFn AttentionKernelFor(bool vec, bool f16, int acc) {
+  if (!vec)
+    return f16 ? AttentionKernel<false, true, kAttentionMaxAcc>
+               : AttentionKernel<false, false, kAttentionMaxAcc>;
+  if (acc <= 4) return f16 ? AttentionKernel<true, true, 4> : AttentionKernel<true, false, 4>;
+  if (acc <= 8) return f16 ? AttentionKernel<true, true, 8> : AttentionKernel<true, false, 8>;
+  return f16 ? AttentionKernel<true, true, kAttentionMaxAcc>
+             : AttentionKernel<true, false, kAttentionMaxAcc>;
 }
 
 }  // namespace
@@ -478,8 +533,8 @@ void LaunchStoreMlaKv(const void* params, cudaStream_t stream) {
 }
 
 int AttentionSmemBytes(int rows, int dk, int dv) {
-  const int floats =
-      rows * dk + KSize(dk) + kTile * dv + rows * kTile + rows * (3 + kAttentionMaxSplits);
+  const int floats = rows * std::max(dk, dv) + KSize(dk) + kTile * dv + rows * kTile +
+                     rows * (3 + kAttentionMaxSplits);
   return floats * 4;
 }
 
@@ -490,13 +545,18 @@ void LaunchAttention(const void* params, cudaStream_t stream) {
   const int chunks = (group + p.heads_per_block - 1) / p.heads_per_block;
   const dim3 grid(static_cast<unsigned>((p.n_tok + p.q_per_block - 1) / p.q_per_block),
                   static_cast<unsigned>(p.n_head_kv * chunks), static_cast<unsigned>(p.splits));
-  LaunchKernel(AttentionKernel, grid, dim3(kThreads), static_cast<size_t>(p.smem_bytes), stream, p);
+  auto kernel = AttentionKernelFor(
+      p.vec, p.f16, (p.q_per_block * p.heads_per_block * p.dv + kThreads - 1) / kThreads);
+  LaunchKernel(kernel, grid, dim3(kThreads), static_cast<size_t>(p.smem_bytes), stream, p);
 }
 
 // Raises the kernel's dynamic shared memory limit (once per process and device).
 void AllowAttentionSmem(int bytes) {
-  SUBSTRATE_CUDA_CHECK(
-      cudaFuncSetAttribute(AttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  for (int vec = 0; vec < 2; ++vec)
+    for (int f16 = 0; f16 < 2; ++f16)
+      for (int acc : {4, 8, 16})
+        SUBSTRATE_CUDA_CHECK(cudaFuncSetAttribute(
+            AttentionKernelFor(vec, f16, acc), cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
 }  // namespace substrate::cuda
