@@ -857,7 +857,7 @@ __global__ void __launch_bounds__(128) GemvFloatKernel(const __grid_constant__ G
   WriteRows<NT>(job, row, t0, nt, acc);
   if constexpr (kRoute) {
     if (!WarpArrivesLast(p.route_counter, 1, static_cast<uint32_t>(job.rows))) return;
-    __shared__ float prob[kRouteMaxExperts];
+    __shared__ float prob[2 * kRouteMaxExperts];  // and the k chosen
     __shared__ float choice[kRouteMaxExperts];
     RouteToken(p.route, 0, prob, choice);
     if (lane == 0) *p.route_counter = 0;

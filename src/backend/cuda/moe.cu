@@ -13,7 +13,7 @@ namespace {
 __global__ void __launch_bounds__(kRouteThreads)
     RouteTopKKernel(const __grid_constant__ RouteTopKParams p) {
   PdlStart();
-  __shared__ float prob[kRouteMaxExperts];
+  __shared__ float prob[2 * kRouteMaxExperts];  // and the k chosen
   __shared__ float choice[kRouteMaxExperts];
   RouteToken(p, blockIdx.x, prob, choice);
 }
