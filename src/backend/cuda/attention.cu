@@ -405,11 +405,16 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
 
   // Splits (decode: one token per block, q_per_block == 1): partial results of this split,
-  // acc[hb * dv], m[hb], l[hb]; the last split of the cell to finish merges them.
+  // acc[hb * dv], m[hb], l[hb]. Up to kMergeGroup splits, the last of them to finish merges
+  // them; over that, the last of each group of kMergeGroup merges its group into a partial of
+  // the same form, and the last group merger merges the groups. (One block merging 64 splits
+  // took 8-17 us on the H200: its reads wait on L2 round after round; two levels spread them
+  // over several multiprocessors.)
   const int64_t cell = static_cast<int64_t>(blockIdx.x) * gridDim.y + blockIdx.y;
   const int64_t stride = static_cast<int64_t>(hb) * (dv + 2);
   const int m_at = hb * dv, l_at = hb * dv + hb;
-  float* part = p.partial + (cell * p.splits + split) * stride;
+  const int groups = (splits + kMergeGroup - 1) / kMergeGroup;
+  float* part = p.partial + (cell * AttentionPartials(p.splits) + split) * stride;
   if (tid < nr) {
     part[m_at + tid] = m_s[tid];
     part[l_at + tid] = l_s[tid];
@@ -419,86 +424,110 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const int idx = tid + i * kThreads;
     if (idx < nr * dv) part[idx] = acc[i];
   }
-  if (!ArrivesLast(p.counters + cell, splits)) return;
-  // Each head's weight per split, exp(m_s - m) / l, into shared memory: a warp per head (its
-  // heads every kWarps-th, kPass at a time), a lane per split (two for over 32), every (m, l) of
-  // the pass read at once. Splits past `splits` weigh zero.
-  const float* parts = p.partial + cell * p.splits * stride;
-  static_assert(kAttentionMaxSplits <= 64, "a lane takes at most two splits");
-  // Every output element then sums its splits' partial accumulators: kE of a thread's elements
-  // at a time, kU splits of each, all 32 reads in flight at once (not one L2 round trip after
-  // another). The first round's reads are issued here, so that their round trip and the (m, l)
-  // reads' overlap.
-  constexpr int kE = kAcc < 8 ? kAcc : 8, kU = 32 / kE;
-  float a[kE][kU];
-  auto issue = [&](int i0, int s0) {
-#pragma unroll
-    for (int i = 0; i < kE; ++i) {
-      const int idx = tid + (i0 + i) * kThreads;
-#pragma unroll
-      for (int u = 0; u < kU; ++u)
-        a[i][u] = idx < nr * dv && s0 + u < splits ? __ldcg(parts + (s0 + u) * stride + idx) : 0.0f;
-    }
-  };
-  issue(0, 0);
-  for (int r0 = warp; r0 < nr; r0 += kPass * kWarps) {
-    float ms[kPass][2], ls[kPass][2];
-#pragma unroll
-    for (int k = 0; k < kPass; ++k) {
-      const int r = r0 + k * kWarps;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int sp = lane + 32 * j;
-        const bool in = r < nr && sp < splits;
-        ms[k][j] = in ? __ldcg(parts + sp * stride + m_at + r) : -INFINITY;
-        ls[k][j] = in ? __ldcg(parts + sp * stride + l_at + r) : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kPass; ++k) {
-      const int r = r0 + k * kWarps;
-      if (r >= nr) break;  // the warp's rows, so the shuffles below see every lane
-      float m = fmaxf(ms[k][0], ms[k][1]);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      // A split with no positions (m = -inf, l = 0) weighs nothing; a NaN l (a NaN score) is
-      // kept, and so reaches the output.
-      float l = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        ms[k][j] = ms[k][j] == -INFINITY && !(ls[k][j] != ls[k][j]) ? 0.0f : expf(ms[k][j] - m);
-        l += ls[k][j] * ms[k][j];
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) w_s[r * kAttentionMaxSplits + lane + 32 * j] = ms[k][j] / l;
-    }
-  }
-  __syncthreads();
-  for (int i0 = 0; i0 < kAcc && tid + i0 * kThreads < nr * dv; i0 += kE) {
-    float o[kE];
-#pragma unroll
-    for (int i = 0; i < kE; ++i) o[i] = 0.0f;
-    for (int s0 = 0; s0 < splits; s0 += kU) {
-      if (i0 + s0 > 0) issue(i0, s0);
+
+  // Merges partials [0, n) at `parts` into the outputs (out == nullptr) or, unnormalised, into
+  // the partial `out` (a group's).
+  auto merge = [&](const float* parts, int n, float* out) {
+    // Every output element sums the partial accumulators: kE of a thread's elements at a time,
+    // kU partials of each, all 32 reads in flight at once (not one L2 round trip after another).
+    // The first round's reads are issued here, so that their round trip and the (m, l) reads'
+    // overlap.
+    constexpr int kE = kAcc < 8 ? kAcc : 8, kU = 32 / kE;
+    float a[kE][kU];
+    auto issue = [&](int i0, int s0) {
 #pragma unroll
       for (int i = 0; i < kE; ++i) {
         const int idx = tid + (i0 + i) * kThreads;
-        if (idx < nr * dv) {
-          const float* w = w_s + row_of(i0 + i) * kAttentionMaxSplits + s0;
 #pragma unroll
-          for (int u = 0; u < kU; ++u) o[i] = fmaf(a[i][u], w[u], o[i]);
+        for (int u = 0; u < kU; ++u)
+          a[i][u] = idx < nr * dv && s0 + u < n ? __ldcg(parts + (s0 + u) * stride + idx) : 0.0f;
+      }
+    };
+    issue(0, 0);
+    // Each head's weight per partial, exp(m_s - m) (over l for the outputs), into shared
+    // memory: a warp per head (its heads every kWarps-th, kPass at a time), a lane per partial
+    // (two for over 32), every (m, l) of the pass read at once. Partials past n weigh zero.
+    static_assert(kAttentionMaxSplits <= 64, "a lane takes at most two splits");
+    for (int r0 = warp; r0 < nr; r0 += kPass * kWarps) {
+      float ms[kPass][2], ls[kPass][2];
+#pragma unroll
+      for (int k = 0; k < kPass; ++k) {
+        const int r = r0 + k * kWarps;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int sp = lane + 32 * j;
+          const bool in = r < nr && sp < n;
+          ms[k][j] = in ? __ldcg(parts + sp * stride + m_at + r) : -INFINITY;
+          ls[k][j] = in ? __ldcg(parts + sp * stride + l_at + r) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kPass; ++k) {
+        const int r = r0 + k * kWarps;
+        if (r >= nr) break;  // the warp's rows, so the shuffles below see every lane
+        float m = fmaxf(ms[k][0], ms[k][1]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        // A partial with no positions (m = -inf, l = 0) weighs nothing; a NaN l (a NaN score)
+        // is kept, and so reaches the output.
+        float l = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          ms[k][j] = ms[k][j] == -INFINITY && !(ls[k][j] != ls[k][j]) ? 0.0f : expf(ms[k][j] - m);
+          l += ls[k][j] * ms[k][j];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          w_s[r * kAttentionMaxSplits + lane + 32 * j] = out ? ms[k][j] : ms[k][j] / l;
+        if (out && lane == 0) {
+          out[m_at + r] = m;
+          out[l_at + r] = l;
         }
       }
     }
+    __syncthreads();
+    for (int i0 = 0; i0 < kAcc && tid + i0 * kThreads < nr * dv; i0 += kE) {
+      float o[kE];
 #pragma unroll
-    for (int i = 0; i < kE; ++i) {
-      const int idx = tid + (i0 + i) * kThreads;
-      if (idx < nr * dv) o_s[idx] = o[i];
+      for (int i = 0; i < kE; ++i) o[i] = 0.0f;
+      for (int s0 = 0; s0 < n; s0 += kU) {
+        if (i0 + s0 > 0) issue(i0, s0);
+#pragma unroll
+        for (int i = 0; i < kE; ++i) {
+          const int idx = tid + (i0 + i) * kThreads;
+          if (idx < nr * dv) {
+            const float* w = w_s + row_of(i0 + i) * kAttentionMaxSplits + s0;
+#pragma unroll
+            for (int u = 0; u < kU; ++u) o[i] = fmaf(a[i][u], w[u], o[i]);
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kE; ++i) {
+        const int idx = tid + (i0 + i) * kThreads;
+        if (idx < nr * dv) (out ? out : o_s)[idx] = o[i];
+      }
     }
+    if (!out) StoreOutputs(p, o_s, nullptr, nr, dv, t0, nt, nh, h0);
+  };
+
+  float* parts = p.partial + cell * AttentionPartials(p.splits) * stride;
+  if (groups > 1) {
+    // The group counters follow the cells' (the host sizes the counters for both).
+    const int g = split / kMergeGroup, g0 = g * kMergeGroup, gn = min(kMergeGroup, splits - g0);
+    uint32_t* group_counter =
+        p.counters + static_cast<int64_t>(gridDim.x) * gridDim.y + cell * kMergeGroups + g;
+    if (!ArrivesLast(group_counter, gn)) return;
+    merge(parts + g0 * stride, gn, parts + (p.splits + g) * stride);
+    if (tid == 0) *group_counter = 0;
+    if (!ArrivesLast(p.counters + cell, groups)) return;
+    merge(parts + p.splits * stride, groups, nullptr);
+  } else {
+    if (!ArrivesLast(p.counters + cell, splits)) return;
+    merge(parts, splits, nullptr);
   }
-  StoreOutputs(p, o_s, nullptr, nr, dv, t0, nt, nh, h0);
   if (tid == 0) p.counters[cell] = 0;
 }
 

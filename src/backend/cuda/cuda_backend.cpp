@@ -570,8 +570,9 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
     // (It splits only launches of fewer cells than half the multiprocessors: far fewer than
     // kCounterCells.)
     splits = AttentionMmaSplits(cells, sm_count_, pos0 + q.rows);
-  } else if (q.rows <= 8 && cells <= kCounterCells) {
-    // Decode: few tokens, so each one's positions are split over blocks.
+  } else if (q.rows <= 8 && cells * (1 + kMergeGroups) <= kCounterCells) {
+    // Decode: few tokens, so each one's positions are split over blocks (a counter a cell and
+    // one a cell's group of splits).
     const int64_t tiles = (pos0 + q.rows + kAttentionTile - 1) / kAttentionTile;
     splits = DecodeAttentionSplits(cells, sm_count_, tiles);
   } else {
@@ -584,8 +585,9 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
     attn_smem_allowed_ = smem;
   }
   const int cell_rows = mma ? kAttentionMmaRows : hb;  // (q_per_block is 1 where decode splits)
+  const int64_t partials = mma ? splits : AttentionPartials(splits);  // a cell's
   const size_t partial =
-      splits > 1 ? static_cast<size_t>(cells * splits * cell_rows * (s.dv + 2)) * 4 : 0;
+      splits > 1 ? static_cast<size_t>(cells * partials * cell_rows * (s.dv + 2)) * 4 : 0;
   EnsureArgs(32);
   EnsureWork(partial);
   auto* p = Add<AttentionParams>(&LaunchAttention);

@@ -304,8 +304,16 @@ void AllowAttentionMmaSmem();
 void LaunchAttentionMma(const AttentionParams& p, cudaStream_t stream);
 constexpr int kAttentionMaxAcc = 16;     // accumulators per thread: rows * dv <= 2048
 constexpr int kAttentionMaxSplits = 64;  // blocks sharing one cell's positions
-constexpr int kAttentionTile = 32;       // positions a block scores at a time
-constexpr int kAttentionMmaTile = 64;    // the same, on tensor cores
+// Decode merges up to kMergeGroup splits' partials in one block; more, in groups of it first.
+constexpr int kMergeGroup = 8;
+constexpr int kMergeGroups = kAttentionMaxSplits / kMergeGroup;
+// Partials a cell of `splits` keeps: each split's, then each group's. The launch's counters:
+// one a cell, then kMergeGroups a cell.
+constexpr int64_t AttentionPartials(int splits) {
+  return splits + (splits > kMergeGroup ? (splits + kMergeGroup - 1) / kMergeGroup : 0);
+}
+constexpr int kAttentionTile = 32;     // positions a block scores at a time
+constexpr int kAttentionMmaTile = 64;  // the same, on tensor cores
 // The tensor-core kernel's splits for `cells` blocks (token groups x KV heads) over a history
 // of n_kv positions: blocks for fewer than half the multiprocessors (a short prompt, a verify
 // window) split their kAttentionMmaTile-position tiles to about two blocks a multiprocessor,
