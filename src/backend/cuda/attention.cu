@@ -414,7 +414,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int64_t stride = static_cast<int64_t>(hb) * (dv + 2);
   const int m_at = hb * dv, l_at = hb * dv + hb;
   const int groups = (splits + kMergeGroup - 1) / kMergeGroup;
-  float* part = p.partial + (cell * AttentionPartials(p.splits) + split) * stride;
+  float* parts = p.partial + cell * AttentionPartials(p.splits) * stride;  // the cell's
+  float* part = parts + split * stride;
   if (tid < nr) {
     part[m_at + tid] = m_s[tid];
     part[l_at + tid] = l_s[tid];
@@ -513,7 +514,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     if (!out) StoreOutputs(p, o_s, nullptr, nr, dv, t0, nt, nh, h0);
   };
 
-  float* parts = p.partial + cell * AttentionPartials(p.splits) * stride;
   if (groups > 1) {
     // The group counters follow the cells' (the host sizes the counters for both).
     const int g = split / kMergeGroup, g0 = g * kMergeGroup, gn = min(kMergeGroup, splits - g0);
