@@ -405,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
 
   // Splits (decode: one token per block, q_per_block == 1): partial results of this split,
-  // acc[hb * dv], m[hb], l[hb]. Up to kMergeGroup splits, the last of them to finish merges
+  // acc[hb * dv], m[hb], l[hb]. Up to kMergeOneLevel splits, the last of them to finish merges
   // them; over that, the last of each group of kMergeGroup merges its group into a partial of
   // the same form, and the last group merger merges the groups. (One block merging 64 splits
   // took 8-17 us on the H200: its reads wait on L2 round after round; two levels spread them
@@ -413,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   const int64_t cell = static_cast<int64_t>(blockIdx.x) * gridDim.y + blockIdx.y;
   const int64_t stride = static_cast<int64_t>(hb) * (dv + 2);
   const int m_at = hb * dv, l_at = hb * dv + hb;
-  const int groups = (splits + kMergeGroup - 1) / kMergeGroup;
+  const int groups = MergeGroups(splits);
   float* parts = p.partial + cell * AttentionPartials(p.splits) * stride;  // the cell's
   float* part = parts + split * stride;
   if (tid < nr) {
@@ -514,6 +514,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     if (!out) StoreOutputs(p, o_s, nullptr, nr, dv, t0, nt, nh, h0);
   };
 
+  // What the cell's last arrival merges: the splits', or the groups' partials.
+  const float* last = parts;
+  int n_last = splits;
   if (groups > 1) {
     // The group counters follow the cells' (the host sizes the counters for both).
     const int g = split / kMergeGroup, g0 = g * kMergeGroup, gn = min(kMergeGroup, splits - g0);
@@ -522,12 +525,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     if (!ArrivesLast(group_counter, gn)) return;
     merge(parts + g0 * stride, gn, parts + (p.splits + g) * stride);
     if (tid == 0) *group_counter = 0;
-    if (!ArrivesLast(p.counters + cell, groups)) return;
-    merge(parts + p.splits * stride, groups, nullptr);
-  } else {
-    if (!ArrivesLast(p.counters + cell, splits)) return;
-    merge(parts, splits, nullptr);
+    last = parts + p.splits * stride;
+    n_last = groups;
   }
+  if (!ArrivesLast(p.counters + cell, n_last)) return;
+  merge(last, n_last, nullptr);
   if (tid == 0) p.counters[cell] = 0;
 }
 
@@ -583,9 +585,11 @@ void LaunchAttention(const void* params, cudaStream_t stream) {
 void AllowAttentionSmem(int bytes) {
   for (int vec = 0; vec < 2; ++vec)
     for (int f16 = 0; f16 < 2; ++f16)
-      for (int acc : {4, 8, 16})
+      for (int acc : {4, 8, 16}) {
+        if (!vec && acc != kAttentionMaxAcc) continue;  // the scalar path has one instance
         SUBSTRATE_CUDA_CHECK(cudaFuncSetAttribute(
             AttentionKernelFor(vec, f16, acc), cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      }
 }
 
 }  // namespace substrate::cuda
