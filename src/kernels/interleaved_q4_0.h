@@ -45,6 +45,8 @@ void DeinterleaveQ4_0Group(const uint8_t* data, int64_t cols, int64_t g, uint8_t
 void DeinterleaveQ4_0Row(const uint8_t* data, int64_t cols, int64_t r, uint8_t* out);
 
 namespace avx512 {
+// One group's interleaved bytes from its 16 plain rows (plain: 16 rows of RowBytes(Q4_0, cols)).
+void InterleaveGroupQ4_0(const uint8_t* plain, int64_t cols, uint8_t* group);
 // For groups [g0, g1) and tokens t < nt (1 <= nt <= 8): y[t * y_stride + 16 * g + i] =
 // dot(row 16 g + i, activation row t). act holds Q8_0 activation rows act_stride bytes apart
 // (ActRowBytes); sums holds ActBlockSums of each token, cols / 32 apart.

@@ -73,6 +73,39 @@ struct Q4_0Pairs {
 
 }  // namespace
 
+void InterleaveGroupQ4_0(const uint8_t* plain, int64_t cols, uint8_t* group) {
+  const int64_t nb = cols / kQK4_0;
+  const size_t row_bytes = static_cast<size_t>(nb) * sizeof(BlockQ4_0);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* block = plain + b * static_cast<int64_t>(sizeof(BlockQ4_0));
+    auto qs = [&](int r) {
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + r * row_bytes + 2));
+    };
+    // a[q]: rows q, q + 4, q + 8, q + 12 in its four 128-bit lanes, each lane a row's 4 words.
+    __m512i a[4];
+    for (int q = 0; q < 4; ++q) {
+      __m512i v = _mm512_castsi128_si512(qs(q));
+      v = _mm512_inserti32x4(v, qs(q + 4), 1);
+      v = _mm512_inserti32x4(v, qs(q + 8), 2);
+      a[q] = _mm512_inserti32x4(v, qs(q + 12), 3);
+    }
+    // A 4x4 transpose of words within each lane: lane l of word k then holds word k of rows
+    // 4l..4l+3, so the vector is word k of rows 0..15 in order.
+    const __m512i lo01 = _mm512_unpacklo_epi32(a[0], a[1]),
+                  hi01 = _mm512_unpackhi_epi32(a[0], a[1]);
+    const __m512i lo23 = _mm512_unpacklo_epi32(a[2], a[3]),
+                  hi23 = _mm512_unpackhi_epi32(a[2], a[3]);
+    uint8_t* pair = group + (b / 2) * kPairBytes;
+    uint8_t* words = pair + (b % 2) * kQuant;
+    _mm512_storeu_si512(words + 0, _mm512_unpacklo_epi64(lo01, lo23));
+    _mm512_storeu_si512(words + 64, _mm512_unpackhi_epi64(lo01, lo23));
+    _mm512_storeu_si512(words + 128, _mm512_unpacklo_epi64(hi01, hi23));
+    _mm512_storeu_si512(words + 192, _mm512_unpackhi_epi64(hi01, hi23));
+    uint8_t* d = pair + kQ4Interleaved_Scales + (b % 2) * kInterleavedScaleBytes;
+    for (int r = 0; r < kInterleavedRows; ++r) std::memcpy(d + 2 * r, block + r * row_bytes, 2);
+  }
+}
+
 void GemvQ4_0Interleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t g1,
                          const uint8_t* act, size_t act_stride, const int32_t* sums, int nt,
                          float* y, int64_t y_stride) {

@@ -63,7 +63,7 @@ void InterleaveQ8_0(uint8_t* data, int64_t rows, int64_t cols, ThreadPool* pool)
   std::vector<BlockQ8_0> plain(static_cast<size_t>(kInterleavedRows * nb));
   // The layout is only chosen on AVX-512 CPUs, where gathers do this faster
   // (6.1 against 4.2 GB/s per thread).
-  const bool vector = DetectedIsa() >= Isa::kAvx512;
+  const bool vector = ActiveIsa() >= Isa::kAvx512;
   for (int64_t g = 0; g < rows / kInterleavedRows; ++g) {
     uint8_t* group = data + static_cast<size_t>(g) * group_bytes;
     std::memcpy(plain.data(), group, group_bytes);

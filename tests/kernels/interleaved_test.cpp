@@ -58,21 +58,29 @@ TEST_P(Interleaved, RoundTripsToThePlainRows) {
   const int64_t rows = 48, cols = 3 * l.cols_step;
   const size_t rb = *RowBytes(l.type, cols);
   const auto plain = RandomMatrix(l.type, rows, cols, rng);
-  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
-    auto m = plain;
-    ASSERT_EQ(InterleaveForDecode(l.type, rows, cols, m.data(), p), l.layout);
-    ASSERT_NE(m, plain);
-    std::vector<uint8_t> got(kInterleavedRows * rb);
-    for (int64_t g = 0; g < rows / kInterleavedRows; ++g) {
-      DeinterleaveGroup(l.layout, m.data(), cols, g, got.data());
-      EXPECT_EQ(0, std::memcmp(got.data(), plain.data() + g * kInterleavedRows * rb, got.size()))
-          << "group " << g;
+  // The rearrangement has a vector path on AVX-512 (an expert cache runs it on every read) and
+  // the scalar one: each tier the CPU has, with and without threads.
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAmx})
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      if (isa > DetectedIsa()) continue;
+      SCOPED_TRACE(IsaName(isa));
+      const Isa prev = SetIsaForTesting(isa);
+      auto m = plain;
+      const WeightLayout got_layout = InterleaveForDecode(l.type, rows, cols, m.data(), p);
+      SetIsaForTesting(prev);
+      ASSERT_EQ(got_layout, l.layout);
+      ASSERT_NE(m, plain);
+      std::vector<uint8_t> got(kInterleavedRows * rb);
+      for (int64_t g = 0; g < rows / kInterleavedRows; ++g) {
+        DeinterleaveGroup(l.layout, m.data(), cols, g, got.data());
+        EXPECT_EQ(0, std::memcmp(got.data(), plain.data() + g * kInterleavedRows * rb, got.size()))
+            << "group " << g;
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        DeinterleaveRow(l.layout, m.data(), cols, r, got.data());
+        EXPECT_EQ(0, std::memcmp(got.data(), plain.data() + r * rb, rb)) << "row " << r;
+      }
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      DeinterleaveRow(l.layout, m.data(), cols, r, got.data());
-      EXPECT_EQ(0, std::memcmp(got.data(), plain.data() + r * rb, rb)) << "row " << r;
-    }
-  }
 }
 
 TEST_P(Interleaved, MatMulEqualsPlainRowsAtEveryTier) {
