@@ -54,6 +54,12 @@ class Backend {
                                            uint8_t* bytes) {
     return WeightLayout::kRows;
   }
+  // The same for a matrix just read into a host buffer that is reused (an expert cache's slot),
+  // each time it is read. Called on a reading thread while ops run: it must not use the
+  // backend's compute threads or memory. Default: kept as they are.
+  virtual WeightLayout AdoptStreamedWeight(DType type, int64_t rows, int64_t cols, uint8_t* bytes) {
+    return WeightLayout::kRows;
+  }
   // A resident tensor's bytes that stay as they are (vectors: whatever is neither a matrix nor
   // a stack of expert matrices), once: a backend with memory of its own may keep a copy, so
   // that views into them need no upload per op. The bytes must stay valid and unchanged while

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "backend/backend_factory.h"
 #include "kernels/matmul.h"
@@ -213,6 +214,9 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
     in_place =
         opt.gguf_in_place == EngineOptions::InPlace::kAlways || weights + reserve > opt.max_ram;
   }
+  // Cores the compute threads leave to the reading threads (ResidencyOptions::adopt_expert_reads).
+  const bool reading_cores =
+      static_cast<int>(std::thread::hardware_concurrency()) > e->pool_->size();
   if (!opt.store.empty() || in_place) {
     ResidencyOptions ro = opt.residency;
     // Adaptive: the skeletons resident; escalations read their residuals.
@@ -227,6 +231,7 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
     ro.reserve_bytes = reserve;
     ro.dry_run = plan_only;
     if (!e->backend_->device_ledger()) ro.backend = e->backend_.get();  // a host backend
+    ro.adopt_expert_reads |= reading_cores;
     auto m = in_place ? ResidencyManager::OpenGguf(path, e->ledger_, ro)
                       : ResidencyManager::Open(opt.store, e->ledger_, ro);
     if (!m.ok()) return m.status().WithContext(path);
@@ -248,6 +253,7 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
       rr.budget_bytes = opt.max_ram;
       rr.reserve_bytes = reserve;
       if (!e->backend_->device_ledger()) rr.backend = e->backend_.get();
+      rr.adopt_expert_reads |= reading_cores;
       auto m = ResidencyManager::OpenGguf(path, e->ledger_, rr);
       if (!m.ok()) return m.status().WithContext(path);
       e->runtime_ = m->get();

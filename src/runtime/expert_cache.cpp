@@ -58,6 +58,7 @@ void ExpertCache::Assign(int s, int op, int tier) {
   if (sl.op >= 0) op_slot_[sl.op] = -1;
   sl.op = op;
   sl.tier = tier;
+  sl.layout.clear();  // until its read is done
   sl.upgrade_tier = 0;
   sl.uses = 0;
   sl.last_use = ++clock_;

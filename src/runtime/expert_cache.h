@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/aligned_buffer.h"
+#include "quant/weight_view.h"
 #include "runtime/prefetch_scheduler.h"
 
 namespace substrate {
@@ -34,6 +35,8 @@ class ExpertCache {
     uint64_t uses = 0;
     int64_t hint_pos = -1;  // sequence position of the hint that filled it
     bool hint_unused = false;  // filled by a hint and not acquired since
+    // Per unit of its op, the layout tier 0 has once read (the backend's; empty: plain rows).
+    std::vector<WeightLayout> layout;
   };
 
   // n_slots slots of slot_bytes (4096-aligned), charged to "expert_cache". n_ops: ops in the store.

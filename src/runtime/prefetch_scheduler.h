@@ -30,7 +30,24 @@ using RuntimeClock = std::chrono::steady_clock;
 struct ReadTicket {
   enum State { kIdle, kQueued, kRunning, kDone, kFailed };
   std::atomic<State> state{kIdle};  // written under the scheduler's mutex
+  // Someone waits for it (Wait before it was done): a late read, whose bytes go to their op
+  // as they are, without the finisher's work. Cleared by Submit.
+  std::atomic<bool> awaited{false};
   Status error;
+};
+
+struct ReadRequest;
+
+// Work on a request's bytes once they are read and verified, done by the reading thread before
+// the ticket is done (the runtime rearranges an expert's matrices into its backend's layout
+// there: off the compute threads, and once per read rather than per use). Only for reads that
+// arrive ahead of need: one already waited for (ReadTicket::awaited) is left as read.
+class ReadFinisher {
+ public:
+  virtual void Finish(const ReadRequest& r) = 0;
+
+ protected:
+  ~ReadFinisher() = default;
 };
 
 struct ReadRequest {
@@ -42,6 +59,8 @@ struct ReadRequest {
   uint8_t* dst = nullptr;
   ReadTicket* ticket = nullptr;
   int during = -1;       // StoreIndex op begun last when it was issued (for the trace), -1: none
+  ReadFinisher* finisher = nullptr;  // null: none
+  int finish_arg = -1;               // the finisher's (an expert slot)
   int64_t issue_us = 0;  // set by Submit
 };
 

@@ -222,23 +222,40 @@ void ResidencyManager::AdoptResident() {
   for (size_t o = 0; o < st_.size(); ++o) {
     OpState& s = st_[o];
     if (s.where != Where::kResident || s.resident_top < 0) continue;
-    const StoreOp& op = index_->ops()[o];
-    s.resident_layout.assign(op.units.size(), WeightLayout::kRows);
-    for (size_t i = 0; i < op.units.size(); ++i) {
-      const auto [id, slice] = op.units[i];
-      uint64_t offset_el = 0;
-      auto u = index_->FindUnit(id, slice, &offset_el);
-      const TensorInfo& t = index_->tensors()[id].info;
-      if (!u.ok() || offset_el != 0 || (t.ne.size() != 2 && t.ne.size() != 3)) continue;
-      const StoreRange& r = (*u)->tier[0];
-      uint8_t* bytes = s.resident.data() + op.SlabOffset(0) + r.slab_pos;
-      // A stack of experts kept whole: each expert's matrix on its own, so that a slice of the
-      // stack is a whole matrix in the layout (as ResidentWeightSource does).
-      const uint64_t n = t.ne.size() == 3 && slice < 0 ? t.ne[2] : 1;
-      for (uint64_t e = 0; e < n; ++e)
-        s.resident_layout[i] = options_.backend->AdoptResidentWeight(
-            r.type, static_cast<int64_t>(t.ne[1]), static_cast<int64_t>(t.ne[0]),
-            bytes + e * (r.bytes / n));
+    AdoptMatrices(static_cast<int>(o), s.resident.data(), false, &s.resident_layout);
+  }
+}
+
+void ResidencyManager::Finish(const ReadRequest& r) {
+  std::vector<WeightLayout>& layout = experts_->slot(r.finish_arg).layout;
+  AdoptMatrices(r.op, r.dst, true, &layout);
+  for (WeightLayout l : layout)
+    if (l != WeightLayout::kRows) {
+      ++relayouts_;
+      break;
+    }
+}
+
+void ResidencyManager::AdoptMatrices(int o, uint8_t* tier0, bool streamed,
+                                     std::vector<WeightLayout>* layout) {
+  const StoreOp& op = index_->ops()[o];
+  layout->assign(op.units.size(), WeightLayout::kRows);
+  for (size_t i = 0; i < op.units.size(); ++i) {
+    const auto [id, slice] = op.units[i];
+    uint64_t offset_el = 0;
+    auto u = index_->FindUnit(id, slice, &offset_el);
+    const TensorInfo& t = index_->tensors()[id].info;
+    if (!u.ok() || offset_el != 0 || (t.ne.size() != 2 && t.ne.size() != 3)) continue;
+    const StoreRange& r = (*u)->tier[0];
+    uint8_t* bytes = tier0 + op.SlabOffset(0) + r.slab_pos;
+    // A stack of experts kept whole: each expert's matrix on its own, so that a slice of the
+    // stack is a whole matrix in the layout (as ResidentWeightSource does).
+    const uint64_t n = t.ne.size() == 3 && slice < 0 ? t.ne[2] : 1;
+    const auto rows = static_cast<int64_t>(t.ne[1]), cols = static_cast<int64_t>(t.ne[0]);
+    for (uint64_t e = 0; e < n; ++e) {
+      uint8_t* m = bytes + e * (r.bytes / n);
+      (*layout)[i] = streamed ? options_.backend->AdoptStreamedWeight(r.type, rows, cols, m)
+                              : options_.backend->AdoptResidentWeight(r.type, rows, cols, m);
     }
   }
 }
@@ -483,7 +500,7 @@ void ResidencyManager::ReadExpert(int slot, int o, int64_t deadline) {
   // escalation) reads the tiers the runtime keeps first, its residual tiers as an upgrade.
   const int base = fallback_.lowers(o) ? std::min(want, keep_) : want;
   experts_->Assign(slot, o, base);
-  Submit(deadline, o, base, experts_->slot(slot).data, &experts_->slot(slot).ticket);
+  Submit(deadline, o, base, experts_->slot(slot).data, &experts_->slot(slot).ticket, 0, slot);
   if (want > base) Upgrade(slot, want, deadline);
 }
 
@@ -759,6 +776,7 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
   // holds them (an expert slot, a slab, a demand read), whose layout is the slab layout with
   // its first tier at the start (`read` points where tier 0 would be).
   const uint8_t* read = nullptr;
+  const std::vector<WeightLayout>* read_layout = nullptr;  // tier 0's in `read`, per unit
   int loaded = s.resident_top;
   const int asked = tier < 0 ? serve_ : tier;
   if (s.where != Where::kExpert && asked <= s.resident_top) {
@@ -767,6 +785,7 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
     int slot = experts_->Find(o);
     if (slot >= 0 && sched_->Ready(&experts_->slot(slot).ticket)) {
       read = experts_->slot(slot).data;
+      read_layout = &experts_->slot(slot).layout;
       loaded = experts_->slot(slot).tier;
     } else {
       ASSIGN_OR_RETURN(read, DemandLoad(o, &loaded));
@@ -794,11 +813,13 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
     ptr[k] =
         (k <= s.resident_top ? s.resident.data() : read) + op.SlabOffset(k) + u->tier[k].slab_pos;
   WeightView v = index_->MakeView(id, slice, *u, offset_el, use, ptr);
-  if (s.resident_top >= 0 && !s.resident_layout.empty()) {
-    // Tier 0 from the resident buffer, in the layout AdoptResident gave its unit.
+  // Tier 0 in the layout the backend gave its unit: from the resident buffer (AdoptResident)
+  // or from an expert slot's read (Finish).
+  const std::vector<WeightLayout>* layout = s.resident_top >= 0 ? &s.resident_layout : read_layout;
+  if (layout && !layout->empty()) {
     for (size_t i = 0; i < op.units.size(); ++i)
       if (op.units[i].first == id && (op.units[i].second == slice || op.units[i].second < 0))
-        v.layout = s.resident_layout[i];
+        v.layout = (*layout)[i];
     if (v.layout != WeightLayout::kRows && offset_el != 0 &&
         index_->tensors()[id].info.ne.size() != 3)
       return InvalidArgument("tensor '" + index_->tensors()[id].info.name +

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -86,6 +87,13 @@ struct ResidencyOptions {
   // decode and prefill kernels), as a resident model's do. Null: plain rows. Not a backend with
   // memory of its own: it would copy them there, outside this budget.
   Backend* backend = nullptr;
+  // Experts read into the cache's slots go to that backend too (AdoptStreamedWeight: the CPU
+  // interleaves them on the reading thread, once per read), so they run on the kernels a
+  // resident expert gets. Worth it where the reading threads have cores the compute does not
+  // use: with as many compute threads as cores, the rearrangement takes from the compute what
+  // the faster kernels give back (qwen2moe-a2.7b Q4_0 at 3 GiB on 2 cores: the products 25.8 ->
+  // 22.7 ms a token, the stalls 7.7 -> 11.4 ms).
+  bool adopt_expert_reads = false;
 };
 
 struct ResidencyStats {
@@ -109,13 +117,14 @@ struct ResidencyStats {
   uint64_t expert_hits = 0, expert_misses = 0, expert_late = 0, expert_hinted = 0;
   uint64_t expert_hint_used = 0;  // hinted reads whose expert was then acquired
   uint64_t expert_hint_dropped = 0;  // guessed reads dropped unstarted once the routing was known
+  uint64_t expert_relayouts = 0;     // expert reads the backend rearranged (adopt_expert_reads)
   bool uring = false;
   bool direct = false;
   int serve_tier = 0;
   int slabs_wanted = 0;  // what a plan's prefetch windows hold at once (0 without a plan)
 };
 
-class ResidencyManager : public WeightSource {
+class ResidencyManager : public WeightSource, private ReadFinisher {
  public:
   static Expected<std::unique_ptr<ResidencyManager>> Open(const std::string& store_dir,
                                                           MemoryLedger* ledger,
@@ -236,6 +245,12 @@ class ResidencyManager : public WeightSource {
   Status ChooseResidency(uint64_t budget, uint64_t fixed, int min_expert_slots);
   // Hands the resident ops' tier-0 matrices, read, to options_.backend (resident_layout).
   void AdoptResident();
+  // Hands op o's tier-0 matrices at `tier0` (where its tier 0 was read) to options_.backend,
+  // as resident or as streamed weights; layout[i]: what unit i's got.
+  void AdoptMatrices(int o, uint8_t* tier0, bool streamed, std::vector<WeightLayout>* layout);
+  // A reading thread, an expert read into slot r.finish_arg: its matrices into the backend's
+  // layout (the slot's `layout`), so the products run on the kernels a resident expert gets.
+  void Finish(const ReadRequest& r) override;
   // ResidencyOptions::keep_residuals: raises resident ops' resident_top to the served tier.
   void KeepResiduals(uint64_t budget, uint64_t reserve, uint64_t expert_min);
   Status ApplyPlan(const std::string& path);
@@ -247,8 +262,10 @@ class ResidencyManager : public WeightSource {
   int KeptSlabs() const;  // slabs holding an escalation's residual for its next token
   int SlabsWanted() const;
   int Admit(int op, int64_t abs);
-  // Queues a read, tagged with the op begun last (the trace's "during").
-  void Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t, int first_tier = 0);
+  // Queues a read, tagged with the op begun last (the trace's "during"). slot >= 0: an expert
+  // slot's read of tier 0 up, whose matrices the backend adopts once read (Finish).
+  void Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t, int first_tier = 0,
+              int slot = -1);
   Status BeginExpert(int op);
   // Reads op into expert slot `slot` at its tier, for `deadline`: in one read, or (an expert
   // that may run on its skeleton while its residual is late) the kept tiers and an Upgrade.
@@ -317,6 +334,7 @@ class ResidencyManager : public WeightSource {
   std::vector<Status> op_error_;  // per op: a read error of its current window, for Acquire
   ResidencyStats stats_;
   uint64_t open_bytes_ = 0;
+  std::atomic<uint64_t> relayouts_{0};  // counted by the reading threads (Finish)
 };
 
 // Bytes a run charges beside the weights: the KV cache of n_ctx positions in rows of kv_type

@@ -57,7 +57,7 @@ uint64_t ResidencyManager::StreamedBytes(int op) const {
 }
 
 void ResidencyManager::Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t,
-                              int first_tier) {
+                              int first_tier, int slot) {
   ReadRequest r;
   r.deadline = deadline;
   r.op = op;
@@ -66,6 +66,10 @@ void ResidencyManager::Submit(int64_t deadline, int op, int tier, uint8_t* dst, 
   r.dst = dst;
   r.ticket = t;
   r.during = cur_op_;
+  if (slot >= 0 && first_tier == 0 && options_.backend && options_.adopt_expert_reads) {
+    r.finisher = this;
+    r.finish_arg = slot;
+  }
   sched_->Submit(r);
 }
 

@@ -38,6 +38,7 @@ ResidencyStats ResidencyManager::stats() const {
   s.expert_hinted = experts_->hinted;
   s.expert_hint_used = experts_->hint_used;
   s.expert_hint_dropped = experts_->hint_dropped;
+  s.expert_relayouts = relayouts_.load();
   return s;
 }
 
@@ -47,12 +48,13 @@ std::string ResidencyManager::StatsJson() const {
   std::snprintf(
       b, sizeof b,
       "{\"serve_tier\":%d,\"ops_resident\":%d,\"ops_streamed\":%d,\"ops_expert\":%d,"
-      "\"resident_bytes\":%llu,\"slabs\":%d,\"slabs_wanted\":%d,\"slab_bytes\":%llu,\"expert_slots\":%d,"
+      "\"resident_bytes\":%llu,\"slabs\":%d,\"slabs_wanted\":%d,\"slab_bytes\":%llu,\"expert_"
+      "slots\":%d,"
       "\"expert_slot_bytes\":%llu,\"open_bytes_read\":%llu,\"stream_bytes_read\":%llu,"
       "\"read_seconds\":%.4f,\"read_bandwidth\":%.1f,\"hits\":%llu,\"misses\":%llu,"
       "\"stall_us\":%lld,\"predicted_late\":%llu,\"demoted\":%llu,\"demand_loads\":%llu,"
       "\"expert_hits\":%llu,\"expert_misses\":%llu,\"expert_late\":%llu,\"expert_hinted\":%llu,"
-      "\"expert_hint_used\":%llu,\"expert_hint_dropped\":%llu,"
+      "\"expert_hint_used\":%llu,\"expert_hint_dropped\":%llu,\"expert_relayouts\":%llu,"
       "\"uring\":%s,\"direct\":%s,\"source\":\"%s\"}",
       s.serve_tier, s.n_ops_resident, s.n_ops_streamed, s.n_ops_expert,
       static_cast<unsigned long long>(s.resident_bytes), s.n_slabs, s.slabs_wanted,
@@ -68,7 +70,8 @@ std::string ResidencyManager::StatsJson() const {
       static_cast<unsigned long long>(s.expert_late),
       static_cast<unsigned long long>(s.expert_hinted),
       static_cast<unsigned long long>(s.expert_hint_used),
-      static_cast<unsigned long long>(s.expert_hint_dropped), s.uring ? "true" : "false",
+      static_cast<unsigned long long>(s.expert_hint_dropped),
+      static_cast<unsigned long long>(s.expert_relayouts), s.uring ? "true" : "false",
       s.direct ? "true" : "false", index_->gguf_path().empty() ? "store" : "gguf");
   return b;
 }

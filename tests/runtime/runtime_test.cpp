@@ -2,8 +2,8 @@
 // golden greedy continuation through the ResidencyManager under a ledger cap below its weights'
 // size (ops streamed through slabs with prefetch, experts through the cache), the ledger peak
 // stays under the cap, and damaged stores or a killed run end cleanly.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -15,19 +15,21 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "backend/cpu/cpu_backend.h"
 #include "compiler/plan_bundle.h"
 #include "core/fault_env.h"
 #include "core/memory_ledger.h"
 #include "core/thread_pool.h"
 #include "format/model_file.h"
+#include "kernels/cpu_features.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/op_id.h"
 #include "model/sampler.h"
 #include "runtime/expert_cache.h"
+#include "runtime/plan_fixture.h"
 #include "runtime/residency_manager.h"
 #include "store/pack.h"
-#include "runtime/plan_fixture.h"
 
 extern char** environ;
 
@@ -188,6 +190,29 @@ TEST(Runtime, PreadAndLruAndFrequencyPoliciesAgree) {
   ExpectGoldenStart(m->get(), &ledger, 8);
   EXPECT_GT((*m)->stats().expert_misses + (*m)->stats().expert_late, 0u);
   EXPECT_FALSE((*m)->stats().uring);
+}
+
+// Experts read into the cache's slots and rearranged there by the reading threads into the
+// backend's layout (on AVX-512: the interleaved one, with the residual tiers on top) give the
+// golden tokens, with many misses and evictions.
+TEST(Runtime, ExpertsRearrangedAsReadGiveTheGoldenTokens) {
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
+  MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()) * 3 / 5);
+  CpuBackend backend(&StoreTestPool(), &ledger);
+  ResidencyOptions o = SmallRun();
+  o.expert_slots = 6;
+  o.backend = &backend;
+  o.adopt_expert_reads = true;
+  auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ExpectGoldenStart(m->get(), &ledger, 8);
+  const ResidencyStats s = (*m)->stats();
+  EXPECT_GT(s.expert_misses + s.expert_late, 0u);
+  if (ActiveIsa() >= Isa::kAvx512) {
+    EXPECT_GT(s.expert_relayouts, 0u) << "no expert read was rearranged";
+  } else {
+    EXPECT_EQ(s.expert_relayouts, 0u);
+  }
 }
 
 TEST(Runtime, BudgetTooSmallIsOutOfMemoryNamingIt) {

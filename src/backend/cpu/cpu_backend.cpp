@@ -67,6 +67,12 @@ WeightLayout CpuBackend::AdoptResidentWeight(DType type, int64_t rows, int64_t c
   return InterleaveForDecode(type, rows, cols, bytes, pool_);
 }
 
+WeightLayout CpuBackend::AdoptStreamedWeight(DType type, int64_t rows, int64_t cols,
+                                             uint8_t* bytes) {
+  if (!options_.decode_layout || ActiveIsa() < Isa::kAvx512) return WeightLayout::kRows;
+  return InterleaveForDecode(type, rows, cols, bytes, nullptr);  // the reading thread's own work
+}
+
 void CpuBackend::EmbedRows(const WeightView& table, const int32_t* ids, int64_t n,
                            const Tensor& out) {
   for (int64_t t = 0; t < n; ++t) DequantizeWeightRow(table, ids[t], out.data + t * out.cols);
