@@ -113,8 +113,9 @@ class Backend {
   // apart) of every row t, at position pos[t] (host array of x.rows positions).
   virtual void Rope(const Tensor& x, int n_heads, int head_dim, int head_offset,
                     const int32_t* pos, const RopeParams& p) = 0;
-  // False when any element is NaN or infinite (waits for the ops before it).
-  virtual bool AllFinite(const Tensor& x) = 0;
+  // False when any element of x, or of `also` when given, is NaN or infinite (waits for the ops
+  // before it; both tensors in one wait: a device backend's round trip is what a check costs).
+  virtual bool AllFinite(const Tensor& x, const Tensor* also = nullptr) = 0;
 
   // ---- attention ----
   // Stores key rows k [n, k_stride] and value rows v [n, v_stride] at positions pos0.. of one

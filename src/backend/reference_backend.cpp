@@ -111,10 +111,10 @@ void ReferenceBackend::Rope(const Tensor& x, int n_heads, int head_dim, int head
   substrate::Rope(x.data + head_offset, x.rows, n_heads, head_dim, pos, p);
 }
 
-bool ReferenceBackend::AllFinite(const Tensor& x) {
+bool ReferenceBackend::AllFinite(const Tensor& x, const Tensor* also) {
   for (int64_t i = 0; i < x.size(); ++i)
     if (std::isnan(x.data[i]) || std::isinf(x.data[i])) return false;
-  return true;
+  return !also || AllFinite(*also);
 }
 
 void ReferenceBackend::StoreKv(const KvLayer& kv, int64_t pos0, const Tensor& k,

@@ -144,7 +144,10 @@ Status Model::Output(ForwardContext& c, const SequencePass* seqs) {
   };
   int64_t rows = 0;
   for (int s = 0; s < c.n_seqs; ++s) rows += wanted(s);
-  if (rows == 0) return Status::Ok();
+  if (rows == 0) {
+    output_finite_ = c.check_finite || backend_->AllFinite(c.x);
+    return Status::Ok();
+  }
   OpScope scope(c, output_op_);
   Tensor x;
   if (c.n_seqs == 1) {
@@ -164,7 +167,8 @@ Status Model::Output(ForwardContext& c, const SequencePass* seqs) {
   ASSIGN_OR_RETURN(Tensor logits, scratch_->Get(Scratch::kLogits, rows, V));
   RETURN_IF_ERROR(Linear(c, output_op_, output_, xn, logits));
   RETURN_IF_ERROR(c.CheckFinite(logits, output_op_));
-  output_finite_ = c.check_finite || backend_->AllFinite(logits);
+  // The logits and the pass's last hidden state in one wait.
+  output_finite_ = c.check_finite || backend_->AllFinite(logits, &c.x);
   for (int s = 0, k = 0; s < c.n_seqs; ++s) {
     const int64_t m = wanted(s);
     if (m > 0) backend_->Download(logits.Rows(k, m), seqs[s].logits);
@@ -220,9 +224,8 @@ Status Model::ForwardBatch(const SequencePass* seqs, int n_seqs, bool check_fini
     if (observer_) observer_->AfterBlock(ffn_op, c.x);
   }
   for (int s = 0; s < n_seqs; ++s) seqs[s].cache->Append(seqs[s].tokens, seqs[s].n);
-  output_finite_ = true;
   RETURN_IF_ERROR(Output(c, seqs));
-  if (check_finite || (output_finite_ && backend_->AllFinite(c.x))) return Status::Ok();
+  if (check_finite || output_finite_) return Status::Ok();
   // Something produced NaN or infinities: evaluate the pass again, checking after every op,
   // so the error names where they first appear. seq_rows_ is rebuilt by the second pass, so
   // the positions to go back to are taken first.

@@ -114,7 +114,8 @@ class Model {
   std::vector<int32_t> pos_;
   std::vector<int32_t> tokens_;
   std::vector<SequenceRows> seq_rows_;
-  bool output_finite_ = true;  // the last Output's logits held no NaN or infinity
+  // The last Output's logits and hidden state held no NaN or infinity.
+  bool output_finite_ = true;
   PassObserver* observer_ = nullptr;
   float cached_bonus_ = 0;
 };

@@ -644,6 +644,10 @@ Failures CheckElementwise(Backend& be) {
         f.push_back("AllFinite" + shape);
       bad[bad.size() / 2] = -INFINITY;
       if (be.AllFinite(tb.Make(rows, cols, bad))) f.push_back("AllFinite -inf" + shape);
+      // Two tensors in one wait: either one's infinity is seen, and two finite ones pass.
+      const Tensor xb = tb.Make(rows, cols, x), badb = tb.Make(rows, cols, bad);
+      if (!be.AllFinite(xb, &xb) || be.AllFinite(xb, &badb) || be.AllFinite(badb, &xb))
+        f.push_back("AllFinite of two" + shape);
     }
   }
   return f;

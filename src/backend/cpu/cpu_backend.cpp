@@ -148,10 +148,10 @@ void CpuBackend::Rope(const Tensor& x, int n_heads, int head_dim, int head_offse
   substrate::Rope(x.data + head_offset, x.rows, n_heads, head_dim, pos, p);
 }
 
-bool CpuBackend::AllFinite(const Tensor& x) {
+bool CpuBackend::AllFinite(const Tensor& x, const Tensor* also) {
   for (int64_t i = 0; i < x.size(); ++i)
     if (!std::isfinite(x.data[i])) return false;
-  return true;
+  return !also || AllFinite(*also);
 }
 
 void CpuBackend::StoreKv(const KvLayer& kv, int64_t pos0, const Tensor& k, const Tensor& v) {

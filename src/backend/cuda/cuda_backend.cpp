@@ -481,9 +481,11 @@ void CudaBackend::Rope(const Tensor& x, int n_heads, int head_dim, int head_offs
   Wrote(x);
 }
 
-bool CudaBackend::AllFinite(const Tensor& x) {
+bool CudaBackend::AllFinite(const Tensor& x, const Tensor* also) {
   Flush();
+  CK(cudaMemsetAsync(flag_dev_, 0, sizeof(int), stream_));
   AllFiniteAsync(x.data, x.size(), flag_dev_, stream_);
+  if (also) AllFiniteAsync(also->data, also->size(), flag_dev_, stream_);
   CK(cudaMemcpyAsync(flag_host_, flag_dev_, sizeof(int), cudaMemcpyDeviceToHost, stream_));
   Sync();
   return *flag_host_ == 0;

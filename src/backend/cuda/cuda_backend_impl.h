@@ -109,7 +109,7 @@ class CudaBackend final : public Backend {
                    int64_t n_cols) override;
   void Rope(const Tensor& x, int n_heads, int head_dim, int head_offset, const int32_t* pos,
             const RopeParams& p) override;
-  bool AllFinite(const Tensor& x) override;
+  bool AllFinite(const Tensor& x, const Tensor* also = nullptr) override;
 
   void StoreKv(const KvLayer& kv, int64_t pos0, const Tensor& k, const Tensor& v) override;
   void StoreMlaKv(const KvLayer& kv, int64_t pos0, const Tensor& kvb, const Tensor& latent,

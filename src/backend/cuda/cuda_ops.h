@@ -435,7 +435,7 @@ void LaunchScatterAdd(const void* params, cudaStream_t stream);
 
 // ---- issued directly (not recorded) ----
 
-// *flag = 1 when any of x[0..n) is NaN or infinite (flag zeroed first).
+// *flag = 1 when any of x[0..n) is NaN or infinite (the caller zeroes it first).
 void AllFiniteAsync(const float* x, int64_t n, int* flag, cudaStream_t stream);
 // Read bandwidth of device memory: best of `reps` full reads of a `bytes` buffer, bytes/s.
 double MeasureReadBandwidth(uint64_t bytes, int reps, cudaStream_t stream);

@@ -471,7 +471,6 @@ void LaunchScatterAdd(const void* params, cudaStream_t stream) {
 }
 
 void AllFiniteAsync(const float* x, int64_t n, int* flag, cudaStream_t stream) {
-  SUBSTRATE_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), stream));
   const unsigned blocks = std::min<unsigned>(Blocks(n), 2048);
   AllFiniteKernel<<<blocks, kThreads, 0, stream>>>(x, n, flag);
 }
