@@ -811,10 +811,14 @@ __global__ void __launch_bounds__(32 * kTileWarps, 2)
 // kRoute (one token, one job: a router's logits): the warp that writes the last row routes them.
 template <int T, int NT, bool kRoute = false>
 __global__ void __launch_bounds__(128) GemvFloatKernel(const __grid_constant__ GemvParams p) {
-  PdlStart();
   int j, row;
-  if (!LocateRow(p, &j, &row)) return;
+  if (!LocateRow(p, &j, &row)) {
+    PdlStart();
+    return;
+  }
   const GemvJob& job = p.jobs[j];
+  // Routed experts: the slots' experts come from the kernel before, so wait for it first.
+  if (job.slot_expert) PdlStart();
   const int lane = threadIdx.x & 31;
   const int t0 = blockIdx.y * NT, nt = min(NT, p.ntok - t0);
   const int64_t cols = p.cols, chunks = cols / 8;
@@ -825,13 +829,20 @@ __global__ void __launch_bounds__(128) GemvFloatKernel(const __grid_constant__ G
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
   // Four chunks' weights are read before any is used: a matrix of few rows (a router's) has a
-  // warp or two per multiprocessor, and one read at a time left each waiting on memory.
+  // warp or two per multiprocessor, and one read at a time left each waiting on memory. The
+  // first four are read before waiting for the kernel before (which wrote x, not the weights),
+  // so their trip to memory overlaps its end.
   constexpr int kInFlight = 4;
-  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kInFlight) {
-    float wv[kInFlight][8];
+  float wv[kInFlight][8];
+  auto load = [&](int64_t c0) {
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u)
       if (c0 + 32 * u < chunks) Dequant8<T>(w, (c0 + 32 * u) * 8, wv[u]);
+  };
+  load(lane);
+  PdlStart();
+  for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kInFlight) {
+    if (c0 != lane) load(c0);
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) {
       const int64_t c = c0 + 32 * u;
@@ -848,10 +859,10 @@ __global__ void __launch_bounds__(128) GemvFloatKernel(const __grid_constant__ G
   }
   if constexpr (T == kTypeF32 || T == kTypeF16 || T == kTypeBF16) {
     for (int64_t e = chunks * 8 + lane; e < cols; e += 32) {
-      const float wv = FloatElem<T>(w, e);
+      const float we = FloatElem<T>(w, e);
 #pragma unroll
       for (int t = 0; t < NT; ++t)
-        if (t < nt) acc[t] = fmaf(wv, x[t * cols + e], acc[t]);
+        if (t < nt) acc[t] = fmaf(we, x[t * cols + e], acc[t]);
     }
   }
   WriteRows<NT>(job, row, t0, nt, acc);
