@@ -56,14 +56,21 @@ TEST(Crc32c, EqualsTheBitwiseDefinitionAtEveryLength) {
   std::vector<uint8_t> data(3 * 8192 * 3 + 1000);
   uint32_t x = 12345;
   for (uint8_t& b : data) b = static_cast<uint8_t>((x = x * 1103515245u + 12345u) >> 24);
-  for (size_t n : {size_t{0}, size_t{7}, size_t{767}, size_t{768}, size_t{769}, size_t{3000},
-                   size_t{24575}, size_t{24576}, size_t{24577}, size_t{49152 + 768 + 13},
-                   data.size() - 3}) {
-    const uint8_t* p = data.data() + 3;
-    const uint32_t want = bitwise(p, n, 0);
-    EXPECT_EQ(Crc32c(p, n), want) << n;
-    const size_t cut = n / 3 + 1 < n ? n / 3 + 1 : 0;
-    EXPECT_EQ(Crc32c(p + cut, n - cut, Crc32c(p, cut)), want) << n << " split at " << cut;
+  // Every path this CPU has (the carry-less one takes whole 256-byte steps from 1 KiB on).
+  for (int path = 0; path <= static_cast<int>(BestCrc32cPath()); ++path) {
+    const Crc32cPath before = SetCrc32cPathForTesting(static_cast<Crc32cPath>(path));
+    for (size_t n : {size_t{0}, size_t{7}, size_t{767}, size_t{768}, size_t{769}, size_t{1023},
+                     size_t{1024}, size_t{1025}, size_t{1280}, size_t{3000}, size_t{24575},
+                     size_t{24576}, size_t{24577}, size_t{49152 + 768 + 13}, data.size() - 3}) {
+      const uint8_t* p = data.data() + 3;
+      const uint32_t want = bitwise(p, n, 0);
+      EXPECT_EQ(Crc32c(p, n), want) << "path " << path << ", " << n << " bytes";
+      const size_t cut = n / 3 + 1 < n ? n / 3 + 1 : 0;
+      EXPECT_EQ(Crc32c(p + cut, n - cut, Crc32c(p, cut)), want)
+          << "path " << path << ", " << n << " bytes split at " << cut;
+      EXPECT_EQ(Crc32c(p, n, 0x12345678u), bitwise(p, n, 0x12345678u)) << "path " << path;
+    }
+    SetCrc32cPathForTesting(before);
   }
 }
 
@@ -98,8 +105,8 @@ TEST(Store, TopTierReproducesGoldenGreedy) {
   EXPECT_GT(ledger.Accounts()["weights"].peak, 0u);
 }
 
-// Streaming (read on Acquire, free at EndOp) under a ledger cap of a quarter of the weights' size: the
-// same continuation, and the weights never all resident.
+// Streaming (read on Acquire, free at EndOp) under a ledger cap of a quarter of the weights' size:
+// the same continuation, and the weights never all resident.
 TEST(Store, StreamingUnderCapReproducesGolden) {
   if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
   std::ifstream in(Shared() + "/models/tiny-coder-moe/golden.json");
@@ -157,12 +164,12 @@ TEST(Store, MissingManifest) {
 TEST(Store, MalformedManifest) {
   if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
   const std::string d = CopyPackedStore("badmanifest");
-  for (const std::string& text : {std::string("{\"format\": \"substrate-store\", "),
-                                 std::string("[1,2,3]"),
-                                 std::string("{\"format\":\"substrate-store\",\"schema_version\":99}"),
-                                 std::string("{\"format\":\"substrate-store\",\"schema_version\":1,"
-                                             "\"tiers\":[\"Q4_K\"],\"model\":\"model.gguf\","
-                                             "\"tensors\":[{\"name\":\"x\"}],\"entries\":[]}")}) {
+  for (const std::string& text :
+       {std::string("{\"format\": \"substrate-store\", "), std::string("[1,2,3]"),
+        std::string("{\"format\":\"substrate-store\",\"schema_version\":99}"),
+        std::string("{\"format\":\"substrate-store\",\"schema_version\":1,"
+                    "\"tiers\":[\"Q4_K\"],\"model\":\"model.gguf\","
+                    "\"tensors\":[{\"name\":\"x\"}],\"entries\":[]}")}) {
     ASSERT_TRUE(WriteFileAtomic(d + "/manifest.json", text).ok());
     MemoryLedger l;
     auto s = StoreWeightSource::Open(d, &l);
