@@ -574,8 +574,20 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
     splits = AttentionMmaSplits(cells, sm_count_, pos0 + q.rows);
   } else if (q.rows <= 8 && cells * (1 + kMergeGroups) <= kCounterCells) {
     // Decode: few tokens, so each one's positions are split over blocks (a counter a cell and
-    // one a cell's group of splits).
+    // one a cell's group of splits). A short history has few tiles to split, and a model of
+    // few KV heads then few blocks: its query heads go to more blocks (each reads its KV
+    // head's tiles again, from L2) while a launch would not reach half the multiprocessors
+    // (SUBSTRATE_CUDA_ATTN_HEADS=N: at most N query heads a block instead).
     const int64_t tiles = (pos0 + q.rows + kAttentionTile - 1) / kAttentionTile;
+    const auto cells_of = [&](int h) { return q.rows * s.n_head_kv * ((group + h - 1) / h); };
+    const auto fits = [&](int h) { return cells_of(h) * (1 + kMergeGroups) <= kCounterCells; };
+    if (attn_heads_ > 0) {
+      while (hb > attn_heads_ && fits((hb + 1) / 2)) hb = (hb + 1) / 2;
+    } else {
+      while (hb > 1 && cells_of(hb) * tiles < sm_count_ / 2 && fits((hb + 1) / 2))
+        hb = (hb + 1) / 2;
+    }
+    cells = cells_of(hb);
     splits = DecodeAttentionSplits(cells, sm_count_, tiles);
   } else {
     // Prefill: several tokens per block share each K/V tile it loads.

@@ -79,6 +79,8 @@ Status CudaBackend::Init() {
   // SUBSTRATE_CUDA_ATTN_MMA=0 keeps the float attention kernel, SUBSTRATE_CUDA_MOE_MMA=0 the
   // dp4a tiles (A/B measurements).
   attn_mma_ = cc_major >= 8 && !EnvIs("SUBSTRATE_CUDA_ATTN_MMA", "0");
+  if (const char* h = std::getenv("SUBSTRATE_CUDA_ATTN_HEADS"))
+    attn_heads_ = std::max(0, std::atoi(h));
   if (attn_mma_) AllowAttentionMmaSmem();
   moe_mma_ = cc_major >= 8 && !EnvIs("SUBSTRATE_CUDA_MOE_MMA", "0");
   if (moe_mma_) AllowGemvTilesMmaSmem();
