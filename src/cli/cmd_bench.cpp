@@ -140,7 +140,7 @@ constexpr const char* kUsage =
     "                       [--max-vram SIZE] [--store STORE/ --max-ram SIZE [--tier N] ...]\n"
     "                       [--cache-aware-routing DELTA] [--lookahead N]\n"
     "                       [--verify all|margin [--verify-window W] [--verify-tau T] ...]\n"
-    "                       [--draft-model M] [--draft-max K] [--prompt-file F]\n"
+    "                       [--draft-model M | --draft-mtp] [--draft-max K] [--prompt-file F]\n"
     "Prompt processing (-p tokens in one batch) and generation (-n tokens one at a time)\n"
     "speed, bytes of weights read per generated token, the memory read bandwidth measured\n"
     "over a --bw-bytes buffer before and after the runs (the higher is the limit), and the\n"
@@ -154,8 +154,9 @@ constexpr const char* kUsage =
     "run (--probe-bytes, default 256M; 0 skips it).\n"
     "With --verify: generation runs through deferred verification (greedy, from an 8-token\n"
     "random prompt after the -p test); the JSON adds its counters.\n"
-    "With --draft-model M and/or --draft-max K: speculative decoding (greedy; drafts from M,\n"
-    "loaded resident inside --max-ram, else prompt lookup): each repetition generates -n\n"
+    "With --draft-model M, --draft-mtp and/or --draft-max K: speculative decoding (greedy;\n"
+    "drafts from M, loaded resident inside --max-ram, or from the model's own next-n layer, else\n"
+    "prompt lookup): each repetition generates -n\n"
     "tokens with drafts and without, in turn, from the text of --prompt-file (default: 8\n"
     "random tokens); the JSON's \"speculative\" has the acceptance rate (accepted / drafted),\n"
     "tokens/s with and without drafts, target passes, whether the tokens were the same, and\n"
@@ -174,7 +175,7 @@ int RunBench(const std::vector<std::string>& args) {
                                       "--verify-window", "--verify-tau", "--verify-tier",
                                       "--draft-tier", "--sequences", "--draft-model",
                                       "--draft-max", "--prompt-file"}),
-                 StoreSwitches({"--json", "--profile"})});
+                 StoreSwitches({"--json", "--profile", "--draft-mtp"})});
   if (!f.status().ok()) return UsageError("bench", f.status(), kUsage);
   if (f.help()) {
     std::fputs(kUsage, stdout);
@@ -221,7 +222,7 @@ int RunBench(const std::vector<std::string>& args) {
     return PrintError("bench", InvalidArgument("--sequences and --verify do not go together"));
   KeepDraftTierResident(*verify, &eo);
   int draft_max = 0;
-  if (Status st = ParseDraftFlags(f, &draft_max, &eo.draft_model); !st.ok())
+  if (Status st = ParseDraftFlags(f, &draft_max, &eo.draft_model, &eo.draft_mtp); !st.ok())
     return PrintError("bench", st);
   const bool drafting = draft_max > 0;
   std::string prompt_text;
@@ -511,7 +512,9 @@ int RunBench(const std::vector<std::string>& args) {
     const SpecSums& plain = spec[0];
     const SpecSums& drafted = spec[1];
     nlohmann::json sj = {
-        {"drafter", eo.draft_model.empty() ? "prompt lookup" : eo.draft_model},
+        {"drafter", eo.draft_mtp                ? std::string("next-n layer")
+                    : eo.draft_model.empty() ? std::string("prompt lookup")
+                                             : eo.draft_model},
         {"draft_max", draft_max},
         {"prompt_tokens", spec_prompt.size()},
         {"prompt", prompt_text.empty() ? "8 random tokens" : f.Get({"--prompt-file"})},

@@ -17,7 +17,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: substrate chat -m MODEL [-c CTX] [-n N] [--temp T] [--seed S] [--system TEXT]\n"
-    "                      [--kv-type f32|f16] [--draft-max K] [--draft-model M] [--session F]\n"
+    "                      [--kv-type f32|f16] [--draft-max K] [--draft-model M | --draft-mtp] [--session F]\n"
     "                      [--device cpu|cuda] [--gpu N] [--max-vram SIZE]\n"
     "                      [--store STORE/ --max-ram SIZE [--plan P] [--tier N] ...]\n"
     "                      [--cache-aware-routing DELTA] [--lookahead N]\n"
@@ -30,7 +30,7 @@ constexpr const char* kUsage =
 
 int RunChat(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue(GenerationFlagsWithValue({"--system", "--session"})),
-                 StoreSwitches()});
+                 StoreSwitches({"--draft-mtp"})});
   if (!f.status().ok()) return UsageError("chat", f.status(), kUsage);
   if (f.help()) {
     std::fputs(kUsage, stdout);

@@ -19,7 +19,7 @@ constexpr const char* kUsage =
     "                     [--gpu N] [--max-vram SIZE]\n"
     "                     [--store STORE/ --max-ram SIZE [--plan P] [--trace T]\n"
     "                      [--prefetch-depth N] [--cache-aware-routing DELTA] [--lookahead N]\n"
-    "                      [--tier N]] [--kv-type f32|f16] [--draft-max K] [--draft-model M]\n"
+    "                      [--tier N]] [--kv-type f32|f16] [--draft-max K] [--draft-model M | --draft-mtp]\n"
     "                     [--prompt-cache F]\n"
     "                     [--verify off|all|margin [--verify-window W] [--verify-tau T]\n"
     "                      [--verify-tier N] [--draft-tier N]]\n"
@@ -41,6 +41,9 @@ constexpr const char* kUsage =
     "                   same vocabulary, loaded resident inside --max-ram before the target)\n"
     "                   drafts K tokens greedily (--draft-max, default 4), the model verifies\n"
     "                   them in one pass; output as without it (greedy: the same tokens)\n"
+    "  --draft-mtp      speculative decoding drafted by the model's own next-n (multi-token\n"
+    "                   prediction) layer, where its file has one (DeepSeek-V3, GLM-4.5 GGUFs\n"
+    "                   with nextn tensors); resident models only; same output\n"
     "  --prompt-cache F restore the session saved in F (same model), save it there after\n"
     "  --verify M       deferred verification with a store: tier --draft-tier (default 0, kept\n"
     "                   resident) writes tokens, the top tier (or --verify-tier) checks them W at\n"
@@ -72,7 +75,7 @@ constexpr const char* kUsage =
 int RunRun(const std::vector<std::string>& args) {
   Flags f(args, {StoreFlagsWithValue(
                      GenerationFlagsWithValue({"-p", "--prompt", "-f", "--file", "--system"})),
-                 StoreSwitches({"--chat", "--json"})});
+                 StoreSwitches({"--chat", "--json", "--draft-mtp"})});
   if (!f.status().ok()) return UsageError("run", f.status(), kUsage);
   if (f.help()) {
     std::fputs(kUsage, stdout);
@@ -96,6 +99,7 @@ int RunRun(const std::vector<std::string>& args) {
   eo.n_ctx = gf->n_ctx;
   if (Status st = ApplyStoreFlags(f, &eo); !st.ok()) return PrintError("run", st);
   eo.draft_model = gf->draft_model;
+  eo.draft_mtp = gf->draft_mtp;
   KeepDraftTierResident(gf->generate.verify, &eo);
   if (plan_only) {
     eo.n_threads = gf->threads;

@@ -21,7 +21,7 @@ const char* kUsage =
     "                       [-c CTX] [--parallel N] [-t THREADS] [--max-queue N]\n"
     "                       [--batch-size N] [--ubatch-size N] [--batch-invariant]\n"
     "                       [--max-body BYTES] [--alias NAME] [--kv-type f32|f16]\n"
-    "                       [--draft-max K] [--draft-model M] [--device cpu|cuda] [--gpu N]\n"
+    "                       [--draft-max K] [--draft-model M | --draft-mtp] [--device cpu|cuda] [--gpu N]\n"
     "                       [--max-vram SIZE]\n"
     "                       [--chat-template-file F] [--reasoning-format auto|none]\n"
     "                       [--slot-save-path DIR] [--prompt-cache-dir DIR] [--prompt-cache-size SIZE]\n"
@@ -53,6 +53,8 @@ const char* kUsage =
     "                M drafts K tokens (--draft-max, default 4) for each slot from its own KV\n"
     "                cache; the drafts' passes run one at a time, the slots' verify passes\n"
     "                are batched as ever\n"
+    "  --draft-mtp   drafts from the model's own next-n (MTP) layer instead (see substrate run\n"
+    "                --help)\n"
     "  --chat-template-file F  a Jinja chat template used instead of the model's\n"
     "  --reasoning-format R    auto (default): <think>...</think> returned apart as\n"
     "                reasoning_content / thinking blocks; none: left in the text\n"
@@ -76,7 +78,7 @@ int RunServe(const std::vector<std::string>& args) {
                                       "--reasoning-format", "--slot-save-path",
                                       "--prompt-cache-dir", "--prompt-cache-size",
                                       "--batch-size", "-b", "--ubatch-size", "-ub"}),
-                 StoreSwitches({"--batch-invariant"})});
+                 StoreSwitches({"--batch-invariant", "--draft-mtp"})});
   if (!f.status().ok()) return UsageError("serve", f.status(), kUsage);
   if (f.help()) {
     std::fputs(kUsage, stdout);
@@ -152,7 +154,7 @@ int RunServe(const std::vector<std::string>& args) {
   mo.threads = static_cast<int>(*threads);
   mo.model_id = f.Get({"--alias"});
   mo.kv_type = *kv_type;
-  if (Status st = ParseDraftFlags(f, &mo.draft_max, &mo.engine.draft_model); !st.ok())
+  if (Status st = ParseDraftFlags(f, &mo.draft_max, &mo.engine.draft_model, &mo.engine.draft_mtp); !st.ok())
     return PrintError("serve", st);
   mo.chat_template = std::move(chat_template);
   mo.prompt_cache_dir = f.Get({"--prompt-cache-dir"});

@@ -69,19 +69,22 @@ Expected<GenerationFlags> ParseGenerationFlags(const Flags& f) {
     return InvalidArgument(m);
   }
   g.generate.stop = f.GetAll({"--stop"});
-  RETURN_IF_ERROR(ParseDraftFlags(f, &g.generate.draft_max, &g.draft_model));
+  RETURN_IF_ERROR(ParseDraftFlags(f, &g.generate.draft_max, &g.draft_model, &g.draft_mtp));
   g.prompt_cache = f.Get({"--prompt-cache"});
   ASSIGN_OR_RETURN(g.generate.verify, ParseVerifyFlags(f));
   return g;
 }
 
-Status ParseDraftFlags(const Flags& f, int* draft_max, std::string* draft_model) {
+Status ParseDraftFlags(const Flags& f, int* draft_max, std::string* draft_model, bool* draft_mtp) {
   *draft_model = f.Get({"--draft-model"});
   if (f.Has("--draft-model") && draft_model->empty())
     return InvalidArgument("--draft-model needs a model file (a smaller model with the target's "
                            "vocabulary)");
-  ASSIGN_OR_RETURN(long long draft,
-                   f.GetInt({"--draft-max"}, draft_model->empty() ? 0 : kDefaultDraftMax));
+  *draft_mtp = f.Has("--draft-mtp");
+  if (*draft_mtp && !draft_model->empty())
+    return InvalidArgument("give either --draft-model or --draft-mtp: one drafter at a time");
+  const bool drafter = *draft_mtp || !draft_model->empty();
+  ASSIGN_OR_RETURN(long long draft, f.GetInt({"--draft-max"}, drafter ? kDefaultDraftMax : 0));
   if (draft < 0 || draft > 64)
     return InvalidArgument("--draft-max " + std::to_string(draft) + " out of range (0..64)");
   *draft_max = static_cast<int>(draft);
@@ -129,6 +132,7 @@ Expected<std::pair<std::unique_ptr<Engine>, std::unique_ptr<Session>>> LoadForGe
   opt.n_threads = g.threads;
   opt.kv_type = g.kv_type;
   opt.draft_model = g.draft_model;
+  opt.draft_mtp = g.draft_mtp;
   // Saved sessions are the cache's host bytes (runtime/kv_session.h).
   if (!g.prompt_cache.empty() && opt.device != "cpu")
     return InvalidArgument("--prompt-cache needs --device cpu (the KV cache of --device " +

@@ -21,6 +21,7 @@ struct GenerationFlags {
   DType kv_type = DType::kF32;  // --kv-type f32|f16
   std::string prompt_cache;      // --prompt-cache FILE: session restored before, saved after
   std::string draft_model;       // --draft-model M: drafts for speculative decoding
+  bool draft_mtp = false;        // --draft-mtp: drafts from the model's own next-n layer
   GenerateOptions generate;
 };
 
@@ -29,10 +30,11 @@ std::vector<std::string> GenerationFlagsWithValue(std::vector<std::string> extra
 Expected<GenerationFlags> ParseGenerationFlags(const Flags& f);
 // `--kv-type` (alias --cache-type): the KV cache's row type, f32 (default, exact) or f16.
 Expected<DType> ParseKvType(const Flags& f);
-// `--draft-model M [--draft-max K]`: K (default kDefaultDraftMax with a draft model, 0 without:
-// off; with K and no model, prompt lookup drafts) and the draft model's path.
+// `--draft-model M | --draft-mtp [--draft-max K]`: K (default kDefaultDraftMax with a drafter, 0
+// without: off; with K and no drafter, prompt lookup drafts), the draft model's path, and whether
+// the model's own next-n (MTP) layer drafts.
 constexpr int kDefaultDraftMax = 4;
-Status ParseDraftFlags(const Flags& f, int* draft_max, std::string* draft_model);
+Status ParseDraftFlags(const Flags& f, int* draft_max, std::string* draft_model, bool* draft_mtp);
 // `--verify off|all|margin [--verify-window W] [--verify-tau T] [--verify-tier N]
 // [--draft-tier N]`: deferred verification (VerifyOptions).
 Expected<VerifyOptions> ParseVerifyFlags(const Flags& f);

@@ -111,6 +111,7 @@ const char* KindName(OpKind k) {
     case OpKind::kMoeExpert: return "expert";
     case OpKind::kMoeShared: return "shared_expert";
     case OpKind::kOutput: return "output";
+    case OpKind::kNextn: return "nextn";
   }
   return "?";
 }

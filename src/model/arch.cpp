@@ -99,6 +99,17 @@ std::vector<TensorSlot> MoeSharedTensors(const ModelHParams& hp) {
           {"ffn_gate_inp_shexp", "weight", &W::gate_inp_shexp, false, {d}}};
 }
 
+std::vector<TensorSlot> NextnTensors(const ModelHParams& hp) {
+  const uint64_t d = static_cast<uint64_t>(hp.n_embd);
+  using W = LayerWeights;
+  return {{"nextn.embed_tokens", "weight", &W::nextn_embd, false, {d, 0}},
+          {"nextn.enorm", "weight", &W::enorm, true, {d}},
+          {"nextn.hnorm", "weight", &W::hnorm, true, {d}},
+          {"nextn.eh_proj", "weight", &W::eh_proj, true, {2 * d, d}},
+          {"nextn.shared_head_norm", "weight", &W::nextn_head_norm, false, {d}},
+          {"nextn.shared_head_head", "weight", &W::nextn_head, false, {d, 0}}};
+}
+
 Status ResolveSlots(const WeightSource& s, int il, const std::vector<TensorSlot>& slots,
                     LayerWeights* w) {
   for (const TensorSlot& slot : slots) {

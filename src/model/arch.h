@@ -57,6 +57,8 @@ std::vector<TensorSlot> FfnTensors(const ModelHParams& hp);
 std::vector<TensorSlot> MoeRouterTensors(const ModelHParams& hp);
 std::vector<TensorSlot> MoeExpertTensors(const ModelHParams& hp);
 std::vector<TensorSlot> MoeSharedTensors(const ModelHParams& hp);
+// A next-n (MTP) layer's own tensors besides its block: blk.N.nextn.* (op block_N.nextn).
+std::vector<TensorSlot> NextnTensors(const ModelHParams& hp);
 
 // Resolves `slots` of layer il into *w (shapes checked: a malformed file fails here, not in a
 // kernel). A missing required tensor is NotFound naming it.

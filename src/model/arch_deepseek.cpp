@@ -115,7 +115,7 @@ Status MlaBlock(ForwardContext& c, int il, const LayerWeights& w) {
   ASSIGN_OR_RETURN(Tensor attn, c.scratch->Get(Scratch::kAttnOut, n, int64_t{hp.n_head} * dv));
   for (int s = 0; s < c.n_seqs; ++s) {
     const SequenceRows& r = c.seqs[s];
-    const KvLayer kv = r.cache->layer(il);
+    const KvLayer kv = r.cache->layer(il - c.kv_layer0);
     be.StoreMlaKv(kv, r.pos0, kvb.Rows(r.row0, r.n), latent.Rows(r.row0, r.n), lora,
                   {hp.n_head, nope, rot, dv});
     be.Attention({hp.n_head, hp.n_head, dk, dv, hp.attn_scale}, q.Rows(r.row0, r.n), kv, r.pos0,

@@ -157,7 +157,7 @@ Status AttentionBlock(ForwardContext& c, int il, const LayerWeights& w) {
   ASSIGN_OR_RETURN(Tensor attn, c.scratch->Get(Scratch::kAttnOut, n, int64_t{hp.n_head} * dv));
   for (int s = 0; s < c.n_seqs; ++s) {
     const SequenceRows& r = c.seqs[s];
-    const KvLayer kv = r.cache->layer(il);
+    const KvLayer kv = r.cache->layer(il - c.kv_layer0);
     be.StoreKv(kv, r.pos0, k.Rows(r.row0, r.n), v.Rows(r.row0, r.n));
     be.Attention({hp.n_head, hp.n_head_kv, dk, dv, hp.attn_scale}, q.Rows(r.row0, r.n), kv,
                  r.pos0, attn.Rows(r.row0, r.n));

@@ -101,6 +101,9 @@ struct ForwardContext {
   // source has in memory; 0 routes exactly.
   float cached_bonus = 0;
   PassObserver* observer = nullptr;  // Model::set_observer (the MoE block tells it its routing)
+  // Layer il's keys and values are the caches' layer il - kv_layer0 (a next-n pass: the caches
+  // hold its layers only).
+  int kv_layer0 = 0;
 
   // A look-ahead guess (the next layer's router, to hint its experts) runs on tier 0: it steers
   // reads, not logits, and must not wait for a residual that its op reads later anyway.

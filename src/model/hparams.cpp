@@ -23,7 +23,11 @@ Expected<ModelHParams> ModelHParams::FromMetadata(const Metadata& md) {
   ASSIGN_OR_RETURN(hp.n_embd, md.GetInt(a + "embedding_length"));
   ASSIGN_OR_RETURN(int64_t n_layer, md.GetInt(a + "block_count"));
   ASSIGN_OR_RETURN(int64_t n_head, md.GetInt(a + "attention.head_count"));
-  hp.n_layer = static_cast<int>(n_layer);
+  hp.n_nextn = static_cast<int>(md.GetInt(a + "nextn_predict_layers", 0));
+  RETURN_IF_ERROR(Check(hp.n_nextn >= 0 && hp.n_nextn < n_layer,
+                        "nextn_predict_layers " + std::to_string(hp.n_nextn) + " with block_count " +
+                            std::to_string(n_layer)));
+  hp.n_layer = static_cast<int>(n_layer - hp.n_nextn);
   hp.n_head = static_cast<int>(n_head);
   hp.n_head_kv = static_cast<int>(md.GetInt(a + "attention.head_count_kv", n_head));
   hp.n_ff = md.GetInt(a + "feed_forward_length", 0);

@@ -22,7 +22,14 @@ struct ModelHParams {
   int64_t n_vocab = 0;
   int64_t n_ctx_train = 0;
   int64_t n_embd = 0;
-  int n_layer = 0;
+  int n_layer = 0;        // the main stack (block_count less the next-n layers after it)
+  // Multi-token prediction (DeepSeek-V3, GLM-4.5: `<arch>.nextn_predict_layers`): layers
+  // blk.n_layer .. + n_nextn - 1 that predict one token further from the main stack's last
+  // hidden state. Plain decoding never runs them.
+  int n_nextn = 0;
+  // Whether ListOps lists the next-n layers' ops (Model::EnableNextn; off for every plan, store
+  // and runtime, which then neither read nor charge them).
+  bool list_nextn = false;
   int64_t n_ff = 0;       // dense FFN width
   int n_head = 0;
   int n_head_kv = 0;

@@ -1,5 +1,7 @@
 #include "model/kv_cache.h"
 
+#include <algorithm>
+
 #include "model/arch.h"
 #include "model/hparams.h"
 
@@ -54,6 +56,28 @@ uint8_t* KvCache::KRow(int layer, int64_t pos) const {
 uint8_t* KvCache::VRow(int layer, int64_t pos) const {
   return static_cast<uint8_t*>(v_.data()) +
          (static_cast<size_t>(layer) * n_ctx_ + pos) * v_stride_ * ElementBytes();
+}
+
+float* KvCache::HiddenRows(int64_t pos0, int64_t n, int64_t cols) {
+  if (cols != hidden_cols_ || pos0 < hidden_pos0_ || pos0 > hidden_end()) {
+    hidden_.clear();
+    hidden_pos0_ = pos0;
+    hidden_cols_ = cols;
+  }
+  hidden_.resize(static_cast<size_t>((pos0 + n - hidden_pos0_) * cols));
+  return hidden_.data() + (pos0 - hidden_pos0_) * cols;
+}
+
+int64_t KvCache::hidden_end() const {
+  return hidden_cols_ ? hidden_pos0_ + static_cast<int64_t>(hidden_.size()) / hidden_cols_
+                      : hidden_pos0_;
+}
+
+void KvCache::DropHiddenBefore(int64_t pos) {
+  if (pos <= hidden_pos0_ || hidden_cols_ == 0) return;
+  const int64_t drop = std::min(pos, hidden_end()) - hidden_pos0_;
+  hidden_.erase(hidden_.begin(), hidden_.begin() + drop * hidden_cols_);
+  hidden_pos0_ += drop;
 }
 
 Status KvCache::RestoreTokens(std::vector<int32_t> tokens) {

@@ -56,6 +56,23 @@ class KvCache {
   // Records that `n` tokens were appended (called by Model::Forward).
   void Append(const int32_t* tokens, int64_t n) { tokens_.insert(tokens_.end(), tokens, tokens + n); }
 
+  // The main stack's last hidden state (before the output norm) of each position a pass
+  // evaluates, kept on the host for a next-n drafter (Model::ForwardNextn) when keep_hidden is
+  // set: rows of positions [hidden_begin(), hidden_end()), `cols` floats each. A pass at pos0
+  // keeps the rows before it when they touch it, else starts over at pos0.
+  void set_keep_hidden(bool on) { keep_hidden_ = on; }
+  bool keeps_hidden() const { return keep_hidden_; }
+  // Room for rows [pos0, pos0 + n) (called by Model::Forward).
+  float* HiddenRows(int64_t pos0, int64_t n, int64_t cols);
+  int64_t hidden_begin() const { return hidden_pos0_; }
+  int64_t hidden_end() const;
+  // Row of position pos (hidden_begin() <= pos < hidden_end()).
+  const float* HiddenRow(int64_t pos) const {
+    return hidden_.data() + (pos - hidden_pos0_) * hidden_cols_;
+  }
+  // Forgets the rows before pos (the drafter has used them).
+  void DropHiddenBefore(int64_t pos);
+
  private:
   size_t ElementBytes() const { return type_ == DType::kF16 ? 2 : 4; }
   uint8_t* KRow(int layer, int64_t pos) const;
@@ -67,6 +84,9 @@ class KvCache {
   int64_t k_stride_ = 0, v_stride_ = 0;
   Buffer k_, v_;
   std::vector<int32_t> tokens_;
+  bool keep_hidden_ = false;
+  int64_t hidden_pos0_ = 0, hidden_cols_ = 0;
+  std::vector<float> hidden_;
 };
 
 }  // namespace substrate

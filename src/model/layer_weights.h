@@ -23,10 +23,15 @@ struct LayerWeights {
   TensorId gate_exps = kNoTensor, up_exps = kNoTensor, down_exps = kNoTensor;
   TensorId gate_shexp = kNoTensor, up_shexp = kNoTensor, down_shexp = kNoTensor;
   TensorId gate_inp_shexp = kNoTensor;
+  // A next-n (MTP) layer's input and head: x = eh_proj [enorm(embed(t+1)); hnorm(h)]; its own
+  // embeddings and head are optional (the main model's when absent).
+  TensorId eh_proj = kNoTensor, enorm = kNoTensor, hnorm = kNoTensor;
+  TensorId nextn_embd = kNoTensor, nextn_head_norm = kNoTensor, nextn_head = kNoTensor;
 
   // The layer's ops, as indices into Model::ops() (and its per-op tier table); -1 when absent.
   // The routed experts' ops are expert_op0 + e.
   int attn_op = -1, ffn_op = -1, router_op = -1, shared_op = -1, expert_op0 = -1;
+  int nextn_op = -1;  // block_N.nextn of a next-n layer
 };
 
 }  // namespace substrate

@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "backend/cpu/cpu_backend.h"
 #include "format/model_file.h"
@@ -40,6 +41,7 @@ Expected<std::unique_ptr<Model>> Model::Create(const Metadata& md, WeightSource*
 Status Model::ResolveLayers() {
   ModelHParams& hp = hp_;
   ops_ = ListOps(hp, [&](const std::string& n) { return source_->Resolve(n) != kNoTensor; });
+  op_index_.clear();
   for (size_t i = 0; i < ops_.size(); ++i) op_index_[ops_[i].id] = static_cast<int>(i);
   op_tiers_.assign(ops_.size(), static_cast<uint8_t>(source_->DefaultTier()));
   source_->BindOpTiers(ops_, op_tiers_.data());
@@ -47,36 +49,137 @@ Status Model::ResolveLayers() {
   output_op_ = OpIndex(OpIdOutput());
 
   layers_.resize(static_cast<size_t>(hp.n_layer));
-  for (int il = 0; il < hp.n_layer; ++il) {
-    LayerWeights& w = layers_[il];
-    RETURN_IF_ERROR(ResolveSlots(*source_, il, hp.spec->attention_tensors(hp), &w));
-    w.attn_op = OpIndex(OpIdAttention(il));
-    if (!hp.is_moe_layer(il)) {
-      RETURN_IF_ERROR(ResolveSlots(*source_, il, FfnTensors(hp), &w));
-      w.ffn_op = OpIndex(OpIdFfn(il));
-    } else {
-      RETURN_IF_ERROR(ResolveSlots(*source_, il, MoeRouterTensors(hp), &w));
-      RETURN_IF_ERROR(ResolveSlots(*source_, il, MoeExpertTensors(hp), &w));
-      RETURN_IF_ERROR(ResolveSlots(*source_, il, MoeSharedTensors(hp), &w));
-      w.router_op = OpIndex(OpIdMoeRouter(il));
-      w.expert_op0 = OpIndex(OpIdMoeExpert(il, 0));
-      w.shared_op = OpIndex(OpIdMoeShared(il));
-      // A shared expert is gate, up and down of one width.
-      const bool any = w.gate_shexp != kNoTensor || w.up_shexp != kNoTensor ||
-                       w.down_shexp != kNoTensor;
-      if (any) {
-        const bool all = w.gate_shexp != kNoTensor && w.up_shexp != kNoTensor &&
-                         w.down_shexp != kNoTensor;
-        const bool same = all && source_->Info(w.gate_shexp).ne[1] == source_->Info(w.up_shexp).ne[1] &&
-                          source_->Info(w.gate_shexp).ne[1] == source_->Info(w.down_shexp).ne[0];
-        if (!same)
-          return Corruption("layer " + std::to_string(il) +
-                            ": the shared expert needs ffn_{gate,up,down}_shexp of one width");
-      }
-    }
-    if (hp.spec->check_layer) RETURN_IF_ERROR(hp.spec->check_layer(hp, il, w));
-    if (w.q_norm != kNoTensor) hp.qk_norm = true;
+  for (int il = 0; il < hp.n_layer; ++il) RETURN_IF_ERROR(ResolveLayer(il, &layers_[il]));
+  nextn_ = LayerWeights();
+  if (hp.list_nextn) {
+    RETURN_IF_ERROR(ResolveLayer(hp.n_layer, &nextn_));
+    RETURN_IF_ERROR(ResolveSlots(*source_, hp.n_layer, NextnTensors(hp), &nextn_));
+    nextn_.nextn_op = OpIndex(OpIdNextn(hp.n_layer));
   }
+  return Status::Ok();
+}
+
+Status Model::ResolveLayer(int il, LayerWeights* wp) {
+  const ModelHParams& hp = hp_;
+  LayerWeights& w = *wp;
+  RETURN_IF_ERROR(ResolveSlots(*source_, il, hp.spec->attention_tensors(hp), &w));
+  w.attn_op = OpIndex(OpIdAttention(il));
+  if (!hp.is_moe_layer(il)) {
+    RETURN_IF_ERROR(ResolveSlots(*source_, il, FfnTensors(hp), &w));
+    w.ffn_op = OpIndex(OpIdFfn(il));
+  } else {
+    RETURN_IF_ERROR(ResolveSlots(*source_, il, MoeRouterTensors(hp), &w));
+    RETURN_IF_ERROR(ResolveSlots(*source_, il, MoeExpertTensors(hp), &w));
+    RETURN_IF_ERROR(ResolveSlots(*source_, il, MoeSharedTensors(hp), &w));
+    w.router_op = OpIndex(OpIdMoeRouter(il));
+    w.expert_op0 = OpIndex(OpIdMoeExpert(il, 0));
+    w.shared_op = OpIndex(OpIdMoeShared(il));
+    // A shared expert is gate, up and down of one width.
+    const bool any = w.gate_shexp != kNoTensor || w.up_shexp != kNoTensor ||
+                     w.down_shexp != kNoTensor;
+    if (any) {
+      const bool all = w.gate_shexp != kNoTensor && w.up_shexp != kNoTensor &&
+                       w.down_shexp != kNoTensor;
+      const bool same = all && source_->Info(w.gate_shexp).ne[1] == source_->Info(w.up_shexp).ne[1] &&
+                        source_->Info(w.gate_shexp).ne[1] == source_->Info(w.down_shexp).ne[0];
+      if (!same)
+        return Corruption("layer " + std::to_string(il) +
+                          ": the shared expert needs ffn_{gate,up,down}_shexp of one width");
+    }
+  }
+  if (hp.spec->check_layer) RETURN_IF_ERROR(hp.spec->check_layer(hp, il, w));
+  if (w.q_norm != kNoTensor) hp_.qk_norm = true;
+  return Status::Ok();
+}
+
+Status Model::EnableNextn() {
+  if (hp_.n_nextn == 0)
+    return NotFound("the model has no next-n (multi-token prediction) layer: its metadata has no " +
+                    hp_.arch + ".nextn_predict_layers");
+  if (hp_.list_nextn) return Status::Ok();
+  hp_.list_nextn = true;
+  Status st = ResolveLayers();
+  if (st.ok()) return st;
+  hp_.list_nextn = false;
+  RETURN_IF_ERROR(ResolveLayers());
+  return st.WithContext("the next-n layer blk." + std::to_string(hp_.n_layer));
+}
+
+ModelHParams Model::NextnCacheHParams() const {
+  ModelHParams hp = hp_;
+  hp.n_layer = 1;
+  return hp;
+}
+
+Status Model::ForwardNextn(const int32_t* next_tokens, const float* hidden, int64_t n,
+                           KvCache& cache, std::vector<float>* logits,
+                           std::vector<float>* hidden_out) {
+  if (!nextn_enabled()) return InvalidArgument("a next-n pass without the next-n layer enabled");
+  RETURN_IF_ERROR(CheckTokens(next_tokens, n, cache));
+  if (n > kMaxBatch) return InvalidArgument("a next-n pass of more than one batch");
+  const int il = hp_.n_layer;
+  const LayerWeights& w = nextn_;
+  const int64_t d = hp_.n_embd;
+  ForwardContext c;
+  c.hp = &hp_;
+  c.source = source_;
+  c.be = backend_;
+  c.scratch = scratch_.get();
+  c.n = n;
+  pos_.clear();
+  for (int64_t t = 0; t < n; ++t) pos_.push_back(static_cast<int32_t>(cache.n_past() + t));
+  seq_rows_.assign(1, SequenceRows{&cache, 0, n, cache.n_past()});
+  c.pos = pos_.data();
+  c.seqs = seq_rows_.data();
+  c.n_seqs = 1;
+  c.layers = layers_.data();
+  c.ops = ops_.data();
+  c.tiers = op_tiers_.data();
+  c.kv_layer0 = il;
+  ASSIGN_OR_RETURN(c.x, scratch_->Get(Scratch::kX, n, d));
+  {
+    // x = eh_proj [enorm(embed(next)); hnorm(hidden)]; the embeddings are the main model's
+    // unless the layer has its own.
+    OpScope scope(c, w.nextn_op);
+    ASSIGN_OR_RETURN(Tensor e, scratch_->Get(Scratch::kXNorm, n, d));
+    {
+      const bool own = w.nextn_embd != kNoTensor;
+      const int op = own ? w.nextn_op : embd_op_;
+      std::optional<OpScope> borrowed;
+      if (!own) borrowed.emplace(c, op);
+      ASSIGN_OR_RETURN(WeightHandle h, c.Acquire(own ? w.nextn_embd : token_embd_, op));
+      backend_->EmbedRows(h.view(), next_tokens, n, e);
+    }
+    RETURN_IF_ERROR(NormRows(c, w.nextn_op, w.enorm, e, e));
+    ASSIGN_OR_RETURN(Tensor h, scratch_->Get(Scratch::kTmp, n, d));
+    backend_->Upload(hidden, h);
+    RETURN_IF_ERROR(NormRows(c, w.nextn_op, w.hnorm, h, h));
+    ASSIGN_OR_RETURN(Tensor cat, scratch_->Get(Scratch::kGathered, n, 2 * d));
+    backend_->CopyColumns(e, 0, cat, 0, d);
+    backend_->CopyColumns(h, 0, cat, d, d);
+    RETURN_IF_ERROR(Linear(c, w.nextn_op, w.eh_proj, cat, c.x));
+  }
+  RETURN_IF_ERROR(hp_.spec->attention(c, il, w));
+  RETURN_IF_ERROR(hp_.is_moe_layer(il) ? MoeBlock(c, il, w) : FfnBlock(c, il, w));
+  cache.Append(next_tokens, n);
+  const Tensor last = c.x.Rows(n - 1, 1);
+  if (hidden_out) {
+    hidden_out->resize(static_cast<size_t>(d));
+    backend_->Download(last, hidden_out->data());
+  }
+  if (!logits) return Status::Ok();
+  // The head: the layer's own norm and vocabulary matrix, else the main model's.
+  const bool own = w.nextn_head != kNoTensor;
+  const int op = own ? w.nextn_op : output_op_;
+  OpScope scope(c, op);
+  ASSIGN_OR_RETURN(Tensor xn, scratch_->Get(Scratch::kXNorm, 1, d));
+  const TensorId norm = w.nextn_head_norm != kNoTensor ? w.nextn_head_norm : output_norm_;
+  RETURN_IF_ERROR(NormRows(c, w.nextn_head_norm != kNoTensor ? w.nextn_op : output_op_, norm,
+                           last, xn));
+  ASSIGN_OR_RETURN(Tensor out, scratch_->Get(Scratch::kLogits, 1, hp_.n_vocab));
+  RETURN_IF_ERROR(Linear(c, op, own ? w.nextn_head : output_, xn, out));
+  logits->resize(static_cast<size_t>(hp_.n_vocab));
+  backend_->Download(out, logits->data());
   return Status::Ok();
 }
 
@@ -223,7 +326,13 @@ Status Model::ForwardBatch(const SequencePass* seqs, int n_seqs, bool check_fini
     RETURN_IF_ERROR(hp_.is_moe_layer(il) ? MoeBlock(c, il, w) : FfnBlock(c, il, w));
     if (observer_) observer_->AfterBlock(ffn_op, c.x);
   }
-  for (int s = 0; s < n_seqs; ++s) seqs[s].cache->Append(seqs[s].tokens, seqs[s].n);
+  for (int s = 0; s < n_seqs; ++s) {
+    const SequenceRows& r = seq_rows_[s];
+    // A next-n drafter's input: the rows' last hidden state, before the output norm.
+    if (r.cache->keeps_hidden())
+      backend_->Download(c.x.Rows(r.row0, r.n), r.cache->HiddenRows(r.pos0, r.n, hp_.n_embd));
+    r.cache->Append(seqs[s].tokens, seqs[s].n);
+  }
   RETURN_IF_ERROR(Output(c, seqs));
   if (check_finite || output_finite_) return Status::Ok();
   // Something produced NaN or infinities: evaluate the pass again, checking after every op,

@@ -90,12 +90,29 @@ class Model {
   // context), with the error it would return.
   Status CheckTokens(const int32_t* tokens, int64_t n, const KvCache& cache) const;
 
+  // Multi-token prediction (DeepSeek-V3's MTP, GLM-4.5's next-n layer): lists and resolves the
+  // model's first next-n layer (hparams().n_nextn > 0, else NotFound), whose ops then follow
+  // ops()'s others. Call before the first pass; the weight source must hold its tensors.
+  Status EnableNextn();
+  bool nextn_enabled() const { return nextn_.nextn_op >= 0; }
+  // The hyperparameters a next-n cache is created with (KvCache::Create): its layer only.
+  ModelHParams NextnCacheHParams() const;
+  // One next-n pass over n positions p = cache.n_past() ..: row i takes the main stack's last
+  // hidden state of position p + i (hidden[i], n_embd floats, as KvCache::HiddenRow keeps it)
+  // and the token that followed it (next_tokens[i]), appends the layer's keys and values to
+  // `cache` (with next_tokens as its tokens) and, when asked, writes the last row's logits
+  // [n_vocab] (for the token after next_tokens[n - 1]) and its output hidden state [n_embd],
+  // which a chained step takes as its `hidden`.
+  Status ForwardNextn(const int32_t* next_tokens, const float* hidden, int64_t n, KvCache& cache,
+                      std::vector<float>* logits, std::vector<float>* hidden_out);
+
   // Largest batch one internal pass processes; longer inputs are split (prefill chunks).
   static constexpr int64_t kMaxBatch = 512;
 
  private:
   Model() = default;
   Status ResolveLayers();
+  Status ResolveLayer(int il, LayerWeights* w);
   Status ForwardBatch(const SequencePass* seqs, int n_seqs, bool check_finite);
   Status Output(ForwardContext& c, const SequencePass* seqs);
 
@@ -105,6 +122,7 @@ class Model {
   Backend* backend_ = nullptr;
   std::unique_ptr<Scratch> scratch_;
   std::vector<LayerWeights> layers_;
+  LayerWeights nextn_;  // the first next-n layer, when enabled (EnableNextn)
   TensorId token_embd_ = kNoTensor, output_norm_ = kNoTensor, output_ = kNoTensor;
   std::vector<OpSpec> ops_;
   std::unordered_map<std::string, int> op_index_;

@@ -14,6 +14,7 @@ std::string OpIdMoeExpert(int layer, int expert) {
 }
 std::string OpIdMoeShared(int layer) { return "block_" + std::to_string(layer) + ".moe.shared"; }
 std::string OpIdOutput() { return "output"; }
+std::string OpIdNextn(int layer) { return "block_" + std::to_string(layer) + ".nextn"; }
 
 std::string BlockTensor(int layer, const std::string& base, const std::string& suffix) {
   return "blk." + std::to_string(layer) + "." + base + "." + suffix;
@@ -38,14 +39,14 @@ std::vector<OpSpec> ListOps(const ModelHParams& hp,
     return op;
   };
   ops.push_back({OpIdTokenEmbd(), OpKind::kTokenEmbd, -1, -1, {{"token_embd.weight", -1}}});
-  for (int il = 0; il < hp.n_layer; ++il) {
+  auto layer_ops = [&](int il) {
     if (spec) {
       ops.push_back(op_of(OpIdAttention(il), OpKind::kAttention, il, -1,
                           spec->attention_tensors(hp)));
     }
     if (!hp.is_moe_layer(il)) {
       ops.push_back(op_of(OpIdFfn(il), OpKind::kFfn, il, -1, FfnTensors(hp)));
-      continue;
+      return;
     }
     ops.push_back(op_of(OpIdMoeRouter(il), OpKind::kMoeRouter, il, -1, MoeRouterTensors(hp)));
     const std::vector<TensorSlot> expert = MoeExpertTensors(hp);
@@ -53,12 +54,18 @@ std::vector<OpSpec> ListOps(const ModelHParams& hp,
       ops.push_back(op_of(OpIdMoeExpert(il, e), OpKind::kMoeExpert, il, e, expert));
     OpSpec shared = op_of(OpIdMoeShared(il), OpKind::kMoeShared, il, -1, MoeSharedTensors(hp));
     if (!shared.tensors.empty()) ops.push_back(std::move(shared));
-  }
+  };
+  for (int il = 0; il < hp.n_layer; ++il) layer_ops(il);
   OpSpec out{OpIdOutput(), OpKind::kOutput, -1, -1, {}};
   if (has_tensor("output_norm.weight")) out.tensors.push_back({"output_norm.weight", -1});
   // An untied vocabulary head, or the embeddings (tied).
   out.tensors.push_back({has_tensor("output.weight") ? "output.weight" : "token_embd.weight", -1});
   ops.push_back(std::move(out));
+  if (!hp.list_nextn) return ops;
+  for (int il = hp.n_layer; il < hp.n_layer + hp.n_nextn; ++il) {
+    layer_ops(il);
+    ops.push_back(op_of(OpIdNextn(il), OpKind::kNextn, il, -1, NextnTensors(hp)));
+  }
   return ops;
 }
 

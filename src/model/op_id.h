@@ -9,6 +9,11 @@
 //   block_N.moe.expert_E        one routed expert                slice E of blk.N.ffn_{gate,up,down}_exps
 //   block_N.moe.shared          shared expert (+ sigmoid gate)   blk.N.ffn_*_shexp, blk.N.ffn_gate_inp_shexp
 //   output                      final norm + vocabulary head     output_norm, output (or token_embd if tied)
+//   block_N.nextn               a next-n (MTP) layer's input     blk.N.nextn.{enorm,hnorm,eh_proj,
+//                               and head (N >= n_layer)          embed_tokens,shared_head_*}
+//
+// A next-n layer's ops (block_N.attn, its FFN or MoE ops, block_N.nextn) follow output, and only
+// when hp.list_nextn: they run in passes of their own (Model::ForwardNextn).
 //
 // Ops run in the order ListOps returns (topological). Per token only the selected experts of a
 // MoE layer run, in increasing expert index, between the router and the shared expert.
@@ -22,7 +27,7 @@ namespace substrate {
 
 struct ModelHParams;
 
-enum class OpKind { kTokenEmbd, kAttention, kFfn, kMoeRouter, kMoeExpert, kMoeShared, kOutput };
+enum class OpKind { kTokenEmbd, kAttention, kFfn, kMoeRouter, kMoeExpert, kMoeShared, kOutput, kNextn };
 
 std::string OpIdTokenEmbd();
 std::string OpIdAttention(int layer);
@@ -31,6 +36,7 @@ std::string OpIdMoeRouter(int layer);
 std::string OpIdMoeExpert(int layer, int expert);
 std::string OpIdMoeShared(int layer);
 std::string OpIdOutput();
+std::string OpIdNextn(int layer);
 
 // GGUF tensor name of a layer tensor: BlockTensor(5, "attn_q") == "blk.5.attn_q.weight";
 // BlockTensor(5, "attn_q", "bias") == "blk.5.attn_q.bias".

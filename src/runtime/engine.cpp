@@ -11,6 +11,7 @@
 #include "kernels/matmul.h"
 #include "model/prompt_lookup.h"
 #include "runtime/draft_model.h"
+#include "runtime/nextn_draft.h"
 #include "runtime/routing_record.h"
 #include "runtime/token_emitter.h"
 
@@ -192,6 +193,11 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
     if (!backend.ok()) return backend.status();
     e->backend_ = std::move(backend).value();
   }
+  if (opt.draft_mtp && !opt.draft_model.empty())
+    return InvalidArgument("give either --draft-model or --draft-mtp: one drafter at a time");
+  if (opt.draft_mtp && (!opt.store.empty() || opt.max_vram))
+    return InvalidArgument("--draft-mtp runs with the whole model resident for now (not with "
+                           "--store or --max-vram)");
   // A draft model is charged first, resident; the target plans with what it leaves.
   if (!opt.draft_model.empty()) {
     EngineOptions d = opt;
@@ -266,10 +272,18 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
     }
   }
   if (plan_only) return e;
+  if (opt.draft_mtp && e->runtime_)
+    return InvalidArgument("--draft-mtp runs with the whole model resident for now: " + path +
+                           " does not fit --max-ram " + FormatBytes(opt.max_ram) +
+                           " with its next-n layer");
   auto model =
       Model::Create(e->file_->metadata(), e->weights_.get(), e->backend_.get(), e->ledger_);
   if (!model.ok()) return model.status().WithContext(path);
   e->model_ = std::move(model).value();
+  if (opt.draft_mtp) {
+    RETURN_IF_ERROR(e->model_->EnableNextn().WithContext("--draft-mtp: " + path));
+    e->nextn_ = std::make_unique<NextnDrafter>(e->model_.get());
+  }
   if (e->draft_ && e->draft_->engine().model().hparams().n_vocab != e->model_->hparams().n_vocab)
     return InvalidArgument(
         "the draft model and the target have different vocabularies: the draft model scores " +
@@ -408,9 +422,13 @@ void Engine::AfterToken(bool decode_step) {
 Expected<std::unique_ptr<Session>> Engine::NewSession(int64_t n_ctx) {
   if (n_ctx <= 0) n_ctx = model_->hparams().n_ctx_train;
   ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(model_->hparams(), n_ctx, *backend_, kv_type_));
-  auto s = std::make_unique<Session>(Session{std::move(cache), {}, nullptr, nullptr});
+  auto s = std::make_unique<Session>(Session{std::move(cache), {}, nullptr, nullptr, nullptr});
   if (draft_) {
     ASSIGN_OR_RETURN(s->draft_cache, draft_->NewCache(n_ctx));
+  }
+  if (nextn_) {
+    ASSIGN_OR_RETURN(s->nextn_cache, nextn_->NewCache(n_ctx, kv_type_));
+    s->cache.set_keep_hidden(true);
   }
   return s;
 }
@@ -431,10 +449,29 @@ Expected<int64_t> Engine::Prefill(Session& s, const std::vector<int32_t>& prompt
   while (common < have.size() && common < prompt.size() && have[common] == prompt[common]) ++common;
   // The last prompt token is always evaluated: its logits pick the first new token.
   if (common == prompt.size()) --common;
+  if (!s.nextn_cache) {
+    s.cache.Truncate(static_cast<int64_t>(common));
+    RETURN_IF_ERROR(PassesOf(passes).Forward(prompt.data() + common,
+                                             static_cast<int64_t>(prompt.size() - common), s.cache,
+                                             false, &s.logits, /*token_step=*/false));
+    return static_cast<int64_t>(common);
+  }
+  // Next-n drafting: its entries need the target's hidden rows from the first entry that no
+  // longer holds; a reused prefix whose rows are gone is evaluated again. The prompt goes in
+  // batches, each followed by the entries it allows, so the rows kept stay one batch.
+  GenerateStats ignored;
+  const int64_t valid = NextnDrafter::KeepValid(*s.nextn_cache, prompt);
+  if (s.cache.hidden_begin() > valid || s.cache.hidden_end() < static_cast<int64_t>(common))
+    common = std::min<size_t>(common, static_cast<size_t>(valid));
   s.cache.Truncate(static_cast<int64_t>(common));
-  RETURN_IF_ERROR(PassesOf(passes).Forward(prompt.data() + common,
-                                           static_cast<int64_t>(prompt.size() - common), s.cache,
-                                           false, &s.logits, /*token_step=*/false));
+  for (size_t done = common; done < prompt.size();) {
+    const size_t n = std::min<size_t>(Model::kMaxBatch, prompt.size() - done);
+    RETURN_IF_ERROR(PassesOf(passes).Forward(prompt.data() + done, static_cast<int64_t>(n),
+                                             s.cache, false, &s.logits, /*token_step=*/false));
+    done += n;
+    RETURN_IF_ERROR(nextn_->CatchUp(*s.nextn_cache, s.cache, prompt, static_cast<int64_t>(done),
+                                    PassesOf(passes), &ignored));
+  }
   return static_cast<int64_t>(common);
 }
 
@@ -494,6 +531,9 @@ Expected<GenerateStats> Engine::Generate(Session& s, const std::vector<int32_t>&
         std::vector<int32_t> draft;
         if (draft_ && s.draft_cache) {
           ASSIGN_OR_RETURN(draft, draft_->Draft(*s.draft_cache, history, k, passes, &st));
+        } else if (nextn_ && s.nextn_cache) {
+          ASSIGN_OR_RETURN(draft,
+                           nextn_->Draft(*s.nextn_cache, s.cache, history, k, passes, &st));
         } else {
           draft = PromptLookupDraft(history, k);
         }

@@ -41,6 +41,7 @@
 namespace substrate {
 
 class DraftModel;
+class NextnDrafter;
 
 // The adaptive runtime (runtime/tier_controller.h, verifier.h): ops run at the store's skeleton
 // and a verifier probe escalates the ones it finds drifting, within an escalation pool.
@@ -104,6 +105,9 @@ struct EngineOptions {
   // same vocabulary, loaded resident inside the same budget before the target, whose plan gets
   // what the drafter leaves. GenerateOptions::draft_max then drafts from it.
   std::string draft_model;
+  // Speculative decoding drafted by the model's own next-n (multi-token prediction) layer
+  // (runtime/nextn_draft.h), for a model whose file carries one, resident.
+  bool draft_mtp = false;
 };
 
 // One conversation: its KV cache and the tokens in it.
@@ -115,6 +119,8 @@ struct Session {
   std::unique_ptr<KvCache> verify_cache;
   // With a draft model: its cache, kept in step with `cache` by each draft (DraftModel::Draft).
   std::unique_ptr<KvCache> draft_cache;
+  // With next-n drafting: the next-n layer's cache, in step with `cache` (NextnDrafter).
+  std::unique_ptr<KvCache> nextn_cache;
 };
 
 // Deferred verification (the localvm design): a low tier drafts tokens; the top tier checks
@@ -301,6 +307,7 @@ class Engine {
   std::unique_ptr<PassRunner> direct_passes_;  // PassesOf's default
   // Declared last: destroyed first, while the ledger and pool it uses are still there.
   std::unique_ptr<DraftModel> draft_;
+  std::unique_ptr<NextnDrafter> nextn_;  // EngineOptions::draft_mtp
   std::string draft_path_;       // EngineOptions::draft_model
   uint64_t draft_reserve_ = 0;   // the budget it takes (estimated by a plan-only Open)
 };

@@ -19,6 +19,7 @@ const char* KindName(int kind) {
     case static_cast<int>(OpKind::kMoeExpert): return "routed experts";
     case static_cast<int>(OpKind::kMoeShared): return "shared experts";
     case static_cast<int>(OpKind::kOutput): return "output";
+    case static_cast<int>(OpKind::kNextn): return "next-n head";
     default: return "other";
   }
 }
