@@ -14,6 +14,21 @@ Status Check(bool ok, const std::string& what) {
 
 }  // namespace
 
+bool IsNextnTensor(const std::string& name, int first_nextn_layer) {
+  if (first_nextn_layer < 0 || name.compare(0, 4, "blk.") != 0) return false;
+  int layer = 0;
+  size_t i = 4;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && layer < (1 << 20); ++i)
+    layer = layer * 10 + (name[i] - '0');
+  return i > 4 && i < name.size() && name[i] == '.' && layer >= first_nextn_layer;
+}
+
+int FirstNextnLayer(const Metadata& md) {
+  const std::string a = md.GetString("general.architecture", "") + ".";
+  const int64_t n = md.GetInt(a + "nextn_predict_layers", 0), blocks = md.GetInt(a + "block_count", 0);
+  return n > 0 && n < blocks ? static_cast<int>(blocks - n) : -1;
+}
+
 Expected<ModelHParams> ModelHParams::FromMetadata(const Metadata& md) {
   ModelHParams hp;
   ASSIGN_OR_RETURN(hp.arch, md.GetString("general.architecture"));

@@ -66,4 +66,10 @@ struct ModelHParams {
   static Expected<ModelHParams> FromMetadata(const Metadata& md);
 };
 
+// Whether `name` is a tensor of a next-n layer (blk.L.* with L >= first_nextn_layer).
+bool IsNextnTensor(const std::string& name, int first_nextn_layer);
+// The first next-n layer of the model `md` describes (block_count less nextn_predict_layers), or
+// -1 when it has none.
+int FirstNextnLayer(const Metadata& md);
+
 }  // namespace substrate

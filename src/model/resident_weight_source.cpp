@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "model/hparams.h"
+
 namespace substrate {
 
 Expected<WeightView> MakeWeightView(const TensorInfo& info, const uint8_t* data, int slice) {
@@ -39,8 +41,16 @@ Expected<std::unique_ptr<ResidentWeightSource>> ResidentWeightSource::Load(
   src->infos_ = tensors;
   src->data_.reserve(tensors.size());
   src->layouts_.assign(tensors.size(), WeightLayout::kRows);
+  // Tensors left out keep their index (an empty buffer) but no name: nothing resolves them.
+  const int nextn = options.load_nextn ? -1 : FirstNextnLayer(file.metadata());
+  std::vector<bool> loaded(tensors.size(), false);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorInfo& t = tensors[i];
+    if (IsNextnTensor(t.name, nextn)) {
+      src->data_.emplace_back();
+      continue;
+    }
+    loaded[i] = true;
     // Whole pages of its own (AlignedBuffer pads to the alignment): a GPU backend may pin a
     // tensor's pages to read them in place, and must not pin a neighbour's with them (CUDA
     // refuses copies to or from memory that is partly pinned).
@@ -67,6 +77,7 @@ Expected<std::unique_ptr<ResidentWeightSource>> ResidentWeightSource::Load(
     std::stable_sort(order.begin(), order.end(),
                      [&](size_t a, size_t b) { return rank(tensors[a]) < rank(tensors[b]); });
     for (size_t i : order) {
+      if (!loaded[i]) continue;
       const TensorInfo& t = tensors[i];
       uint8_t* bytes = src->data_[i].data();
       if (t.ne.size() == 2 || t.ne.size() == 3) {

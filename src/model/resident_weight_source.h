@@ -25,9 +25,13 @@ class ResidentWeightSource : public WeightSource {
     // AdoptResidentBytes. For engines; tools that read raw tensor bytes through the source
     // leave it null (plain rows).
     Backend* backend = nullptr;
+    // Whether a next-n (MTP) layer's tensors are loaded (Model::EnableNextn needs them); plain
+    // decoding never reads them.
+    bool load_nextn = false;
   };
 
-  // Reads all tensors of `file` (kept open only during the call). Fails with OutOfMemory when
+  // Reads the tensors of `file` (kept open only during the call): all but a next-n layer's,
+  // unless Options::load_nextn. Fails with OutOfMemory when
   // the ledger's cap is exceeded, naming the tensor.
   static Expected<std::unique_ptr<ResidentWeightSource>> Load(const ModelFile& file,
                                                               MemoryLedger* ledger);

@@ -196,8 +196,16 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
   if (opt.draft_mtp && !opt.draft_model.empty())
     return InvalidArgument("give either --draft-model or --draft-mtp: one drafter at a time");
   if (opt.draft_mtp && (!opt.store.empty() || opt.max_vram))
-    return InvalidArgument("--draft-mtp runs with the whole model resident for now (not with "
-                           "--store or --max-vram)");
+    return InvalidArgument("--draft-mtp reads the next-n layer from the model's GGUF (resident, "
+                           "or in place under --max-ram): not with --store or --max-vram yet");
+  if (opt.draft_mtp) {
+    // Per session the next-n layer's KV cache and the hidden rows of one prompt batch.
+    ModelHParams one = *hp;
+    one.n_layer = 1;
+    reserve += static_cast<uint64_t>(std::max(opt.n_sessions, 1)) *
+               (KvCache::Bytes(one, ctx, opt.kv_type) +
+                static_cast<uint64_t>(Model::kMaxBatch * hp->n_embd) * sizeof(float));
+  }
   // A draft model is charged first, resident; the target plans with what it leaves.
   if (!opt.draft_model.empty()) {
     EngineOptions d = opt;
@@ -236,6 +244,7 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
     // Each session's KV cache, plus the scratch of one pass at a time.
     ro.reserve_bytes = reserve;
     ro.dry_run = plan_only;
+    ro.with_nextn = opt.draft_mtp;
     if (!e->backend_->device_ledger()) ro.backend = e->backend_.get();  // a host backend
     ro.adopt_expert_reads |= reading_cores;
     auto m = in_place ? ResidencyManager::OpenGguf(path, e->ledger_, ro)
@@ -249,6 +258,7 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
   } else {
     ResidentWeightSource::Options ro;
     ro.backend = e->backend_.get();
+    ro.load_nextn = opt.draft_mtp;
     auto weights = ResidentWeightSource::Load(*e->file_, e->ledger_, ro);
     // The resident layout may take more than the file's bytes (repacked kernels' layouts): a
     // GGUF that then misses the budget by a little runs in place instead.
@@ -258,6 +268,7 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
       ResidencyOptions rr = opt.residency;
       rr.budget_bytes = opt.max_ram;
       rr.reserve_bytes = reserve;
+      rr.with_nextn = opt.draft_mtp;
       if (!e->backend_->device_ledger()) rr.backend = e->backend_.get();
       rr.adopt_expert_reads |= reading_cores;
       auto m = ResidencyManager::OpenGguf(path, e->ledger_, rr);
@@ -272,10 +283,6 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
     }
   }
   if (plan_only) return e;
-  if (opt.draft_mtp && e->runtime_)
-    return InvalidArgument("--draft-mtp runs with the whole model resident for now: " + path +
-                           " does not fit --max-ram " + FormatBytes(opt.max_ram) +
-                           " with its next-n layer");
   auto model =
       Model::Create(e->file_->metadata(), e->weights_.get(), e->backend_.get(), e->ledger_);
   if (!model.ok()) return model.status().WithContext(path);

@@ -28,6 +28,7 @@ Expected<std::unique_ptr<ResidencyManager>> ResidencyManager::OpenGguf(
   io.direct_io = options.direct_io;
   io.env = options.env;
   io.checksums = !options.dry_run;
+  io.with_nextn = options.with_nextn;
   ASSIGN_OR_RETURN(auto index, StoreIndex::OpenGguf(path, io));
   return OpenIndex(std::move(index), ledger, options, "'" + path + "' read in place");
 }
@@ -64,6 +65,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   if (budget == 0) return InvalidArgument("a byte budget is needed (--max-ram, or a ledger cap)");
   budget_ = budget;
   ASSIGN_OR_RETURN(hp_, ModelHParams::FromMetadata(index_->meta().metadata()));
+  hp_.list_nextn = options.with_nextn;
   if (options.serve_tier < -1 || options.serve_tier >= index_->n_tiers())
     return InvalidArgument("tier " + std::to_string(options.serve_tier) +
                            " asked for, but the store's ladder has " + index_->LadderText());
@@ -81,11 +83,16 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   auto has = [&](const std::string& n) { return index_->Resolve(n) != kNoTensor; };
   int n_expert_ops = 0;
   uint64_t expert_slot = 0;
+  uint64_t nextn_resident = 0;  // a next-n layer's ops but its experts: resident, unsequenced
   for (const OpSpec& spec : ListOps(hp_, has)) {
     const int o = index_->FindOp(spec.id);
     if (o < 0) continue;  // every tensor it names lives in an earlier op
     st_[o].layer = spec.layer;
     st_[o].kind = static_cast<int>(spec.kind);
+    if (spec.layer >= hp_.n_layer && spec.kind != OpKind::kMoeExpert) {
+      nextn_resident += OpBytes(o);
+      continue;
+    }
     fallback_.set_lowers(o, options_.lower_tier_by_default);  // a plan may say otherwise
     if (spec.kind == OpKind::kMoeExpert) {
       st_[o].where = Where::kExpert;
@@ -109,9 +116,9 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   if (!options.plan_path.empty()) {
     RETURN_IF_ERROR(ApplyPlan(options.plan_path));
   } else {
-    RETURN_IF_ERROR(ChooseResidency(budget, options.reserve_bytes, min_slots));
+    RETURN_IF_ERROR(ChooseResidency(budget, options.reserve_bytes + nextn_resident, min_slots));
     if (options.keep_residuals)
-      KeepResiduals(budget, options.reserve_bytes, expert_slot * min_slots);
+      KeepResiduals(budget, options.reserve_bytes + nextn_resident, expert_slot * min_slots);
   }
   // Ops no sequence names (a store's "misc") are kept resident: nothing would schedule them.
   for (size_t o = 0; o < ops.size(); ++o)
@@ -769,6 +776,9 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
   uint64_t offset_el = 0;
   ASSIGN_OR_RETURN(const StoreUnit* u, index_->FindUnit(id, slice, &offset_el));
   const int o = u->op;
+  if (o < 0)
+    return NotFound("runtime: tensor '" + index_->tensors()[id].info.name +
+                    "' is in no op of the plan (a next-n layer's, planned only with --draft-mtp)");
   OpState& s = st_[o];
   if (!op_error_[o].ok()) return op_error_[o];
   const StoreOp& op = index_->ops()[o];

@@ -82,6 +82,10 @@ struct ResidencyOptions {
   // Plans only: chooses the resident set, slabs and expert slots (stats()) and stops before
   // allocating or reading anything, for `substrate fit`. Such a manager serves no weights.
   bool dry_run = false;
+  // A next-n (MTP) layer for drafting (OpenGguf): its experts go through the expert cache like
+  // any layer's; its other ops (run once per draft, between the tokens' passes) stay resident,
+  // charged before the resident set is chosen.
+  bool with_nextn = false;
   // The host backend that computes with the weights: once read, each resident op's tier-0
   // matrices go to its AdoptResidentWeight (the CPU backend interleaves them in place for its
   // decode and prefill kernels), as a resident model's do. Null: plain rows. Not a backend with

@@ -62,6 +62,7 @@ Expected<std::unique_ptr<StoreIndex>> StoreIndex::OpenGguf(const std::string& pa
   // Each unit goes to the first op that acquires it; units no op names go to "misc".
   auto hp = ModelHParams::FromMetadata(m.metadata());
   if (!hp.ok()) return hp.status().WithContext(path);
+  hp->list_nextn = options.with_nextn;
   auto place = [&](const std::string& op, TensorId id, int slice) {
     StoreUnit& u = ix->tensors_[id].units[slice >= 0 ? slice : 0];
     if (u.op >= 0) return;
@@ -81,9 +82,11 @@ Expected<std::unique_ptr<StoreIndex>> StoreIndex::OpenGguf(const std::string& pa
       if (t.sliced && (r.slice < 0 || static_cast<uint64_t>(r.slice) >= t.units.size())) continue;
       place(op.id, id, t.sliced ? r.slice : -1);
     }
+  const int nextn = FirstNextnLayer(m.metadata());
   for (size_t i = 0; i < ix->tensors_.size(); ++i)
     for (size_t s = 0; s < ix->tensors_[i].units.size(); ++s)
-      place("misc", static_cast<TensorId>(i), ix->tensors_[i].sliced ? static_cast<int>(s) : -1);
+      if (!IsNextnTensor(ix->tensors_[i].info.name, nextn))
+        place("misc", static_cast<TensorId>(i), ix->tensors_[i].sliced ? static_cast<int>(s) : -1);
 
   // Checksums (the file has none): from the record, or taken once now.
   std::vector<GgufChecksumRange> sums;

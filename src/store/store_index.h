@@ -70,6 +70,9 @@ struct StoreIndexOptions {
   // OpenGguf: false skips the checksums (a plan made from the tensor table alone, reading
   // nothing; Verify would then fail every range).
   bool checksums = true;
+  // OpenGguf: a next-n (MTP) layer's tensors get ops of their own (ListOps with
+  // hp.list_nextn); without it they are in no op, so nothing plans or reads them.
+  bool with_nextn = false;
 };
 
 // The fingerprint of a store's weights at tiers 0..tier, from its manifest alone (nothing else

@@ -5,8 +5,10 @@
 // llama.cpp's converter gives DeepSeek-V3 and GLM-4.5. Greedy output with --draft-mtp equals
 // plain decoding token for token, over several prompts and a session that goes on with a longer
 // prompt; drafts are made and checked; the next-n cache after generation holds what a fresh
-// prefill of the same tokens computes; the main stack ignores the next-n block; a model without
-// one is refused naming the missing key.
+// prefill of the same tokens computes; the main stack ignores the next-n block, which is neither
+// loaded nor planned without --draft-mtp; read in place out of core under a budget, the layer's
+// experts stream through the expert cache and the output is still plain decoding's; a model
+// without one is refused naming the missing key.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -110,6 +112,9 @@ class NextnDraftTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (!fs::exists(Checkpoint())) return;
+    // The checksum records of a GGUF read in place.
+    static const std::string cache = testing::StoreTestPath("nextn_cache");
+    setenv("SUBSTRATE_CACHE_DIR", cache.c_str(), 1);
     base_ = new std::string(testing::StoreTestPath("nextn_base.gguf"));
     mtp_ = new std::string(testing::StoreTestPath("nextn_mtp.gguf"));
     identity_ = new std::string(testing::StoreTestPath("nextn_identity.gguf"));
@@ -124,6 +129,7 @@ class NextnDraftTest : public ::testing::Test {
     fs::remove(*base_, ec);
     fs::remove(*mtp_, ec);
     fs::remove(*identity_, ec);
+    fs::remove_all(testing::StoreTestPath("nextn_cache"), ec);
     delete base_;
     delete mtp_;
     delete identity_;
@@ -133,11 +139,18 @@ class NextnDraftTest : public ::testing::Test {
     if (!base_) GTEST_SKIP() << "no fixture " << Checkpoint();
   }
 
-  static std::unique_ptr<Engine> Open(const std::string& path, bool mtp) {
+  // Resident, or read in place under max_ram (with that many expert slots, 0: what the budget
+  // leaves); charging `ledger` when given.
+  static std::unique_ptr<Engine> Open(const std::string& path, bool mtp, uint64_t max_ram = 0,
+                                      MemoryLedger* ledger = nullptr, int expert_slots = 0) {
     EngineOptions o;
+    o.ledger = ledger;
+    o.residency.expert_slots = expert_slots;
     o.n_ctx = 160;
     o.require_tokenizer = false;
     o.draft_mtp = mtp;
+    o.max_ram = max_ram;
+    if (max_ram) o.gguf_in_place = EngineOptions::InPlace::kAlways;
     auto e = Engine::Load(path, o);
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     return e.ok() ? std::move(*e) : nullptr;
@@ -285,6 +298,48 @@ TEST_F(NextnDraftTest, CacheAfterGenerationEqualsAFreshPrefill) {
   for (size_t i = 0; i < n; ++i)
     worst = std::max(worst, std::fabs(double{a[i]} - b[i]) / (1e-3 + std::fabs(double{b[i]})));
   EXPECT_LT(worst, 1e-3);
+}
+
+TEST_F(NextnDraftTest, TheLayerIsLoadedAndPlannedOnlyForDrafting) {
+  MemoryLedger plain_ledger, mtp_ledger;
+  auto plain = Open(*mtp_, false, 0, &plain_ledger);
+  auto mtp = Open(*mtp_, true, 0, &mtp_ledger);
+  ASSERT_TRUE(plain && mtp);
+  EXPECT_EQ(plain->weights().Resolve("blk.3.nextn.eh_proj.weight"), kNoTensor);
+  EXPECT_NE(mtp->weights().Resolve("blk.3.nextn.eh_proj.weight"), kNoTensor);
+  // The next-n block is a quarter of this model's layers.
+  EXPECT_LT(plain_ledger.current() * 1.1, mtp_ledger.current());
+  constexpr uint64_t kBudget = 48ull << 20;
+  auto in_place = Open(*mtp_, false, kBudget);
+  ASSERT_TRUE(in_place && in_place->runtime());
+  EXPECT_EQ(in_place->weights().OpBytes("block_3.attn", 0), 0u);
+  EXPECT_EQ(in_place->weights().OpBytes("block_3.nextn", 0), 0u);
+}
+
+TEST_F(NextnDraftTest, ReadInPlaceUnderABudget) {
+  constexpr uint64_t kBudget = 48ull << 20;
+  MemoryLedger ledger;
+  auto plain = Open(*mtp_, false);
+  auto mtp = Open(*mtp_, true, kBudget, &ledger, /*expert_slots=*/4);
+  ASSERT_TRUE(plain && mtp);
+  ASSERT_TRUE(mtp->runtime());
+  EXPECT_GT(mtp->weights().OpBytes("block_3.nextn", 0), 0u);
+  EXPECT_GT(mtp->weights().OpBytes("block_3.moe.expert_0", 0), 0u);
+  for (const auto& prompt : Prompts()) {
+    auto ps = plain->NewSession(0);
+    auto ms = mtp->NewSession(0);
+    ASSERT_TRUE(ps.ok() && ms.ok());
+    const Outcome want = Generate(*plain, **ps, prompt, 32, 0);
+    const Outcome got = Generate(*mtp, **ms, prompt, 32, 3);
+    EXPECT_EQ(got.tokens, want.tokens);
+    EXPECT_GT(got.stats.n_draft_passes, 0);
+  }
+  EXPECT_LE(ledger.peak(), kBudget);
+  // Two MoE layers of 8 experts and the next-n layer's 8, through 4 slots.
+  const ResidencyStats rs = mtp->runtime()->stats();
+  EXPECT_EQ(rs.n_ops_expert, 24);
+  EXPECT_EQ(rs.expert_slots, 4);
+  EXPECT_GT(rs.expert_misses, 100u);
 }
 
 TEST_F(NextnDraftTest, AModelWithoutANextnLayerIsRefused) {
