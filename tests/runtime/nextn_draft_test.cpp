@@ -20,6 +20,7 @@
 #include "format/convert.h"
 #include "format/gguf_writer.h"
 #include "format/model_file.h"
+#include "model/model_test_util.h"
 #include "runtime/engine.h"
 #include "store/store_fixture.h"
 
@@ -144,6 +145,7 @@ class NextnDraftTest : public ::testing::Test {
   static std::unique_ptr<Engine> Open(const std::string& path, bool mtp, uint64_t max_ram = 0,
                                       MemoryLedger* ledger = nullptr, int expert_slots = 0) {
     EngineOptions o;
+    o.device = testing::TestDevice();  // SUBSTRATE_TEST_DEVICE=cuda: the GPU
     o.ledger = ledger;
     o.residency.expert_slots = expert_slots;
     o.n_ctx = 160;
@@ -272,6 +274,7 @@ TEST_F(NextnDraftTest, APassThroughLayerGivesTheMainModelsLogits) {
 }
 
 TEST_F(NextnDraftTest, CacheAfterGenerationEqualsAFreshPrefill) {
+  if (testing::TestDevice() != "cpu") GTEST_SKIP() << "reads the KV cache's host bytes";
   auto mtp = Open(*mtp_, true);
   ASSERT_TRUE(mtp);
   auto s = mtp->NewSession(0);
