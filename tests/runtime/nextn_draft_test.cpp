@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "format/convert.h"
@@ -22,6 +23,7 @@
 #include "format/model_file.h"
 #include "model/model_test_util.h"
 #include "runtime/engine.h"
+#include "runtime/pass_batcher.h"
 #include "store/store_fixture.h"
 
 namespace substrate {
@@ -163,10 +165,11 @@ class NextnDraftTest : public ::testing::Test {
     GenerateStats stats;
   };
   static Outcome Generate(Engine& e, Session& s, const std::vector<int32_t>& prompt, int n,
-                          int draft_max) {
+                          int draft_max, PassRunner* passes = nullptr) {
     GenerateOptions g;
     g.max_tokens = n;
     g.draft_max = draft_max;
+    g.passes = passes;
     Outcome out;
     auto st = e.Generate(s, prompt, g, [&](int32_t tok, const std::string&) {
       if (tok >= 0) out.tokens.push_back(tok);
@@ -301,6 +304,41 @@ TEST_F(NextnDraftTest, CacheAfterGenerationEqualsAFreshPrefill) {
   for (size_t i = 0; i < n; ++i)
     worst = std::max(worst, std::fabs(double{a[i]} - b[i]) / (1e-3 + std::fabs(double{b[i]})));
   EXPECT_LT(worst, 1e-3);
+}
+
+// The server's way: sessions on their own threads through one batcher, each drafting from its
+// own next-n cache in exclusive passes while the verify passes share steps (each sequence's
+// hidden rows come back from the multi-sequence pass).
+TEST_F(NextnDraftTest, ConcurrentSessionsThroughABatcher) {
+  auto plain = Open(*mtp_, false);
+  auto mtp = Open(*mtp_, true);
+  ASSERT_TRUE(plain && mtp);
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& prompt : Prompts()) {
+    auto s = plain->NewSession(0);
+    ASSERT_TRUE(s.ok());
+    want.push_back(Generate(*plain, **s, prompt, 36, 0).tokens);
+  }
+  PassBatcherOptions bo;
+  bo.batch_invariant = true;
+  bo.gather_wait = std::chrono::milliseconds(50);  // a loaded test machine is slow to wake threads
+  PassBatcher batcher(mtp.get(), bo);
+  std::vector<Outcome> got(Prompts().size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < Prompts().size(); ++i)
+    threads.emplace_back([&, i] {
+      auto s = mtp->NewSession(0);
+      ASSERT_TRUE(s.ok());
+      got[i] = Generate(*mtp, **s, Prompts()[i], 36, 2, &batcher);
+    });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < Prompts().size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i]) << "prompt " << i;
+    EXPECT_GT(got[i].stats.n_drafted, 0);
+  }
+  const PassBatcherStats bs = batcher.stats();
+  EXPECT_GT(bs.exclusive, 0u);
+  EXPECT_GE(bs.max_sequences, 2u);
 }
 
 TEST_F(NextnDraftTest, TheLayerIsLoadedAndPlannedOnlyForDrafting) {
