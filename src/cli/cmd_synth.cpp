@@ -35,6 +35,9 @@ struct Preset {
   double rope_theta, rms_eps;
   int64_t n_ctx;
   bool qkv_bias, qk_norm;
+  // Next-n (multi-token prediction) layers after the main ones (--nextn): each a main layer's
+  // shapes plus nextn.{eh_proj,enorm,hnorm,shared_head_norm}, as DeepSeek-V3's GGUFs carry.
+  int64_t n_nextn = 0;
 };
 
 // Shapes from each model's config.json.
@@ -80,8 +83,14 @@ std::vector<SynthTensor> BuildTensors(const Preset& p) {
   };
   const uint64_t e = u(p.n_embd), q = u(p.n_head * p.head_dim), kv = u(p.n_head_kv * p.head_dim);
   add("token_embd.weight", {e, u(p.n_vocab)}, SynthTensor::kWeight);
-  for (int64_t l = 0; l < p.n_layer; ++l) {
+  for (int64_t l = 0; l < p.n_layer + p.n_nextn; ++l) {
     std::string b = "blk." + std::to_string(l) + ".";
+    if (l >= p.n_layer) {
+      add(b + "nextn.eh_proj.weight", {2 * e, e}, SynthTensor::kWeight);
+      add(b + "nextn.enorm.weight", {e}, SynthTensor::kOnes);
+      add(b + "nextn.hnorm.weight", {e}, SynthTensor::kOnes);
+      add(b + "nextn.shared_head_norm.weight", {e}, SynthTensor::kOnes);
+    }
     add(b + "attn_norm.weight", {e}, SynthTensor::kOnes);
     add(b + "attn_q.weight", {e, q}, SynthTensor::kWeight);
     add(b + "attn_k.weight", {e, kv}, SynthTensor::kWeight);
@@ -165,7 +174,8 @@ void AddHparams(Metadata& md, const Preset& p, uint32_t file_type) {
   u32("general.quantization_version", 2);
   u32(a + ".context_length", p.n_ctx);
   u32(a + ".embedding_length", p.n_embd);
-  u32(a + ".block_count", p.n_layer);
+  u32(a + ".block_count", p.n_layer + p.n_nextn);
+  if (p.n_nextn > 0) u32(a + ".nextn_predict_layers", p.n_nextn);
   u32(a + ".feed_forward_length", p.n_ff);
   u32(a + ".attention.head_count", p.n_head);
   u32(a + ".attention.head_count_kv", p.n_head_kv);
@@ -261,7 +271,7 @@ Status Synth(const Preset& preset, const FileType& ftype, const std::string& out
   std::vector<SynthTensor> tensors = BuildTensors(preset);
   std::vector<MixTensor> mix;
   for (const auto& t : tensors) mix.push_back({t.name, t.ne, t.type});
-  MixModelInfo info{preset.arch, static_cast<int>(preset.n_layer),
+  MixModelInfo info{preset.arch, static_cast<int>(preset.n_layer + preset.n_nextn),
                     static_cast<int>(preset.n_head), static_cast<int>(preset.n_head_kv),
                     static_cast<int>(preset.n_expert)};
   ASSIGN_OR_RETURN(auto choices, ChooseTensorTypes(info, mix, ftype));
@@ -324,12 +334,15 @@ int RunSynth(const std::vector<std::string>& args) {
   std::string names;
   for (const auto& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
   const std::string usage =
-      "usage: substrate synth --preset NAME --type TYPE -o FILE.gguf [--layers N] [--seed S]\n"
-      "                       [-t THREADS]\n"
+      "usage: substrate synth --preset NAME --type TYPE -o FILE.gguf [--layers N] [--nextn N]\n"
+      "                       [--seed S] [-t THREADS]\n"
       "Writes a GGUF with a real model's tensor shapes and metadata and random weights.\n"
+      "--nextn N adds N next-n (multi-token prediction) layers after the main ones, as\n"
+      "DeepSeek-V3's GGUFs carry (for --draft-mtp).\n"
       "presets: " +
       names + "\nTYPE: a tensor type (Q8_0, Q4_0, F16...) or a mix (Q4_K_M, Q3_K_S...)\n";
-  Flags f(args, {{"--preset", "--type", "-o", "--out", "--layers", "--seed", "-t", "--threads"}});
+  Flags f(args, {{"--preset", "--type", "-o", "--out", "--layers", "--nextn", "--seed", "-t",
+                  "--threads"}});
   if (!f.status().ok()) return UsageError("synth", f.status(), usage);
   if (f.help()) return std::fputs(usage.c_str(), stdout), 0;
   std::string preset_name = f.Get({"--preset"}), type_name = f.Get({"--type"}, "Q4_K_M");
@@ -345,15 +358,19 @@ int RunSynth(const std::vector<std::string>& args) {
   if (out.empty()) return PrintError("synth", InvalidArgument("-o FILE.gguf is required"));
   auto layers = f.GetInt({"--layers"}, preset->n_layer);
   auto seed = f.GetInt({"--seed"}, 1);
-  for (auto* e : {&layers, &seed})
+  auto nextn = f.GetInt({"--nextn"}, 0);
+  for (auto* e : {&layers, &seed, &nextn})
     if (!e->ok()) return PrintError("synth", e->status());
   auto threads = ThreadsFlag(f);
   if (!threads.ok()) return PrintError("synth", threads.status());
   if (*layers < 1 || *layers > preset->n_layer)
     return PrintError("synth", InvalidArgument("--layers must be in 1.." +
                                                std::to_string(preset->n_layer)));
+  if (*nextn < 0 || *nextn > 4)
+    return PrintError("synth", InvalidArgument("--nextn must be in 0..4"));
   Preset p = *preset;
   p.n_layer = *layers;
+  p.n_nextn = *nextn;
   ThreadPool local(*threads > 0 ? static_cast<int>(*threads) : 1);
   ThreadPool& pool = *threads > 0 ? local : ThreadPool::Default();
   Status st = Synth(p, *ftype, out, static_cast<uint64_t>(*seed), pool);

@@ -74,6 +74,29 @@ TEST(Synth, WritesLoadableModelWithPresetShapesAndMixTypes) {
   std::remove(out.c_str());
 }
 
+TEST(Synth, NextnLayersFollowTheMainOnes) {
+  std::string out = ::testing::TempDir() + "synth_nextn_" + std::to_string(getpid()) + ".gguf";
+  std::string cmd = std::string(SUBSTRATE_BINARY) +
+                    " synth --preset test-tiny-moe --type Q8_0 --nextn 1 -t 2 -o " + out +
+                    " 2>/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto file = ModelFile::Open(out);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  const ModelFile& f = **file;
+  EXPECT_EQ(f.metadata().GetInt("qwen2moe.block_count", 0), 3);
+  EXPECT_EQ(f.metadata().GetInt("qwen2moe.nextn_predict_layers", 0), 1);
+  // The main layers' and the next-n layer's block tensors, and its four own.
+  EXPECT_EQ(f.tensors().size(), 1u + 3 * 17 + 4 + 2);
+  const TensorInfo* eh = f.Find("blk.2.nextn.eh_proj.weight");
+  ASSERT_NE(eh, nullptr);
+  EXPECT_EQ(eh->ne, (std::vector<uint64_t>{512, 256}));
+  EXPECT_NE(f.Find("blk.2.ffn_gate_exps.weight"), nullptr);
+  std::remove(out.c_str());
+  std::string bin = SUBSTRATE_BINARY;
+  EXPECT_NE(std::system((bin + " synth --preset test-tiny-moe --type Q8_0 --nextn 9 -o " + out +
+                         " 2>/dev/null").c_str()), 0);
+}
+
 TEST(Synth, RejectsUnknownPresetAndType) {
   std::string bin = SUBSTRATE_BINARY;
   EXPECT_NE(std::system((bin + " synth --preset nope --type Q4_0 -o /dev/null 2>/dev/null").c_str()), 0);

@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -381,6 +383,36 @@ TEST_F(NextnDraftTest, ReadInPlaceUnderABudget) {
   EXPECT_EQ(rs.n_ops_expert, 24);
   EXPECT_EQ(rs.expert_slots, 4);
   EXPECT_GT(rs.expert_misses, 100u);
+}
+
+// Another architecture's layers as the next-n block (`synth --nextn 1` on a qwen2moe layout, with
+// a vocabulary): text in, the same text out with drafting.
+TEST_F(NextnDraftTest, SynthFileWithANextnLayer) {
+  const std::string path = testing::StoreTestPath("nextn_synth.gguf");
+  const std::string cmd = std::string(SUBSTRATE_BINARY) +
+                          " synth --preset test-tiny-moe --type Q8_0 --nextn 1 -t 2 -o " + path +
+                          " 2>/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  EngineOptions o;
+  o.n_ctx = 128;
+  o.device = testing::TestDevice();
+  auto plain = Engine::Load(path, o);
+  o.draft_mtp = true;
+  auto mtp = Engine::Load(path, o);
+  ASSERT_TRUE(plain.ok() && mtp.ok());
+  EXPECT_EQ((*mtp)->model().hparams().n_layer, 2);
+  EXPECT_EQ((*mtp)->model().hparams().n_nextn, 1);
+  auto ids = (*plain)->tokenizer()->Encode("the quick brown fox");
+  ASSERT_TRUE(ids.ok());
+  const std::vector<int32_t> prompt(ids->begin(), ids->end());
+  auto ps = (*plain)->NewSession(0);
+  auto ms = (*mtp)->NewSession(0);
+  ASSERT_TRUE(ps.ok() && ms.ok());
+  const Outcome want = Generate(**plain, **ps, prompt, 40, 0);
+  const Outcome got = Generate(**mtp, **ms, prompt, 40, 3);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_GT(got.stats.n_drafted, 0);
+  std::remove(path.c_str());
 }
 
 TEST_F(NextnDraftTest, AModelWithoutANextnLayerIsRefused) {
