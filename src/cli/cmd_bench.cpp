@@ -22,6 +22,7 @@
 #include "kernels/matmul.h"
 #include "kernels/membw.h"
 #include "kernels/profile.h"
+#include "model/hparams.h"
 #include "runtime/engine.h"
 #include "runtime/read_probe.h"
 #include "tokenizer/tokenizer.h"
@@ -45,19 +46,22 @@ struct TensorBytes {
 };
 
 // Bytes one generated token reads: every weight matrix once, except the token embedding (one
-// row) and, in MoE layers, only the routed experts' share of the expert tensors. One rule for a
-// model file and a store.
+// row), in MoE layers only the routed experts' share of the expert tensors, and no next-n layer
+// (a drafter's, not the token's). One rule for a model file and a store.
 Weights CountWeights(const Metadata& md, const std::vector<TensorBytes>& tensors) {
   std::string arch = md.GetString("general.architecture", "");
   double n_expert = static_cast<double>(md.GetInt(arch + ".expert_count", 0));
   double n_used = static_cast<double>(md.GetInt(arch + ".expert_used_count", 0));
+  const int nextn = FirstNextnLayer(md);
   Weights w;
   for (const TensorBytes& t : tensors) {
     uint64_t n_el = 1;
     for (uint64_t d : *t.ne) n_el *= d;
     w.total_bytes += t.bytes;
     w.n_params += n_el;
-    if (*t.name == "token_embd.weight") {
+    if (IsNextnTensor(*t.name, nextn)) {
+      continue;
+    } else if (*t.name == "token_embd.weight") {
       w.per_token_bytes += t.ne->size() > 1 ? t.bytes / (*t.ne)[1] : t.bytes;
     } else if (t.name->find("_exps.") != std::string::npos && n_expert > 0) {
       w.per_token_bytes += static_cast<uint64_t>(static_cast<double>(t.bytes) * n_used / n_expert);
