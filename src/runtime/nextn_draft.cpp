@@ -21,9 +21,8 @@ int64_t NextnDrafter::KeepValid(KvCache& nextn, const std::vector<int32_t>& hist
   return static_cast<int64_t>(m);
 }
 
-Status NextnDrafter::Run(KvCache& nextn, const KvCache& target,
-                         const std::vector<int32_t>& history, int64_t upto,
-                         std::vector<float>* logits, GenerateStats* st) {
+Status NextnDrafter::Run(KvCache& nextn, const KvCache& target, const std::vector<int32_t>& history,
+                         int64_t upto, std::vector<float>* logits, GenerateStats* st) {
   while (nextn.n_past() < upto) {
     const int64_t p = nextn.n_past();
     const int64_t n = std::min(upto - p, Model::kMaxBatch);

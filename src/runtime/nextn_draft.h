@@ -38,8 +38,8 @@ class NextnDrafter {
   // Computes entries up to position `upto` (exclusive) from `target`'s hidden rows and the
   // history, and lets the target forget the rows used. Does nothing when the rows are not there
   // (a session restored from disk: the next prefill recomputes them, Engine::Prefill).
-  Status CatchUp(KvCache& nextn, KvCache& target, const std::vector<int32_t>& history,
-                 int64_t upto, PassRunner& passes, GenerateStats* st);
+  Status CatchUp(KvCache& nextn, KvCache& target, const std::vector<int32_t>& history, int64_t upto,
+                 PassRunner& passes, GenerateStats* st);
 
   // Up to `k` tokens greedily continuing `history` (its last token not yet in `target`). Empty
   // when the target's hidden rows for the catch-up are gone.

@@ -34,7 +34,8 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::string& Checkpoint() {
-  static const std::string p = std::string(SUBSTRATE_SHARED_DIR) + "/models/tiny-random-deepseek-v3";
+  static const std::string p =
+      std::string(SUBSTRATE_SHARED_DIR) + "/models/tiny-random-deepseek-v3";
   return p;
 }
 
