@@ -195,9 +195,8 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
   }
   if (opt.draft_mtp && !opt.draft_model.empty())
     return InvalidArgument("give either --draft-model or --draft-mtp: one drafter at a time");
-  if (opt.draft_mtp && (!opt.store.empty() || opt.max_vram))
-    return InvalidArgument("--draft-mtp reads the next-n layer from the model's GGUF (resident, "
-                           "or in place under --max-ram): not with --store or --max-vram yet");
+  if (opt.draft_mtp && opt.max_vram)
+    return InvalidArgument("--draft-mtp with --max-vram: not supported yet");
   if (opt.draft_mtp) {
     // Per session the next-n layer's KV cache and the hidden rows of one prompt batch.
     ModelHParams one = *hp;

@@ -65,7 +65,7 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   if (budget == 0) return InvalidArgument("a byte budget is needed (--max-ram, or a ledger cap)");
   budget_ = budget;
   ASSIGN_OR_RETURN(hp_, ModelHParams::FromMetadata(index_->meta().metadata()));
-  hp_.list_nextn = options.with_nextn;
+  hp_.list_nextn = true;  // a store may hold them: seen here, used only with_nextn
   if (options.serve_tier < -1 || options.serve_tier >= index_->n_tiers())
     return InvalidArgument("tier " + std::to_string(options.serve_tier) +
                            " asked for, but the store's ladder has " + index_->LadderText());
@@ -89,6 +89,10 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     if (o < 0) continue;  // every tensor it names lives in an earlier op
     st_[o].layer = spec.layer;
     st_[o].kind = static_cast<int>(spec.kind);
+    if (spec.layer >= hp_.n_layer && !options.with_nextn) {
+      st_[o].where = Where::kUnused;
+      continue;
+    }
     if (spec.layer >= hp_.n_layer && spec.kind != OpKind::kMoeExpert) {
       nextn_resident += OpBytes(o);
       continue;
@@ -134,12 +138,13 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
       ++stats_.n_ops_resident;
     } else if (s.where == Where::kStreamed) {
       ++stats_.n_ops_streamed;
-    } else {
+    } else if (s.where == Where::kExpert) {
       ++stats_.n_ops_expert;
     }
-    if (s.where != Where::kExpert)
+    if (s.where == Where::kResident || s.where == Where::kStreamed) {
       slab_bytes_ = std::max(slab_bytes_, StreamedBytes(static_cast<int>(o)));
-    if (s.where != Where::kExpert) evict_lists_[s.evict_at].push_back(static_cast<int>(o));
+      evict_lists_[s.evict_at].push_back(static_cast<int>(o));
+    }
   }
   int n_slabs = slab_bytes_ > 0 ? DefaultSlabs() : 0;
   if (n_slabs > 0 && !options.plan_path.empty()) {
@@ -776,7 +781,7 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
   uint64_t offset_el = 0;
   ASSIGN_OR_RETURN(const StoreUnit* u, index_->FindUnit(id, slice, &offset_el));
   const int o = u->op;
-  if (o < 0)
+  if (o < 0 || st_[o].where == Where::kUnused)
     return NotFound("runtime: tensor '" + index_->tensors()[id].info.name +
                     "' is in no op of the plan (a next-n layer's, planned only with --draft-mtp)");
   OpState& s = st_[o];

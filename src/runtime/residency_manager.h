@@ -82,9 +82,10 @@ struct ResidencyOptions {
   // Plans only: chooses the resident set, slabs and expert slots (stats()) and stops before
   // allocating or reading anything, for `substrate fit`. Such a manager serves no weights.
   bool dry_run = false;
-  // A next-n (MTP) layer for drafting (OpenGguf): its experts go through the expert cache like
-  // any layer's; its other ops (run once per draft, between the tokens' passes) stay resident,
-  // charged before the resident set is chosen.
+  // A next-n (MTP) layer for drafting: its experts go through the expert cache like any layer's;
+  // its other ops (run once per draft, between the tokens' passes) stay resident, charged before
+  // the resident set is chosen. Without it a store's next-n ops are never loaded, and a GGUF
+  // read in place gives them no op.
   bool with_nextn = false;
   // The host backend that computes with the weights: once read, each resident op's tier-0
   // matrices go to its AdoptResidentWeight (the CPU backend interleaves them in place for its
@@ -203,7 +204,8 @@ class ResidencyManager : public WeightSource, private ReadFinisher {
   int DropWrongGuesses(int layer, const int32_t* experts, int n);
   // Whether `layer` is a layer and some of its experts live on disk (the cache lacks room for all).
   bool StreamsExpertsOf(int layer) const;
-  enum class Where { kResident, kStreamed, kExpert };
+  // kUnused: a next-n layer's op a store holds, when not drafting from it (never loaded).
+  enum class Where { kResident, kStreamed, kExpert, kUnused };
   struct OpState {
     Where where = Where::kResident;
     int kind = -1;  // its OpKind, -1 for an op the model's op list does not name (a store's misc)

@@ -51,6 +51,7 @@ ResidencyManager::ReadPrediction ResidencyManager::PredictReads() const {
   std::set<int> moe_layers;
   for (size_t i = 0; i < st_.size(); ++i) {
     const OpState& s = st_[i];
+    if (s.where == Where::kUnused) continue;
     if (s.where == Where::kExpert) {
       expert_bytes += OpBytes(static_cast<int>(i));
       ++n_expert;
@@ -81,6 +82,7 @@ std::string ResidencyManager::PlanText() const {
   for (size_t i = 0; i < st_.size(); ++i) {
     const int o = static_cast<int>(i);
     const OpState& s = st_[i];
+    if (s.where == Where::kUnused) continue;
     if (s.where == Where::kExpert) {
       expert_bytes += OpBytes(o);
       ++n_expert;

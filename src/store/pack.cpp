@@ -244,6 +244,9 @@ Expected<PackStats> PackStore(const ModelFile& model, const std::string& out_dir
   if (!options.plan && options.residuals.size() > 2)
     return InvalidArgument("pack: at most 2 residual tiers");
   ASSIGN_OR_RETURN(ModelHParams hp, ModelHParams::FromMetadata(model.metadata()));
+  // A next-n layer gets ops of its own (not "misc", which the runtime keeps resident): used only
+  // by --draft-mtp.
+  hp.list_nextn = true;
   auto has = [&](const std::string& n) { return model.Find(n) != nullptr; };
   std::vector<OpSpec> ops = ListOps(hp, has);
 

@@ -257,6 +257,7 @@ Status StoreIndex::CheckMatchesModel() const {
   const std::string what = "store '" + dir_ + "': manifest.json and model.gguf do not match: ";
   auto hp = ModelHParams::FromMetadata(meta_->metadata());
   if (!hp.ok()) return hp.status().WithContext("store '" + dir_ + "': model.gguf");
+  hp->list_nextn = true;
   const std::string model =
       hp->arch + " with " + std::to_string(hp->n_layer) + " layers" +
       (hp->n_expert > 0 ? " and " + std::to_string(hp->n_expert) + " experts" : "");

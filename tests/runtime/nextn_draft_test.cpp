@@ -387,7 +387,8 @@ TEST_F(NextnDraftTest, ReadInPlaceUnderABudget) {
 }
 
 // Another architecture's layers as the next-n block (`synth --nextn 1` on a qwen2moe layout, with
-// a vocabulary): text in, the same text out with drafting.
+// a vocabulary): text in, the same text out with drafting, from the GGUF and from a packed store
+// (which holds the layer as ops of its own, loaded only for drafting).
 TEST_F(NextnDraftTest, SynthFileWithANextnLayer) {
   const std::string path = testing::StoreTestPath("nextn_synth.gguf");
   const std::string cmd = std::string(SUBSTRATE_BINARY) +
@@ -413,6 +414,33 @@ TEST_F(NextnDraftTest, SynthFileWithANextnLayer) {
   const Outcome got = Generate(**mtp, **ms, prompt, 40, 3);
   EXPECT_EQ(got.tokens, want.tokens);
   EXPECT_GT(got.stats.n_drafted, 0);
+
+  const std::string store = testing::StoreTestPath("nextn_store");
+  const std::string pack =
+      std::string(SUBSTRATE_BINARY) + " pack -m " + path + " -o " + store + " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(pack.c_str()), 0) << pack;
+  EngineOptions so;
+  so.n_ctx = 128;
+  so.store = store;
+  so.max_ram = 64ull << 20;
+  MemoryLedger plain_ledger, mtp_ledger;
+  so.ledger = &plain_ledger;
+  auto splain = Engine::Load("", so);
+  so.ledger = &mtp_ledger;
+  so.draft_mtp = true;
+  auto smtp = Engine::Load("", so);
+  ASSERT_TRUE(splain.ok() && smtp.ok()) << splain.status().ToString() << smtp.status().ToString();
+  auto s1 = (*splain)->NewSession(0);
+  auto s2 = (*smtp)->NewSession(0);
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  const Outcome store_want = Generate(**splain, **s1, prompt, 40, 0);
+  const Outcome store_got = Generate(**smtp, **s2, prompt, 40, 3);
+  EXPECT_EQ(store_got.tokens, store_want.tokens);
+  EXPECT_GT(store_got.stats.n_drafted, 0);
+  // Without drafting the next-n ops are never loaded: less resident weight.
+  EXPECT_LT(plain_ledger.Accounts()["weights"].peak, mtp_ledger.Accounts()["weights"].peak);
+  std::error_code ec;
+  fs::remove_all(store, ec);
   std::remove(path.c_str());
 }
 
