@@ -338,7 +338,7 @@ int RunSynth(const std::vector<std::string>& args) {
       "                       [--seed S] [-t THREADS]\n"
       "Writes a GGUF with a real model's tensor shapes and metadata and random weights.\n"
       "--nextn N adds N next-n (multi-token prediction) layers after the main ones, as\n"
-      "DeepSeek-V3's GGUFs carry (for --draft-mtp).\n"
+      "DeepSeek-V3's GGUFs carry (what run, chat, serve and bench draft from).\n"
       "presets: " +
       names + "\nTYPE: a tensor type (Q8_0, Q4_0, F16...) or a mix (Q4_K_M, Q3_K_S...)\n";
   Flags f(args, {{"--preset", "--type", "-o", "--out", "--layers", "--nextn", "--seed", "-t",
