@@ -59,7 +59,8 @@ Expected<std::unique_ptr<StoreIndex>> StoreIndex::OpenGguf(const std::string& pa
   for (const std::string& t : types) names += (names.empty() ? "" : "/") + t;
   ix->tier_names_ = {"GGUF " + names};
 
-  // Each unit goes to the first op that acquires it; units no op names go to "misc".
+  // Each unit goes to the first op that acquires it; units no op names go to "misc", but a
+  // next-n layer's, which without options.with_nextn are in no op (never planned or read).
   auto hp = ModelHParams::FromMetadata(m.metadata());
   if (!hp.ok()) return hp.status().WithContext(path);
   hp->list_nextn = options.with_nextn;
