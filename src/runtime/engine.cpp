@@ -195,6 +195,8 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
   }
   if (opt.draft_mtp && !opt.draft_model.empty())
     return InvalidArgument("give either --draft-model or --draft-mtp: one drafter at a time");
+  // Under --max-vram one-token products may be split with the host CPU (the hybrid), so a
+  // verify pass's rows are not computed as plain decoding's are: greedy output would not be exact.
   if (opt.draft_mtp && opt.max_vram)
     return InvalidArgument("--draft-mtp with --max-vram: not supported yet");
   if (opt.draft_mtp) {
