@@ -64,6 +64,9 @@ float* KvCache::HiddenRows(int64_t pos0, int64_t n, int64_t cols) {
     hidden_pos0_ = pos0;
     hidden_cols_ = cols;
   }
+  // Rows nobody took (deferred verification's passes, say) go before they pile up.
+  if (pos0 + n - hidden_pos0_ > max_hidden_rows_)
+    DropHiddenBefore(std::min(pos0, pos0 + n - max_hidden_rows_));
   hidden_.resize(static_cast<size_t>((pos0 + n - hidden_pos0_) * cols));
   return hidden_.data() + (pos0 - hidden_pos0_) * cols;
 }

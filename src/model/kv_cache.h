@@ -59,8 +59,12 @@ class KvCache {
   // The main stack's last hidden state (before the output norm) of each position a pass
   // evaluates, kept on the host for a next-n drafter (Model::ForwardNextn) when keep_hidden is
   // set: rows of positions [hidden_begin(), hidden_end()), `cols` floats each. A pass at pos0
-  // keeps the rows before it when they touch it, else starts over at pos0.
-  void set_keep_hidden(bool on) { keep_hidden_ = on; }
+  // keeps the rows before it when they touch it, else starts over at pos0; at most `max_rows`
+  // are kept (the oldest go first; a pass's own rows always stay).
+  void set_keep_hidden(bool on, int64_t max_rows) {
+    keep_hidden_ = on;
+    max_hidden_rows_ = max_rows;
+  }
   bool keeps_hidden() const { return keep_hidden_; }
   // Room for rows [pos0, pos0 + n) (called by Model::Forward).
   float* HiddenRows(int64_t pos0, int64_t n, int64_t cols);
@@ -85,7 +89,7 @@ class KvCache {
   Buffer k_, v_;
   std::vector<int32_t> tokens_;
   bool keep_hidden_ = false;
-  int64_t hidden_pos0_ = 0, hidden_cols_ = 0;
+  int64_t hidden_pos0_ = 0, hidden_cols_ = 0, max_hidden_rows_ = 0;
   std::vector<float> hidden_;
 };
 

@@ -36,6 +36,10 @@ const TensorInfo* OutputMatrix(const ModelFile& f) {
 // The staging buffer a GPU under --max-vram uploads the weights it does not hold into: two of
 // the largest per-layer matrices (or expert slices), so that a layer's gate and up products
 // travel in one copy each. Larger batches are split (CudaBackend::MatMulBatch).
+// Hidden rows a session keeps for its next-n drafter: a prompt batch and the passes since the
+// last draft use far fewer.
+constexpr int64_t kNextnHiddenRows = 2 * Model::kMaxBatch;
+
 uint64_t VramStaging(const ModelFile& f) {
   const TensorInfo* out = OutputMatrix(f);
   uint64_t largest = 0;
@@ -200,12 +204,12 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
   if (opt.draft_mtp && opt.max_vram)
     return InvalidArgument("--draft-mtp with --max-vram: not supported yet");
   if (opt.draft_mtp) {
-    // Per session the next-n layer's KV cache and the hidden rows of one prompt batch.
+    // Per session the next-n layer's KV cache and the hidden rows kept for it.
     ModelHParams one = *hp;
     one.n_layer = 1;
     reserve += static_cast<uint64_t>(std::max(opt.n_sessions, 1)) *
                (KvCache::Bytes(one, ctx, opt.kv_type) +
-                static_cast<uint64_t>(Model::kMaxBatch * hp->n_embd) * sizeof(float));
+                static_cast<uint64_t>(kNextnHiddenRows * hp->n_embd) * sizeof(float));
   }
   // A draft model is charged first, resident; the target plans with what it leaves.
   if (!opt.draft_model.empty()) {
@@ -436,7 +440,7 @@ Expected<std::unique_ptr<Session>> Engine::NewSession(int64_t n_ctx) {
   }
   if (nextn_) {
     ASSIGN_OR_RETURN(s->nextn_cache, nextn_->NewCache(n_ctx, kv_type_));
-    s->cache.set_keep_hidden(true);
+    s->cache.set_keep_hidden(true, kNextnHiddenRows);
   }
   return s;
 }

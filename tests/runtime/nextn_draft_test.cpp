@@ -444,6 +444,28 @@ TEST_F(NextnDraftTest, SynthFileWithANextnLayer) {
   std::remove(path.c_str());
 }
 
+// The hidden rows a cache keeps are bounded: the oldest go, a pass's own rows stay.
+TEST_F(NextnDraftTest, HiddenRowsAreBounded) {
+  auto e = Open(*mtp_, true);
+  ASSERT_TRUE(e);
+  auto s = e->NewSession(0);
+  ASSERT_TRUE(s.ok());
+  KvCache& c = (*s)->cache;
+  c.set_keep_hidden(true, 4);
+  c.HiddenRows(0, 3, 2)[5] = 1.0f;
+  c.HiddenRows(3, 3, 2)[0] = 2.0f;
+  EXPECT_EQ(c.hidden_begin(), 2);
+  EXPECT_EQ(c.hidden_end(), 6);
+  EXPECT_EQ(c.HiddenRow(2)[1], 1.0f);
+  EXPECT_EQ(c.HiddenRow(3)[0], 2.0f);
+  c.HiddenRows(6, 10, 2);  // longer than the bound: all its rows stay
+  EXPECT_EQ(c.hidden_begin(), 6);
+  EXPECT_EQ(c.hidden_end(), 16);
+  c.HiddenRows(9, 1, 2);  // a verify pass after a rejection rewrites from its position
+  EXPECT_EQ(c.hidden_begin(), 6);
+  EXPECT_EQ(c.hidden_end(), 10);
+}
+
 TEST_F(NextnDraftTest, AModelWithoutANextnLayerIsRefused) {
   EngineOptions o;
   o.require_tokenizer = false;
