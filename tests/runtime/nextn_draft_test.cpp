@@ -11,6 +11,7 @@
 // without one is refused naming the missing key.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -328,9 +329,15 @@ TEST_F(NextnDraftTest, ConcurrentSessionsThroughABatcher) {
   PassBatcher batcher(mtp.get(), bo);
   std::vector<Outcome> got(Prompts().size());
   std::vector<std::thread> threads;
+  // The sessions start together, so that a loaded machine's thread start-up does not run them
+  // one after the other.
+  std::atomic<int> ready{0};
+  const int n = static_cast<int>(Prompts().size());
   for (size_t i = 0; i < Prompts().size(); ++i)
     threads.emplace_back([&, i] {
       auto s = mtp->NewSession(0);
+      ++ready;
+      while (ready.load() < n) std::this_thread::yield();
       ASSERT_TRUE(s.ok());
       got[i] = Generate(*mtp, **s, Prompts()[i], 36, 2, &batcher);
     });
