@@ -14,6 +14,12 @@ Status Check(bool ok, const std::string& what) {
 
 }  // namespace
 
+ModelHParams NextnCacheHParams(const ModelHParams& hp) {
+  ModelHParams one = hp;
+  one.n_layer = 1;
+  return one;
+}
+
 bool IsNextnTensor(const std::string& name, int first_nextn_layer) {
   if (first_nextn_layer < 0 || name.compare(0, 4, "blk.") != 0) return false;
   int layer = 0;

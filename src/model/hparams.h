@@ -66,6 +66,9 @@ struct ModelHParams {
   static Expected<ModelHParams> FromMetadata(const Metadata& md);
 };
 
+// The hyperparameters a next-n layer's own KV cache is made with (KvCache::Create, Bytes): its
+// one layer.
+ModelHParams NextnCacheHParams(const ModelHParams& hp);
 // Whether `name` is a tensor of a next-n layer (blk.L.* with L >= first_nextn_layer).
 bool IsNextnTensor(const std::string& name, int first_nextn_layer);
 // The first next-n layer of the model `md` describes (block_count less nextn_predict_layers), or

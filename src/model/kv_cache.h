@@ -70,6 +70,10 @@ class KvCache {
   float* HiddenRows(int64_t pos0, int64_t n, int64_t cols);
   int64_t hidden_begin() const { return hidden_pos0_; }
   int64_t hidden_end() const;
+  // Whether the rows of positions [begin, end) are all kept.
+  bool HoldsHidden(int64_t begin, int64_t end) const {
+    return hidden_begin() <= begin && hidden_end() >= end;
+  }
   // Row of position pos (hidden_begin() <= pos < hidden_end()).
   const float* HiddenRow(int64_t pos) const {
     return hidden_.data() + (pos - hidden_pos0_) * hidden_cols_;

@@ -105,12 +105,6 @@ Status Model::EnableNextn() {
   return st.WithContext("the next-n layer blk." + std::to_string(hp_.n_layer));
 }
 
-ModelHParams Model::NextnCacheHParams() const {
-  ModelHParams hp = hp_;
-  hp.n_layer = 1;
-  return hp;
-}
-
 Status Model::ForwardNextn(const int32_t* next_tokens, const float* hidden, int64_t n,
                            KvCache& cache, std::vector<float>* logits,
                            std::vector<float>* hidden_out) {

@@ -95,8 +95,6 @@ class Model {
   // ops()'s others. Call before the first pass; the weight source must hold its tensors.
   Status EnableNextn();
   bool nextn_enabled() const { return nextn_.nextn_op >= 0; }
-  // The hyperparameters a next-n cache is created with (KvCache::Create): its layer only.
-  ModelHParams NextnCacheHParams() const;
   // One next-n pass over n positions p = cache.n_past() ..: row i takes the main stack's last
   // hidden state of position p + i (hidden[i], n_embd floats, as KvCache::HiddenRow keeps it)
   // and the token that followed it (next_tokens[i]), appends the layer's keys and values to

@@ -205,10 +205,8 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
     return InvalidArgument("--draft-mtp with --max-vram: not supported yet");
   if (opt.draft_mtp) {
     // Per session the next-n layer's KV cache and the hidden rows kept for it.
-    ModelHParams one = *hp;
-    one.n_layer = 1;
     reserve += static_cast<uint64_t>(std::max(opt.n_sessions, 1)) *
-               (KvCache::Bytes(one, ctx, opt.kv_type) +
+               (KvCache::Bytes(NextnCacheHParams(*hp), ctx, opt.kv_type) +
                 static_cast<uint64_t>(kNextnHiddenRows * hp->n_embd) * sizeof(float));
   }
   // A draft model is charged first, resident; the target plans with what it leaves.
@@ -473,7 +471,7 @@ Expected<int64_t> Engine::Prefill(Session& s, const std::vector<int32_t>& prompt
   // batches, each followed by the entries it allows, so the rows kept stay one batch.
   GenerateStats ignored;
   const int64_t valid = NextnDrafter::KeepValid(*s.nextn_cache, prompt);
-  if (s.cache.hidden_begin() > valid || s.cache.hidden_end() < static_cast<int64_t>(common))
+  if (!s.cache.HoldsHidden(valid, static_cast<int64_t>(common)))
     common = std::min<size_t>(common, static_cast<size_t>(valid));
   s.cache.Truncate(static_cast<int64_t>(common));
   for (size_t done = common; done < prompt.size();) {

@@ -8,8 +8,8 @@
 namespace substrate {
 
 Expected<std::unique_ptr<KvCache>> NextnDrafter::NewCache(int64_t n_ctx, DType type) {
-  ASSIGN_OR_RETURN(KvCache c,
-                   KvCache::Create(model_->NextnCacheHParams(), n_ctx, model_->backend(), type));
+  ASSIGN_OR_RETURN(KvCache c, KvCache::Create(NextnCacheHParams(model_->hparams()), n_ctx,
+                                              model_->backend(), type));
   return std::make_unique<KvCache>(std::move(c));
 }
 
@@ -38,7 +38,7 @@ Status NextnDrafter::CatchUp(KvCache& nextn, KvCache& target, const std::vector<
                              int64_t upto, PassRunner& passes, GenerateStats* st) {
   const int64_t m = KeepValid(nextn, history);
   upto = std::min<int64_t>(upto, static_cast<int64_t>(history.size()) - 1);
-  if (m >= upto || target.hidden_begin() > m || target.hidden_end() < upto) return Status::Ok();
+  if (m >= upto || !target.HoldsHidden(m, upto)) return Status::Ok();
   const auto t0 = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(passes.Exclusive([&] { return Run(nextn, target, history, upto, nullptr, st); }));
   target.DropHiddenBefore(upto);
@@ -57,7 +57,7 @@ Expected<std::vector<int32_t>> NextnDrafter::Draft(KvCache& nextn, KvCache& targ
   nextn.Truncate(m);
   // Chained entries after the newest position need room in the cache.
   k = static_cast<int>(std::min<int64_t>(k, nextn.n_ctx() - p + 1));
-  if (k <= 0 || target.hidden_begin() > m || target.hidden_end() < p) return out;
+  if (k <= 0 || !target.HoldsHidden(m, p)) return out;
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t V = model_->hparams().n_vocab;
   RETURN_IF_ERROR(passes.Exclusive([&]() -> Status {

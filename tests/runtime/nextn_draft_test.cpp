@@ -184,6 +184,20 @@ class NextnDraftTest : public ::testing::Test {
     return out;
   }
 
+  // n tokens from `prompt` in a fresh session of each engine, `drafting`'s with drafts of up to
+  // k: the same tokens expected. Returns the drafting run.
+  static Outcome ExpectPlainTokens(Engine& plain, Engine& drafting,
+                                   const std::vector<int32_t>& prompt, int n, int k) {
+    auto ps = plain.NewSession(0);
+    auto ds = drafting.NewSession(0);
+    EXPECT_TRUE(ps.ok() && ds.ok());
+    if (!ps.ok() || !ds.ok()) return {};
+    const Outcome want = Generate(plain, **ps, prompt, n, 0);
+    const Outcome got = Generate(drafting, **ds, prompt, n, k);
+    EXPECT_EQ(got.tokens, want.tokens);
+    return got;
+  }
+
   static std::string* base_;
   static std::string* mtp_;
   static std::string* identity_;
@@ -376,15 +390,8 @@ TEST_F(NextnDraftTest, ReadInPlaceUnderABudget) {
   ASSERT_TRUE(mtp->runtime());
   EXPECT_GT(mtp->weights().OpBytes("block_3.nextn", 0), 0u);
   EXPECT_GT(mtp->weights().OpBytes("block_3.moe.expert_0", 0), 0u);
-  for (const auto& prompt : Prompts()) {
-    auto ps = plain->NewSession(0);
-    auto ms = mtp->NewSession(0);
-    ASSERT_TRUE(ps.ok() && ms.ok());
-    const Outcome want = Generate(*plain, **ps, prompt, 32, 0);
-    const Outcome got = Generate(*mtp, **ms, prompt, 32, 3);
-    EXPECT_EQ(got.tokens, want.tokens);
-    EXPECT_GT(got.stats.n_draft_passes, 0);
-  }
+  for (const auto& prompt : Prompts())
+    EXPECT_GT(ExpectPlainTokens(*plain, *mtp, prompt, 32, 3).stats.n_draft_passes, 0);
   EXPECT_LE(ledger.peak(), kBudget);
   // Two MoE layers of 8 experts and the next-n layer's 8, through 4 slots.
   const ResidencyStats rs = mtp->runtime()->stats();
@@ -414,13 +421,7 @@ TEST_F(NextnDraftTest, SynthFileWithANextnLayer) {
   auto ids = (*plain)->tokenizer()->Encode("the quick brown fox");
   ASSERT_TRUE(ids.ok());
   const std::vector<int32_t> prompt(ids->begin(), ids->end());
-  auto ps = (*plain)->NewSession(0);
-  auto ms = (*mtp)->NewSession(0);
-  ASSERT_TRUE(ps.ok() && ms.ok());
-  const Outcome want = Generate(**plain, **ps, prompt, 40, 0);
-  const Outcome got = Generate(**mtp, **ms, prompt, 40, 3);
-  EXPECT_EQ(got.tokens, want.tokens);
-  EXPECT_GT(got.stats.n_drafted, 0);
+  EXPECT_GT(ExpectPlainTokens(**plain, **mtp, prompt, 40, 3).stats.n_drafted, 0);
 
   const std::string store = testing::StoreTestPath("nextn_store");
   const std::string pack =
@@ -437,13 +438,7 @@ TEST_F(NextnDraftTest, SynthFileWithANextnLayer) {
   so.draft_mtp = true;
   auto smtp = Engine::Load("", so);
   ASSERT_TRUE(splain.ok() && smtp.ok()) << splain.status().ToString() << smtp.status().ToString();
-  auto s1 = (*splain)->NewSession(0);
-  auto s2 = (*smtp)->NewSession(0);
-  ASSERT_TRUE(s1.ok() && s2.ok());
-  const Outcome store_want = Generate(**splain, **s1, prompt, 40, 0);
-  const Outcome store_got = Generate(**smtp, **s2, prompt, 40, 3);
-  EXPECT_EQ(store_got.tokens, store_want.tokens);
-  EXPECT_GT(store_got.stats.n_drafted, 0);
+  EXPECT_GT(ExpectPlainTokens(**splain, **smtp, prompt, 40, 3).stats.n_drafted, 0);
   // Without drafting the next-n ops are never loaded: less resident weight.
   EXPECT_LT(plain_ledger.Accounts()["weights"].peak, mtp_ledger.Accounts()["weights"].peak);
   std::error_code ec;
