@@ -41,8 +41,11 @@ Status ForwardContext::CheckFinite(const Tensor& t, int op) const {
                   "out-of-range values");
 }
 
-Status Linear(ForwardContext& c, int op, TensorId w, const Tensor& x, const Tensor& y,
-              int slice) {
+namespace {
+
+// W acquired for y = W x, its shape checked against x and y.
+Expected<WeightHandle> AcquireLinear(ForwardContext& c, int op, TensorId w, const Tensor& x,
+                                     const Tensor& y, int slice) {
   ASSIGN_OR_RETURN(WeightHandle h, c.Acquire(w, op, slice));
   const WeightView& v = h.view();
   if (v.cols != x.cols || v.rows != y.cols || x.rows != y.rows) {
@@ -52,7 +55,31 @@ Status Linear(ForwardContext& c, int op, TensorId w, const Tensor& x, const Tens
   }
   // Calibration sources read the input rows (CPU backends: host memory).
   if (c.source->ObservesInputs()) c.source->ObserveInput(w, slice, x.data, x.rows, x.cols);
-  c.be->MatMul(v, x, y);
+  return h;
+}
+
+}  // namespace
+
+Status Linear(ForwardContext& c, int op, TensorId w, const Tensor& x, const Tensor& y,
+              int slice) {
+  ASSIGN_OR_RETURN(WeightHandle h, AcquireLinear(c, op, w, x, y, slice));
+  c.be->MatMul(h.view(), x, y);
+  return Status::Ok();
+}
+
+Status Linears(ForwardContext& c, int op, const Tensor& x, std::initializer_list<LinearTo> outs,
+               int slice) {
+  constexpr size_t kMax = 4;
+  if (outs.size() > kMax) return Internal("Linears: more than 4 products");
+  WeightHandle h[kMax];
+  MatMulOp ops[kMax];
+  int n = 0;
+  for (const LinearTo& o : outs) {
+    ASSIGN_OR_RETURN(h[n], AcquireLinear(c, op, o.w, x, o.y, slice));
+    ops[n] = {&h[n].view(), x, o.y};
+    ++n;
+  }
+  c.be->MatMulBatch(ops, n);
   return Status::Ok();
 }
 
@@ -134,11 +161,9 @@ Status AttentionBlock(ForwardContext& c, int il, const LayerWeights& w) {
   ASSIGN_OR_RETURN(Tensor q, c.scratch->Get(Scratch::kQ, n, int64_t{hp.n_head} * dk));
   ASSIGN_OR_RETURN(Tensor k, c.scratch->Get(Scratch::kK, n, int64_t{hp.n_head_kv} * dk));
   ASSIGN_OR_RETURN(Tensor v, c.scratch->Get(Scratch::kV, n, int64_t{hp.n_head_kv} * dv));
-  RETURN_IF_ERROR(Linear(c, op, w.wq, xn, q));
+  RETURN_IF_ERROR(Linears(c, op, xn, {{w.wq, q}, {w.wk, k}, {w.wv, v}}));
   RETURN_IF_ERROR(AddBiasFrom(c, op, w.bq, q));
-  RETURN_IF_ERROR(Linear(c, op, w.wk, xn, k));
   RETURN_IF_ERROR(AddBiasFrom(c, op, w.bk, k));
-  RETURN_IF_ERROR(Linear(c, op, w.wv, xn, v));
   RETURN_IF_ERROR(AddBiasFrom(c, op, w.bv, v));
 
   // QK-norm (qwen3): each head's vector normed on its own.
@@ -172,8 +197,7 @@ Status SwiGluMlp(ForwardContext& c, int op, TensorId gate, TensorId up, TensorId
   const int64_t ff = OutDim(c, gate);  // ne[1] of [d, ff] or of the expert tensor [d, ff, E]
   ASSIGN_OR_RETURN(Tensor g, c.scratch->Get(Scratch::kGate, m, ff));
   ASSIGN_OR_RETURN(Tensor u, c.scratch->Get(Scratch::kUp, m, ff));
-  RETURN_IF_ERROR(Linear(c, op, gate, x, g, slice));
-  RETURN_IF_ERROR(Linear(c, op, up, x, u, slice));
+  RETURN_IF_ERROR(Linears(c, op, x, {{gate, g}, {up, u}}, slice));
   c.be->SwiGlu(g, u, g);
   return Linear(c, op, down, g, out, slice);
 }

@@ -136,6 +136,14 @@ class OpScope {
 // (Corruption naming the tensor otherwise). slice >= 0 picks one expert of a 3-D tensor.
 Status Linear(ForwardContext& c, int op, TensorId w, const Tensor& x, const Tensor& y,
               int slice = -1);
+// Several products of the same x (q, k and v; gate and up) as one batch: a backend runs them in
+// one pass over its threads and quantizes x once. Each y is Linear's, bit for bit.
+struct LinearTo {
+  TensorId w;
+  Tensor y;
+};
+Status Linears(ForwardContext& c, int op, const Tensor& x, std::initializer_list<LinearTo> outs,
+               int slice = -1);
 // y = RmsNorm(x) * w per row of width x.cols (w: a vector of op `op`).
 Status NormRows(ForwardContext& c, int op, TensorId w, const Tensor& x, const Tensor& y);
 // y += b per row, when the model has the bias b (kNoTensor: nothing).
