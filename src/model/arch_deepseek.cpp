@@ -88,20 +88,19 @@ Status MlaBlock(ForwardContext& c, int il, const LayerWeights& w) {
   ASSIGN_OR_RETURN(Tensor xn, c.scratch->Get(Scratch::kXNorm, n, d));
   RETURN_IF_ERROR(NormRows(c, op, w.attn_norm, c.x, xn));
 
-  // q [n, n_head * (nope + rot)], through the low-rank q_a -> norm -> q_b when the model has it.
+  // q [n, n_head * (nope + rot)], through the low-rank q_a -> norm -> q_b when the model has it;
+  // latent [n, lora + rot]: the compressed latent, then one shared rope key per token. The two
+  // products of xn go as one batch.
   ASSIGN_OR_RETURN(Tensor q, c.scratch->Get(Scratch::kQ, n, int64_t{hp.n_head} * dk));
+  ASSIGN_OR_RETURN(Tensor latent, c.scratch->Get(Scratch::kLatentKv, n, lora + rot));
   if (w.wq_a != kNoTensor) {
     ASSIGN_OR_RETURN(Tensor qa, c.scratch->Get(Scratch::kLatentQ, n, hp.q_lora_rank));
-    RETURN_IF_ERROR(Linear(c, op, w.wq_a, xn, qa));
+    RETURN_IF_ERROR(Linears(c, op, xn, {{w.wq_a, qa}, {w.wkv_a, latent}}));
     RETURN_IF_ERROR(NormRows(c, op, w.q_a_norm, qa, qa));
     RETURN_IF_ERROR(Linear(c, op, w.wq_b, qa, q));
   } else {
-    RETURN_IF_ERROR(Linear(c, op, w.wq, xn, q));
+    RETURN_IF_ERROR(Linears(c, op, xn, {{w.wq, q}, {w.wkv_a, latent}}));
   }
-
-  // latent [n, lora + rot]: the compressed latent, then one shared rope key per token.
-  ASSIGN_OR_RETURN(Tensor latent, c.scratch->Get(Scratch::kLatentKv, n, lora + rot));
-  RETURN_IF_ERROR(Linear(c, op, w.wkv_a, xn, latent));
   ASSIGN_OR_RETURN(Tensor kvn, c.scratch->Get(Scratch::kLatentNorm, n, lora));
   be.CopyColumns(latent, 0, kvn, 0, lora);
   RETURN_IF_ERROR(NormRows(c, op, w.kv_a_norm, kvn, kvn));
