@@ -33,13 +33,13 @@ const TensorInfo* OutputMatrix(const ModelFile& f) {
   return embd;
 }
 
-// The staging buffer a GPU under --max-vram uploads the weights it does not hold into: two of
-// the largest per-layer matrices (or expert slices), so that a layer's gate and up products
-// travel in one copy each. Larger batches are split (CudaBackend::MatMulBatch).
 // Hidden rows a session keeps for its next-n drafter: a prompt batch and the passes since the
 // last draft use far fewer.
 constexpr int64_t kNextnHiddenRows = 2 * Model::kMaxBatch;
 
+// The staging buffer a GPU under --max-vram uploads the weights it does not hold into: two of
+// the largest per-layer matrices (or expert slices), so that a layer's gate and up products
+// travel in one copy each. Larger batches are split (CudaBackend::MatMulBatch).
 uint64_t VramStaging(const ModelFile& f) {
   const TensorInfo* out = OutputMatrix(f);
   uint64_t largest = 0;
