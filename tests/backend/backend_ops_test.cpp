@@ -912,7 +912,8 @@ TEST(BackendOps, RoutingGatherScatter) {
 // then choose the same experts and give the same sums) and which it must decline (return
 // false). A fresh backend per case (the adopted bytes outlive it).
 Failures CheckRoutedExperts(const Candidate& cand,
-                            const std::function<bool(DType, DType, int64_t)>& takes) {
+                            const std::function<bool(DType, DType, int64_t)>& takes,
+                            const std::function<void(Backend&, int64_t n)>& after = nullptr) {
   Failures f;
   std::mt19937 rng(11);
   struct Case {
@@ -1006,6 +1007,7 @@ Failures CheckRoutedExperts(const Candidate& cand,
       std::vector<float> want_resid = resid;
       for (size_t i = 0; i < want_resid.size(); ++i) want_resid[i] += got[i];
       Expect(f, what + ", added to the residual", got_resid, want_resid, 1e-12);
+      if (after) after(*be, n);
     }
   }
   return f;
@@ -1201,6 +1203,64 @@ TEST(BackendOps, AWrongKernelFailsTheChecks) {
 // device the rest. An embedding table the device does not hold travels by rows. Results are the
 // reference's within the bounds of held weights, the budget's cap holds, and the bytes each
 // side read are counted.
+// Routed experts of which the device holds only some (--max-vram): with the hybrid, one token's
+// layer is routed on the host and the CPU computes a share of the chosen experts that lie whole
+// in host memory while the device computes the rest (its own, or over the link); the device adds
+// the two sums. Both the balanced share and all of them on the CPU give the reference's sum.
+TEST(BackendOps, RoutedExpertsPastADeviceBudget) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  uint64_t own = 0;
+  {
+    auto probe = NewCudaBackend({});
+    ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+    own = (*probe)->device_ledger()->current();
+  }
+  ThreadPool pool(2);
+  setenv("SUBSTRATE_CUDA_ZEROCOPY", "1", 1);
+  // The experts are adopted one by one, so a layer's table mixes held and unheld experts: the
+  // file's layout on the device too keeps them of one layout (a repacked table must be whole).
+  setenv("SUBSTRATE_CUDA_REPACK", "0", 1);
+  for (const char* share : {"", "1"}) {
+    if (*share) {
+      setenv("SUBSTRATE_CUDA_HYBRID", share, 1);
+    } else {
+      unsetenv("SUBSTRATE_CUDA_HYBRID");
+    }
+    Candidate c;
+    c.name = std::string("cuda hybrid") + (*share ? ", all on the CPU" : "");
+    c.make = [&] {
+      CudaBackendOptions o;
+      o.staging = 1u << 20;
+      o.reserve = o.staging + (8u << 20);
+      // Room for the first experts adopted (every case's gate stack goes first): the cases'
+      // layers then have experts held, partly held and wholly in host memory.
+      o.max_vram = own + o.reserve + (48u << 20) + (512u << 10);
+      o.host_pool = &pool;
+      o.host_ledger = &Ledger();
+      auto made = NewCudaBackend(o);
+      EXPECT_TRUE(made.ok()) << made.status().ToString();
+      return std::move(made).value();
+    };
+    uint64_t host_bytes = 0, link_bytes = 0;
+    // (prefill's tiles need every expert in the device's repacked layout: declined here)
+    const auto gpu = [](DType, DType, int64_t n) { return n <= 8; };
+    const auto count = [&](Backend& be, int64_t n) {  // the one-token layer's (a fresh backend)
+      if (n != 1) return;
+      host_bytes += be.host_compute_bytes();
+      link_bytes += be.host_link_bytes();
+    };
+    for (const std::string& m : CheckRoutedExperts(c, gpu, count))
+      ADD_FAILURE() << c.name << ": " << m;
+    EXPECT_GT(host_bytes, 0u) << c.name << ": the CPU computed no expert";
+    if (!*share) {
+      EXPECT_GT(link_bytes, 0u) << c.name << ": no expert was read over the link";
+    }
+  }
+  unsetenv("SUBSTRATE_CUDA_ZEROCOPY");
+  unsetenv("SUBSTRATE_CUDA_REPACK");
+  unsetenv("SUBSTRATE_CUDA_HYBRID");
+}
+
 TEST(BackendOps, WeightsPastADeviceBudget) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(31);

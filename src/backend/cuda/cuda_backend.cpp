@@ -762,6 +762,95 @@ void CudaBackend::AddExpertGemv(const DevPart& part, bool fast, int64_t cols, co
   }
 }
 
+CudaBackend::ExpertWork CudaBackend::CarveExpertWork(int64_t slots, int64_t ff, int64_t d) {
+  ExpertWork w;
+  w.gate = static_cast<float*>(Carve(static_cast<size_t>(slots * ff) * 4));
+  w.up = static_cast<float*>(Carve(static_cast<size_t>(slots * ff) * 4));
+  w.hq = static_cast<int8_t*>(Carve(static_cast<size_t>(slots * ff)));
+  w.hs = static_cast<float2*>(Carve(static_cast<size_t>(slots * ff / 32) * sizeof(float2)));
+  w.out = static_cast<float*>(Carve(static_cast<size_t>(slots * d) * 4));
+  return w;
+}
+
+size_t CudaBackend::ExpertWorkBytes(int64_t slots, int64_t ff, int64_t d) {
+  return static_cast<size_t>(slots * ff) * 10 + static_cast<size_t>(slots * d) * 4 + 5 * 256;
+}
+
+void CudaBackend::AddSwiGlu(const ExpertWork& w, int64_t slots, int64_t ff, bool quantize) {
+  // hidden = silu(gate) * up in place of gate, quantized for the down product when it takes
+  // int8 activations.
+  auto* e = Add<ElementwiseParams>(&LaunchElementwise);
+  e->kind = kSwiGlu;
+  e->y = w.gate;
+  e->a = w.gate;
+  e->b = w.up;
+  e->rows = slots;
+  e->cols = ff;
+  e->xq = quantize ? w.hq : nullptr;
+  e->xs = quantize ? w.hs : nullptr;
+}
+
+void CudaBackend::AddExpertSlots(const RoutedExpertsOp& op, const ExpertTable& g,
+                                 const ExpertTable& u, const ExpertTable& dn, const int32_t* sel,
+                                 int64_t slots, int x_div, const ExpertWork& w) {
+  const int64_t d = op.xn.cols, ff = g.rows;
+  const bool fast_g = GemvFastType(g.part.type, d, g.part.row_bytes, g.part.w);
+  const bool fast_u = GemvFastType(u.part.type, d, u.part.row_bytes, u.part.w);
+  const bool fast_d = GemvFastType(dn.part.type, ff, dn.part.row_bytes, dn.part.w);
+  void* xq = nullptr;
+  void* xs = nullptr;
+  if (fast_g || fast_u) ConvertAct(op.xn, false, &xq, &xs);
+  auto job = [&](const ExpertTable& t, bool fast, const void* x_fast, const void* x_float,
+                 const void* x_scales, float* y, int64_t slot_rows, int div) {
+    GemvJob j;
+    j.row_bytes = t.part.row_bytes;
+    j.x = fast ? x_fast : x_float;
+    j.xs = fast ? static_cast<const float2*>(x_scales) : nullptr;
+    j.y = y;
+    j.ldy = slots * slot_rows;
+    j.rows = static_cast<int32_t>(slots * slot_rows);
+    j.slot_expert = sel;
+    j.expert_w = t.dev;
+    j.slot_rows = static_cast<int32_t>(slot_rows);
+    j.x_div = div;
+    return j;
+  };
+  const GemvJob gu[2] = {job(g, fast_g, xq, op.xn.data, xs, w.gate, ff, x_div),
+                         job(u, fast_u, xq, op.xn.data, xs, w.up, ff, x_div)};
+  if (g.part.type == u.part.type && fast_g == fast_u) {
+    AddExpertGemv(g.part, fast_g, d, gu, 2);
+  } else {
+    AddExpertGemv(g.part, fast_g, d, &gu[0], 1);
+    AddExpertGemv(u.part, fast_u, d, &gu[1], 1);
+  }
+  auto* last = reinterpret_cast<GemvParams*>(recs_[n_recs_ - 1].p);
+  if (last->n_jobs == 2 && (last->type & kRepacked) && slots * ff / 32 <= kGluCounterCells) {
+    // SwiGLU (and the down product's quantization) in the gate and up launch's epilogue.
+    last->glu_out = w.gate;
+    last->glu_counters = glu_counters_;
+    last->glu_xq = fast_d ? w.hq : nullptr;
+    last->glu_xs = fast_d ? w.hs : nullptr;
+  } else {
+    AddSwiGlu(w, slots, ff, fast_d);
+  }
+  const GemvJob down = job(dn, fast_d, w.hq, w.gate, w.hs, w.out, d, 1);
+  AddExpertGemv(dn.part, fast_d, ff, &down, 1);
+}
+
+void CudaBackend::AddMoeCombine(const float* out, const float* weight, const int32_t* pos,
+                                const Tensor& acc, int k, const float* plus) {
+  auto* c = Add<MoeCombineParams>(&LaunchMoeCombine);
+  c->out = out;
+  c->weight = weight;
+  c->pos = pos;
+  c->plus = plus;
+  c->acc = acc.data;
+  c->n = acc.rows;
+  c->cols = acc.cols;
+  c->k = k;
+  Wrote(acc);
+}
+
 bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
   const RoutingParams& rp = op.routing;
   const int E = rp.n_expert, K = rp.k;
@@ -774,17 +863,15 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
   const ExpertTable* u = Experts(*op.up, E);
   const ExpertTable* dn = Experts(*op.down, E);
   if (!g || !u || !dn) return false;
-  // The hybrid computes a share of the experts read in place on the host's CPU: that needs the
-  // choice on the host, so those layers route there (SUBSTRATE_CUDA_HYBRID_MOE=0: on the device,
-  // every expert over the link).
-  if (host_ && hybrid_moe_ && n == 1)
-    for (const ExpertTable* t : {g, u, dn})
-      if (t->some_in_place) return false;
   const int64_t ff = g->rows, slots = n * K;
   // Slots of whole 32-row groups (the SwiGLU's quantization blocks) and of whole warps' rows.
   if (u->rows != ff || dn->rows != d || op.gate->cols != d || op.up->cols != d ||
       op.down->cols != ff || ff % 32 != 0 || d % 4 != 0 || slots * std::max(ff, d) > INT32_MAX)
     return false;
+  // The hybrid computes a share of the experts read in place on the host's CPU: that needs the
+  // choice on the host (SUBSTRATE_CUDA_HYBRID_MOE=0: on the device, every expert over the link).
+  if (host_ && hybrid_moe_ && n == 1 && (g->some_in_place || u->some_in_place || dn->some_in_place))
+    return HybridExperts(op, *g, *u, *dn);
   const bool fast_g = GemvFastType(g->part.type, d, g->part.row_bytes, g->part.w);
   const bool fast_u = GemvFastType(u->part.type, d, u->part.row_bytes, u->part.w);
   const bool fast_d = GemvFastType(dn->part.type, ff, dn->part.row_bytes, dn->part.w);
@@ -801,17 +888,11 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
   const int64_t max_tiles = slots / tile_slots + E;
   EnsureStaging(op.bias ? StagingBytes(*op.bias) : 0);
   EnsureWork(static_cast<size_t>(E) * 4 + static_cast<size_t>(slots) * 16 +
-             static_cast<size_t>(max_tiles) * 16 + static_cast<size_t>(slots * ff) * 10 +
-             static_cast<size_t>(slots * d) * 4 + static_cast<size_t>(n * d) * 2 + 16 * 256);
+             static_cast<size_t>(max_tiles) * 16 + ExpertWorkBytes(slots, ff, d) +
+             static_cast<size_t>(n * d) * 2 + 16 * 256);
   const float* bias = op.bias ? VectorOf(*op.bias, E) : nullptr;
   auto* sel = static_cast<int32_t*>(Carve(static_cast<size_t>(slots) * 4));
   auto* weight = static_cast<float*>(Carve(static_cast<size_t>(slots) * 4));
-  auto* gate = static_cast<float*>(Carve(static_cast<size_t>(slots * ff) * 4));
-  auto* up = static_cast<float*>(Carve(static_cast<size_t>(slots * ff) * 4));
-  float* hidden = gate;  // SwiGLU in place
-  auto* hq = static_cast<int8_t*>(Carve(static_cast<size_t>(slots * ff)));
-  auto* hs = static_cast<float2*>(Carve(static_cast<size_t>(slots * ff / 32) * sizeof(float2)));
-  auto* out = static_cast<float*>(Carve(static_cast<size_t>(slots * d) * 4));
 
   RouteTopKParams route;
   route.logits = op.logits.data;
@@ -844,23 +925,12 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
     *Add<RouteTopKParams>(&LaunchRouteTopK) = route;
   }
 
-  void* xq = nullptr;
-  void* xs = nullptr;
-  if (fast_g || fast_u) ConvertAct(op.xn, false, &xq, &xs);
-  // hidden = silu(gate) * up, quantized for the down product when it takes int8 activations.
-  auto swiglu = [&] {
-    auto* e = Add<ElementwiseParams>(&LaunchElementwise);
-    e->kind = kSwiGlu;
-    e->y = hidden;
-    e->a = gate;
-    e->b = up;
-    e->rows = slots;
-    e->cols = ff;
-    e->xq = fast_d ? hq : nullptr;
-    e->xs = fast_d ? hs : nullptr;
-  };
+  const ExpertWork w = CarveExpertWork(slots, ff, d);
   const int32_t* pos = nullptr;
   if (tiled) {
+    void* xq = nullptr;
+    void* xs = nullptr;
+    if (fast_g || fast_u) ConvertAct(op.xn, false, &xq, &xs);
     auto* tiles = static_cast<int4*>(Carve(static_cast<size_t>(max_tiles) * sizeof(int4)));
     auto* n_tiles = static_cast<int32_t*>(Carve(4));
     auto* row_src = static_cast<int32_t*>(Carve(static_cast<size_t>(slots) * 4));
@@ -899,62 +969,20 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
       p->n_tiles = n_tiles;
     };
     const ExpertTable* gu_tables[2] = {g, u};
-    float* gu_out[2] = {gate, up};
+    float* gu_out[2] = {w.gate, w.up};
     if (g->part.type == u->part.type) {
       tiles_gemv(gu_tables, gu_out, 2, d, ff, xq, xs, row_src);
     } else {
       tiles_gemv(&gu_tables[0], &gu_out[0], 1, d, ff, xq, xs, row_src);
       tiles_gemv(&gu_tables[1], &gu_out[1], 1, d, ff, xq, xs, row_src);
     }
-    swiglu();
-    tiles_gemv(&dn, &out, 1, ff, d, hq, hs, nullptr);
+    AddSwiGlu(w, slots, ff, fast_d);
+    float* out = w.out;
+    tiles_gemv(&dn, &out, 1, ff, d, w.hq, w.hs, nullptr);
   } else {
-    auto job = [&](const ExpertTable& t, bool fast, const void* x_fast, const void* x_float,
-                   const void* x_scales, float* y, int64_t slot_rows, int x_div) {
-      GemvJob j;
-      j.row_bytes = t.part.row_bytes;
-      j.x = fast ? x_fast : x_float;
-      j.xs = fast ? static_cast<const float2*>(x_scales) : nullptr;
-      j.y = y;
-      j.ldy = slots * slot_rows;
-      j.rows = static_cast<int32_t>(slots * slot_rows);
-      j.slot_expert = sel;
-      j.expert_w = t.dev;
-      j.slot_rows = static_cast<int32_t>(slot_rows);
-      j.x_div = x_div;
-      return j;
-    };
-    const GemvJob gu[2] = {job(*g, fast_g, xq, op.xn.data, xs, gate, ff, K),
-                           job(*u, fast_u, xq, op.xn.data, xs, up, ff, K)};
-    if (g->part.type == u->part.type && fast_g == fast_u) {
-      AddExpertGemv(g->part, fast_g, d, gu, 2);
-    } else {
-      AddExpertGemv(g->part, fast_g, d, &gu[0], 1);
-      AddExpertGemv(u->part, fast_u, d, &gu[1], 1);
-    }
-    auto* last = reinterpret_cast<GemvParams*>(recs_[n_recs_ - 1].p);
-    if (last->n_jobs == 2 && (last->type & kRepacked) && slots * ff / 32 <= kGluCounterCells) {
-      // SwiGLU (and the down product's quantization) in the gate and up launch's epilogue.
-      last->glu_out = hidden;
-      last->glu_counters = glu_counters_;
-      last->glu_xq = fast_d ? hq : nullptr;
-      last->glu_xs = fast_d ? hs : nullptr;
-    } else {
-      swiglu();
-    }
-    const GemvJob down = job(*dn, fast_d, hq, hidden, hs, out, d, 1);
-    AddExpertGemv(dn->part, fast_d, ff, &down, 1);
+    AddExpertSlots(op, *g, *u, *dn, sel, slots, K, w);
   }
-
-  auto* c = Add<MoeCombineParams>(&LaunchMoeCombine);
-  c->out = out;
-  c->weight = weight;
-  c->pos = pos;
-  c->acc = op.acc.data;
-  c->n = n;
-  c->cols = d;
-  c->k = K;
-  Wrote(op.acc);
+  AddMoeCombine(w.out, weight, pos, op.acc, K, nullptr);
   FinishStaged();
   return true;
 }

@@ -224,6 +224,28 @@ class CudaBackend final : public Backend {
                                             int n_expert);
   // Records one launch of n_jobs (1 or 2) products of routed experts, one token.
   void AddExpertGemv(const DevPart& part, bool fast, int64_t cols, const GemvJob* jobs, int n_jobs);
+  // Work memory of one launch's routed-expert products: gate and up [slots, ff] (SwiGLU in place
+  // in gate), the hidden state quantized for the down product, out [slots, d].
+  struct ExpertWork {
+    float* gate = nullptr;
+    float* up = nullptr;
+    int8_t* hq = nullptr;
+    float2* hs = nullptr;
+    float* out = nullptr;
+  };
+  static size_t ExpertWorkBytes(int64_t slots, int64_t ff, int64_t d);
+  ExpertWork CarveExpertWork(int64_t slots, int64_t ff, int64_t d);
+  // gate = silu(gate) * up, quantized into hq/hs too when `quantize`.
+  void AddSwiGlu(const ExpertWork& w, int64_t slots, int64_t ff, bool quantize);
+  // The decode products of `slots` slots of routed experts: slot s is expert sel[s] (device)
+  // applied to row s / x_div of op.xn; the results in w.out.
+  void AddExpertSlots(const RoutedExpertsOp& op, const ExpertTable& g, const ExpertTable& u,
+                      const ExpertTable& dn, const int32_t* sel, int64_t slots, int x_div,
+                      const ExpertWork& w);
+  // acc = plus + the weighted sum of each row's k slots of out (pos: where slot s lies; null:
+  // at s).
+  void AddMoeCombine(const float* out, const float* weight, const int32_t* pos, const Tensor& acc,
+                     int k, const float* plus);
 
   // ---- the hybrid (cuda_hybrid.cpp) ----
   void InitHybrid();  // after zero_copy_ is known
@@ -233,6 +255,16 @@ class CudaBackend final : public Backend {
   // Splits the batch's one-token products over weights read in place between the host's CPU
   // and the device and runs the batch; false, having done nothing, when no product qualifies.
   bool HybridBatch(const MatMulOp* ops, int n_ops);
+  // One token's routed experts of a layer whose experts are partly read in place: routed on the
+  // host (the one wait of the layer); the CPU computes a share of the chosen experts read in
+  // place, whole, while the device computes the others; the device adds the CPU's sum in.
+  bool HybridExperts(const RoutedExpertsOp& op, const ExpertTable& g, const ExpertTable& u,
+                     const ExpertTable& dn);
+  // Pinned host memory for at least `floats` floats in hyb_host_ (waits for the device first
+  // when it must grow).
+  void EnsureHybridHost(size_t floats);
+  // Weighs a split's pair of device events against its CPU seconds, once.
+  void WeighPair(int pair);
   // The CPU's share of a split product's rows now (balanced, or fixed).
   double HybridCpuShare() const;
   // Moves the share after a batch whose CPU part took cpu_s and device part dev_s.
@@ -254,6 +286,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t hyb_x_ = nullptr;                // the CPU's inputs are in host memory
   cudaEvent_t hyb_a_[2] = {}, hyb_b_[2] = {};  // around the device's share, two batches' pairs
   double hyb_cpu_pending_[2] = {};  // the CPU's seconds of each pair's batch, 0 once weighed
+  double hyb_expert_carry_ = 0;     // the CPU's share of experts not yet given (whole experts)
   int hyb_pair_ = 0;
   float* hyb_host_ = nullptr;  // pinned: the split products' inputs and the CPU's outputs
   size_t hyb_host_floats_ = 0;

@@ -4,16 +4,22 @@
 // bandwidth, while the link is busy. A one-token product over such weights is therefore split by
 // rows: the CPU computes the first share of the rows, the device reads and computes the rest at
 // the same time, and after each split the share moves toward where both would have finished
-// together. Prompts (several tokens) stay on the device: there each weight byte
-// that crosses the link serves every token of the batch.
+// together. A MoE layer's routed experts are split whole instead (HybridExperts): routed on
+// the host, the CPU computes a share of the chosen experts that lie in host memory while the
+// device computes the rest, so the layer waits for the device once. Prompts (several tokens)
+// stay on the device: there each weight byte that crosses the link serves every token of the
+// batch.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend_impl.h"
+#include "kernels/matmul.h"
+#include "kernels/routing.h"
 
 namespace substrate::cuda {
 
@@ -106,6 +112,23 @@ void CudaBackend::BalanceShare(double cpu_s, double dev_s) {
     share_ = std::clamp(share_ + kStep * (dev_s - cpu_s) / (cpu_s + dev_s), kMinShare, 1.0);
 }
 
+void CudaBackend::WeighPair(int pair) {
+  if (hyb_cpu_pending_[pair] <= 0) return;
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, hyb_a_[pair], hyb_b_[pair]));
+  BalanceShare(hyb_cpu_pending_[pair], ms * 1e-3);
+  hyb_cpu_pending_[pair] = 0;
+}
+
+void CudaBackend::EnsureHybridHost(size_t floats) {
+  if (floats <= hyb_host_floats_) return;
+  Sync();  // the copies from the old buffer
+  if (hyb_host_) CK(cudaFreeHost(hyb_host_));
+  hyb_host_floats_ = std::max(floats, hyb_host_floats_ * 2);
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&hyb_host_), hyb_host_floats_ * 4,
+                   cudaHostAllocDefault));
+}
+
 size_t CudaBackend::LayOut(std::vector<Span>& spans, size_t host_off) const {
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.dev < b.dev; });
   size_t n = 0;
@@ -132,7 +155,7 @@ bool CudaBackend::HybridBatch(const MatMulOp* ops, int n_ops) {
   // products while they fit its share of their bytes, then the first rows of the product where
   // the share ends. Whole products keep the copies few: a batch of experts' inputs and outputs
   // lie side by side, so the CPU's part of them travels in one copy each way.
-  thread_local std::vector<int64_t> cpu_rows;  // of each product (0: all on the device)
+  thread_local std::vector<int64_t> cpu_rows;   // of each product (0: all on the device)
   thread_local std::vector<uint64_t> in_place;  // each product's weight bytes read in place
   cpu_rows.assign(static_cast<size_t>(n_ops), 0);
   in_place.assign(static_cast<size_t>(n_ops), 0);
@@ -168,14 +191,7 @@ bool CudaBackend::HybridBatch(const MatMulOp* ops, int n_ops) {
     xs.push_back({ops[i].x.data, static_cast<size_t>(ops[i].x.cols), 0});
     ys.push_back({ops[i].y.data, static_cast<size_t>(r), 0});
   }
-  const size_t floats = LayOut(ys, LayOut(xs, 0));
-  if (floats > hyb_host_floats_) {
-    Sync();  // the copies from the old buffer
-    if (hyb_host_) CK(cudaFreeHost(hyb_host_));
-    hyb_host_floats_ = std::max(floats, hyb_host_floats_ * 2);
-    CK(cudaHostAlloc(reinterpret_cast<void**>(&hyb_host_), hyb_host_floats_ * 4,
-                     cudaHostAllocDefault));
-  }
+  EnsureHybridHost(LayOut(ys, LayOut(xs, 0)));
   const auto host = [&](const std::vector<Span>& spans, const float* dev) {
     auto it = std::upper_bound(spans.begin(), spans.end(), dev,
                                [](const float* d, const Span& sp) { return d < sp.dev; });
@@ -227,12 +243,7 @@ bool CudaBackend::HybridBatch(const MatMulOp* ops, int n_ops) {
   // The CPU's share, from the inputs the device sent.
   const auto w0 = std::chrono::steady_clock::now();
   CK(cudaEventSynchronize(hyb_x_));
-  if (hyb_cpu_pending_[pair ^ 1] > 0) {
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, hyb_a_[pair ^ 1], hyb_b_[pair ^ 1]));
-    BalanceShare(hyb_cpu_pending_[pair ^ 1], ms * 1e-3);
-    hyb_cpu_pending_[pair ^ 1] = 0;
-  }
+  WeighPair(pair ^ 1);
   const auto t0 = std::chrono::steady_clock::now();
   host_->MatMulBatch(cpu_ops.data(), static_cast<int>(cpu_ops.size()));
   const double cpu_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -250,6 +261,153 @@ bool CudaBackend::HybridBatch(const MatMulOp* ops, int n_ops) {
                        cudaMemcpyHostToDevice, stream_));
   for (int i = 0; i < n_ops; ++i)
     if (cpu_rows[static_cast<size_t>(i)] > 0) Wrote(ops[i].y);
+  return true;
+}
+
+bool CudaBackend::HybridExperts(const RoutedExpertsOp& op, const ExpertTable& g,
+                                const ExpertTable& u, const ExpertTable& dn) {
+  const RoutingParams& rp = op.routing;
+  const int E = rp.n_expert, K = rp.k;
+  const int64_t d = op.xn.cols, ff = g.rows;
+
+  // The router's logits and the normed input to the host: the layer's one wait.
+  EnsureHybridHost(static_cast<size_t>(E + 2 * d));
+  float* logits = hyb_host_;
+  float* x = logits + E;
+  float* cpu_sum = x + d;  // the CPU's experts' weighted sum, uploaded
+  Flush();
+  SetDevice();
+  CK(cudaMemcpyAsync(logits, op.logits.data, static_cast<size_t>(E) * 4, cudaMemcpyDeviceToHost,
+                     stream_));
+  CK(cudaMemcpyAsync(x, op.xn.data, static_cast<size_t>(d) * 4, cudaMemcpyDeviceToHost, stream_));
+  CK(cudaEventRecord(hyb_x_, stream_));
+  const int pair = hyb_pair_;
+  hyb_pair_ ^= 1;
+  const auto w0 = std::chrono::steady_clock::now();
+  CK(cudaEventSynchronize(hyb_x_));
+  const auto t0 = std::chrono::steady_clock::now();
+  WeighPair(pair ^ 1);
+
+  // The choice, by the CPU's own routine (every backend picks the same experts).
+  thread_local std::vector<float> bias, weight;
+  thread_local std::vector<int32_t> sel;
+  const float* b = nullptr;
+  if (op.bias) {
+    bias.resize(static_cast<size_t>(E));
+    DequantizeWeightRow(*op.bias, 0, bias.data());
+    b = bias.data();
+  }
+  sel.resize(static_cast<size_t>(K));
+  weight.resize(static_cast<size_t>(K));
+  RouteRow(rp, logits, b, sel.data(), weight.data());
+
+  // The CPU takes whole experts read in place (all three matrices in host memory), the first
+  // of them in the choice's order, as many as its share of them (the remainder carried to the
+  // next layer); the device takes the rest, from its memory or over the link.
+  const auto in_place = [](const ExpertTable& t, int e) {
+    return t.host[static_cast<size_t>(e)] == t.dev_ptrs[static_cast<size_t>(e)];
+  };
+  const auto whole_on_host = [&](int e) {
+    return in_place(g, e) && in_place(u, e) && in_place(dn, e);
+  };
+  int n_in_place = 0;
+  for (int j = 0; j < K; ++j) n_in_place += whole_on_host(sel[j]);
+  hyb_expert_carry_ += HybridCpuShare() * n_in_place;
+  const int n_cpu = std::min(n_in_place, static_cast<int>(hyb_expert_carry_));
+  hyb_expert_carry_ -= n_cpu;
+  thread_local std::vector<int> cpu_slots;
+  thread_local std::vector<int32_t> dev_sel;
+  thread_local std::vector<float> dev_weight;
+  cpu_slots.clear();
+  dev_sel.clear();
+  dev_weight.clear();
+  for (int j = 0; j < K; ++j) {
+    const int e = sel[j];
+    if (static_cast<int>(cpu_slots.size()) < n_cpu && whole_on_host(e)) {
+      cpu_slots.push_back(j);
+    } else {
+      dev_sel.push_back(e);
+      dev_weight.push_back(weight[j]);
+    }
+  }
+  const int n_dev = static_cast<int>(dev_sel.size());
+  const uint64_t g_bytes = static_cast<uint64_t>(g.part.row_bytes) * static_cast<uint64_t>(ff);
+  const uint64_t u_bytes = static_cast<uint64_t>(u.part.row_bytes) * static_cast<uint64_t>(ff);
+  const uint64_t d_bytes = static_cast<uint64_t>(dn.part.row_bytes) * static_cast<uint64_t>(d);
+
+  // The device's experts first, so that it computes while the CPU does.
+  EnsureArgs(static_cast<size_t>(K) * 8 + 32);
+  EnsureWork(ExpertWorkBytes(K, ff, d) + static_cast<size_t>(d) * 6 + 4 * 256);
+  auto* plus = static_cast<float*>(Carve(static_cast<size_t>(d) * 4));
+  const float* out = nullptr;
+  const float* dev_w = nullptr;
+  if (n_dev > 0) {
+    const auto* dsel = static_cast<const int32_t*>(Args(dev_sel.data(), dev_sel.size() * 4, kRows));
+    dev_w = static_cast<const float*>(Args(dev_weight.data(), dev_weight.size() * 4, kWeights));
+    const ExpertWork w = CarveExpertWork(n_dev, ff, d);
+    CK(cudaEventRecord(hyb_a_[pair], stream_));
+    AddExpertSlots(op, g, u, dn, dsel, n_dev, n_dev, w);
+    Flush();
+    CK(cudaEventRecord(hyb_b_[pair], stream_));
+    out = w.out;
+    for (int e : dev_sel)
+      link_bytes_ += (in_place(g, e) ? g_bytes : 0) + (in_place(u, e) ? u_bytes : 0) +
+                     (in_place(dn, e) ? d_bytes : 0);
+  }
+
+  // The CPU's experts, from host memory where the device would have read them.
+  const auto c0 = std::chrono::steady_clock::now();
+  std::fill(cpu_sum, cpu_sum + d, 0.0f);
+  if (n_cpu > 0) {
+    thread_local std::vector<float> gate, up, hidden_out;
+    thread_local std::vector<WeightView> views;
+    thread_local std::vector<MatMulOp> up_ops, down_ops;
+    gate.resize(static_cast<size_t>(n_cpu * ff));
+    up.resize(gate.size());
+    hidden_out.resize(static_cast<size_t>(n_cpu * d));
+    views.clear();
+    views.reserve(static_cast<size_t>(3 * n_cpu));  // never moves: ops point into it
+    up_ops.clear();
+    down_ops.clear();
+    const Tensor xt{x, 1, d};
+    for (int i = 0; i < n_cpu; ++i) {
+      const int e = sel[cpu_slots[static_cast<size_t>(i)]];
+      views.push_back(RowSlice(*op.gate, e * ff, ff));
+      up_ops.push_back({&views.back(), xt, {gate.data() + i * ff, 1, ff}});
+      views.push_back(RowSlice(*op.up, e * ff, ff));
+      up_ops.push_back({&views.back(), xt, {up.data() + i * ff, 1, ff}});
+      views.push_back(RowSlice(*op.down, e * d, d));
+      down_ops.push_back(
+          {&views.back(), {gate.data() + i * ff, 1, ff}, {hidden_out.data() + i * d, 1, d}});
+    }
+    host_->MatMulBatch(up_ops.data(), static_cast<int>(up_ops.size()));
+    const Tensor gt{gate.data(), n_cpu, ff}, ut{up.data(), n_cpu, ff};
+    host_->SwiGlu(gt, ut, gt);
+    host_->MatMulBatch(down_ops.data(), static_cast<int>(down_ops.size()));
+    // In the choice's order, as the device sums its slots.
+    for (int i = 0; i < n_cpu; ++i) {
+      const float wj = weight[static_cast<size_t>(cpu_slots[static_cast<size_t>(i)])];
+      const float* o = hidden_out.data() + i * d;
+      for (int64_t c = 0; c < d; ++c) cpu_sum[c] = std::fma(wj, o[c], cpu_sum[c]);
+    }
+    host_compute_bytes_ += static_cast<uint64_t>(n_cpu) * (g_bytes + u_bytes + d_bytes);
+  }
+  const auto c1 = std::chrono::steady_clock::now();
+  const double cpu_s = std::chrono::duration<double>(c1 - c0).count();
+  hyb_wait_s_ += std::chrono::duration<double>(t0 - w0).count();
+  hyb_cpu_s_ += cpu_s;
+  ++hyb_batches_;
+  if (n_cpu > 0) {
+    if (n_dev == 0) {
+      BalanceShare(cpu_s, 0);
+    } else {
+      hyb_cpu_pending_[pair] = std::max(cpu_s, 1e-9);  // weighed once the device's time is known
+    }
+  }
+
+  // The device adds the CPU's sum to its own as it combines.
+  CK(cudaMemcpyAsync(plus, cpu_sum, static_cast<size_t>(d) * 4, cudaMemcpyHostToDevice, stream_));
+  AddMoeCombine(out, dev_w, nullptr, op.acc, n_dev, plus);
   return true;
 }
 

@@ -409,6 +409,7 @@ struct MoeCombineParams {
   const float* out = nullptr;
   const float* weight = nullptr;
   const int32_t* pos = nullptr;
+  const float* plus = nullptr;  // [n, cols] added to the sum (the hybrid's CPU experts), or null
   float* acc = nullptr;
   float* add_to = nullptr;
   int64_t n = 0, cols = 0;

@@ -23,7 +23,7 @@ __global__ void MoeCombineKernel(const __grid_constant__ MoeCombineParams p) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.n * p.cols) return;
   const int64_t t = i / p.cols, c = i % p.cols;
-  float acc = 0;
+  float acc = p.plus ? p.plus[i] : 0.0f;
   for (int j = 0; j < p.k; ++j) {
     const int64_t s = t * p.k + j, row = p.pos ? p.pos[s] : s;
     acc = fmaf(p.weight[s], p.out[row * p.cols + c], acc);
