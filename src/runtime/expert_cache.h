@@ -56,9 +56,10 @@ class ExpertCache {
   uint64_t slot_bytes() const { return slot_bytes_; }
 
   // hint_used: hinted reads whose expert was then acquired (their share of `hinted` is the
-  // hints' precision); hint_dropped: hinted reads dropped before they started.
+  // hints' precision); hint_dropped: hinted reads dropped before they started; hint_abandoned:
+  // those stopped while running.
   uint64_t hits = 0, misses = 0, late = 0, hinted = 0, hint_used = 0, hint_dropped = 0,
-           evictions = 0;
+           hint_abandoned = 0, evictions = 0;
 
  private:
   Policy policy_ = Policy::kLru;

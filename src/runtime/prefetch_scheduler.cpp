@@ -47,6 +47,7 @@ void PrefetchScheduler::Submit(const ReadRequest& r) {
     std::lock_guard<std::mutex> lock(mu_);
     r.ticket->state = ReadTicket::kQueued;
     r.ticket->awaited = false;
+    r.ticket->abandoned = false;
     r.ticket->error = Status::Ok();
     queue_.push_back({r, bytes});
     queue_.back().req.issue_us = NowUs();
@@ -104,6 +105,14 @@ bool PrefetchScheduler::CancelQueued(ReadTicket* t) {
   return t->state == ReadTicket::kQueued && DropQueuedLocked(t);
 }
 
+ReadTicket::State PrefetchScheduler::Abandon(ReadTicket* t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (t->state == ReadTicket::kQueued && DropQueuedLocked(t)) return ReadTicket::kQueued;
+  if (t->state != ReadTicket::kRunning) return ReadTicket::kIdle;
+  t->abandoned = true;
+  return ReadTicket::kRunning;
+}
+
 double PrefetchScheduler::bandwidth() const {
   std::lock_guard<std::mutex> lock(mu_);
   return read_seconds_ > 0 ? static_cast<double>(bytes_read_) / read_seconds_ : 0;
@@ -154,8 +163,13 @@ Status PrefetchScheduler::Execute(IoReader& io, const ReadRequest& r) {
   const int top = std::min(r.tier, op.n_tiers - 1);
   // Tier k lands at its slab offset, less the offset of the first tier read.
   uint8_t* const base = r.dst - op.SlabOffset(r.first_tier);
+  const auto abandoned = [&] {
+    return r.ticket->abandoned ? Cancelled("read abandoned: its bytes are no longer wanted")
+                               : Status::Ok();
+  };
   for (int k = r.first_tier; k <= top; ++k) {
     for (const StoreOp::Span& s : op.spans[k]) {
+      RETURN_IF_ERROR(abandoned());
       const RandomAccessFile& f = index_.file(s.file);
       const int64_t start = NowUs();
       RETURN_IF_ERROR(io.Read(f, s.offset, s.bytes, base + op.SlabOffset(k) + s.slab_pos));
@@ -173,6 +187,7 @@ Status PrefetchScheduler::Execute(IoReader& io, const ReadRequest& r) {
     }
   }
   // Checksums after the reads, so the disk stays busy while the CPU verifies the next op's data.
+  RETURN_IF_ERROR(abandoned());
   for (const auto& [id, slice] : op.units) {
     const StoreUnit& u = index_.tensors()[id].units[slice >= 0 ? slice : 0];
     for (int k = r.first_tier; k <= top && k < u.n_tiers; ++k) {

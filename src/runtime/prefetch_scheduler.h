@@ -33,6 +33,9 @@ struct ReadTicket {
   // Someone waits for it (Wait before it was done): a late read, whose bytes go to their op
   // as they are, without the finisher's work. Cleared by Submit.
   std::atomic<bool> awaited{false};
+  // Its bytes are no longer wanted (PrefetchScheduler::Abandon): a running read stops before
+  // its next range and its checksums, and fails. Cleared by Submit.
+  std::atomic<bool> abandoned{false};
   Status error;
 };
 
@@ -88,6 +91,10 @@ class PrefetchScheduler {
   // Drops the request if it is still queued (the ticket is idle after) and says so; never
   // waits: a running, done or idle ticket is left as it is.
   bool CancelQueued(ReadTicket* t);
+  // CancelQueued, and a running read told to stop at its next range (it then fails, its
+  // destination partly written: the caller must not use it, nor reuse it while it runs).
+  // Never waits. kQueued: dropped, the ticket idle; kRunning: told to stop; kIdle: neither.
+  ReadTicket::State Abandon(ReadTicket* t);
 
   double bandwidth() const;       // bytes/s of read time so far; 0 before the first read
   uint64_t queued_bytes() const;  // bytes of queued requests

@@ -646,10 +646,11 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
 }
 
 int ResidencyManager::DropWrongGuesses(int layer, const int32_t* experts, int n) {
-  // The layer's real routing is known: guessed reads for its other experts that no reader has
-  // started yet would only delay the misses, so they are dropped and their slots freed. A read
-  // already running is left to finish (its expert stays cached).
-  // (A layer's real hint lists its experts in increasing order.)
+  // The layer's real routing is known: guessed reads for its other experts would only delay
+  // the misses and take the disk's time, so they are dropped: a queued one at once (its slot
+  // freed), a running one at its next range (its slot emptied now, reused once the read has
+  // stopped: TakeVictim skips slots whose read is in flight).
+  // (A layer's real hint lists its experts in increasing order.) Returns the slots freed now.
   int dropped = 0;
   for (int e = 0; e < hp_.n_expert; ++e) {
     const int o = expert_ops_[layer][e];
@@ -658,11 +659,16 @@ int ResidencyManager::DropWrongGuesses(int layer, const int32_t* experts, int n)
     if (slot < 0) continue;
     ExpertCache::Slot& sl = experts_->slot(slot);
     if (!sl.hint_unused || sl.pins > 0 || sl.upgrade.state.load() != ReadTicket::kIdle) continue;
-    if (!sched_->CancelQueued(&sl.ticket)) continue;
+    const ReadTicket::State was = sched_->Abandon(&sl.ticket);
+    if (was == ReadTicket::kIdle) continue;
     experts_->Clear(slot);
     sl.hint_unused = false;
-    ++experts_->hint_dropped;
-    ++dropped;
+    if (was == ReadTicket::kQueued) {
+      ++experts_->hint_dropped;
+      ++dropped;
+    } else {
+      ++experts_->hint_abandoned;
+    }
   }
   return dropped;
 }

@@ -121,7 +121,9 @@ struct ResidencyStats {
   uint64_t demand_loads = 0;       // tensors acquired outside their op's window
   uint64_t expert_hits = 0, expert_misses = 0, expert_late = 0, expert_hinted = 0;
   uint64_t expert_hint_used = 0;  // hinted reads whose expert was then acquired
-  uint64_t expert_hint_dropped = 0;  // guessed reads dropped unstarted once the routing was known
+  // Guessed reads dropped once the routing was known: unstarted, and stopped while running.
+  uint64_t expert_hint_dropped = 0;
+  uint64_t expert_hint_abandoned = 0;
   uint64_t expert_relayouts = 0;     // expert reads the backend rearranged (adopt_expert_reads)
   bool uring = false;
   bool direct = false;

@@ -38,6 +38,7 @@ ResidencyStats ResidencyManager::stats() const {
   s.expert_hinted = experts_->hinted;
   s.expert_hint_used = experts_->hint_used;
   s.expert_hint_dropped = experts_->hint_dropped;
+  s.expert_hint_abandoned = experts_->hint_abandoned;
   s.expert_relayouts = relayouts_.load();
   return s;
 }
@@ -54,7 +55,8 @@ std::string ResidencyManager::StatsJson() const {
       "\"read_seconds\":%.4f,\"read_bandwidth\":%.1f,\"hits\":%llu,\"misses\":%llu,"
       "\"stall_us\":%lld,\"predicted_late\":%llu,\"demoted\":%llu,\"demand_loads\":%llu,"
       "\"expert_hits\":%llu,\"expert_misses\":%llu,\"expert_late\":%llu,\"expert_hinted\":%llu,"
-      "\"expert_hint_used\":%llu,\"expert_hint_dropped\":%llu,\"expert_relayouts\":%llu,"
+      "\"expert_hint_used\":%llu,\"expert_hint_dropped\":%llu,\"expert_hint_abandoned\":%llu,"
+      "\"expert_relayouts\":%llu,"
       "\"uring\":%s,\"direct\":%s,\"source\":\"%s\"}",
       s.serve_tier, s.n_ops_resident, s.n_ops_streamed, s.n_ops_expert,
       static_cast<unsigned long long>(s.resident_bytes), s.n_slabs, s.slabs_wanted,
@@ -71,6 +73,7 @@ std::string ResidencyManager::StatsJson() const {
       static_cast<unsigned long long>(s.expert_hinted),
       static_cast<unsigned long long>(s.expert_hint_used),
       static_cast<unsigned long long>(s.expert_hint_dropped),
+      static_cast<unsigned long long>(s.expert_hint_abandoned),
       static_cast<unsigned long long>(s.expert_relayouts), s.uring ? "true" : "false",
       s.direct ? "true" : "false", index_->gguf_path().empty() ? "store" : "gguf");
   return b;

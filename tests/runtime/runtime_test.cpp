@@ -28,8 +28,10 @@
 #include "model/sampler.h"
 #include "runtime/expert_cache.h"
 #include "runtime/plan_fixture.h"
+#include "runtime/prefetch_scheduler.h"
 #include "runtime/residency_manager.h"
 #include "store/pack.h"
+#include "store/store_index.h"
 
 extern char** environ;
 
@@ -139,6 +141,46 @@ TEST(Runtime, WrongGuessesAreDroppedBeforeTheyRun) {
   const ResidencyStats s = (*m)->stats();
   EXPECT_GT(s.expert_hint_dropped, 0u) << "no queued wrong guess was dropped";
   EXPECT_LE(s.expert_hint_used + s.expert_hint_dropped, s.expert_hinted);
+}
+
+// PrefetchScheduler::Abandon: a queued read is dropped (its ticket idle); a running one stops at
+// its next range or before its checksums and fails as cancelled, never reporting bytes it did
+// not verify; one left alone arrives whole. One reader whose reads each sleep 150 ms first.
+TEST(Runtime, AbandonedReadsStopAndFail) {
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
+  FaultEnv env;
+  env.Add({FaultEnv::Kind::kSlowRead, "", 0, -1, 150, 0});
+  StoreIndexOptions io;
+  io.env = &env;
+  auto index = StoreIndex::Open(PackedTinyMoeStore(), io);
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  PrefetchScheduler sched(**index, IoMode::kPread, 1, nullptr, RuntimeClock::now(), &env);
+  const auto& ops = (*index)->ops();
+  ASSERT_GE(ops.size(), 3u);
+  ReadTicket tickets[3];
+  std::vector<std::vector<uint8_t>> dst(3);
+  for (int i = 0; i < 3; ++i) {
+    dst[i].assign(ops[i].SlabBytes(0), 0);
+    ReadRequest r;
+    r.deadline = i;  // EDF: in this order
+    r.op = i;
+    r.dst = dst[i].data();
+    r.ticket = &tickets[i];
+    sched.Submit(r);
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (tickets[0].state.load() != ReadTicket::kRunning &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(tickets[0].state.load(), ReadTicket::kRunning);
+  EXPECT_EQ(sched.Abandon(&tickets[0]), ReadTicket::kRunning);
+  EXPECT_EQ(sched.Abandon(&tickets[1]), ReadTicket::kQueued);
+  EXPECT_EQ(tickets[1].state.load(), ReadTicket::kIdle);
+  const Status first = sched.Wait(&tickets[0], nullptr);
+  EXPECT_EQ(first.code(), StatusCode::kCancelled) << first.ToString();
+  EXPECT_EQ(sched.Abandon(&tickets[0]), ReadTicket::kIdle);  // failed already: nothing to stop
+  EXPECT_TRUE(sched.Wait(&tickets[2], nullptr).ok());
+  EXPECT_EQ(sched.bytes_read(), ops[2].SlabBytes(0)) << "only the read left alone counts";
 }
 
 // A plan's resident set is what the manager keeps: here the routers, embedding and output head
