@@ -100,11 +100,6 @@ void PrefetchScheduler::Cancel(ReadTicket* t) {
   t->state = ReadTicket::kIdle;
 }
 
-bool PrefetchScheduler::CancelQueued(ReadTicket* t) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return t->state == ReadTicket::kQueued && DropQueuedLocked(t);
-}
-
 ReadTicket::State PrefetchScheduler::Abandon(ReadTicket* t) {
   std::lock_guard<std::mutex> lock(mu_);
   if (t->state == ReadTicket::kQueued && DropQueuedLocked(t)) return ReadTicket::kQueued;

@@ -88,12 +88,10 @@ class PrefetchScheduler {
   bool Ready(const ReadTicket* t);
   // A queued request is dropped; a running one is waited for. The ticket is idle after.
   void Cancel(ReadTicket* t);
-  // Drops the request if it is still queued (the ticket is idle after) and says so; never
-  // waits: a running, done or idle ticket is left as it is.
-  bool CancelQueued(ReadTicket* t);
-  // CancelQueued, and a running read told to stop at its next range (it then fails, its
-  // destination partly written: the caller must not use it, nor reuse it while it runs).
-  // Never waits. kQueued: dropped, the ticket idle; kRunning: told to stop; kIdle: neither.
+  // A queued request dropped (the ticket idle after: returns kQueued), a running read told to
+  // stop at its next range (it then fails, its destination partly written: the caller must not
+  // use it, nor reuse it while it runs: returns kRunning); a done, failed or idle ticket is left
+  // as it is (returns kIdle). Never waits.
   ReadTicket::State Abandon(ReadTicket* t);
 
   double bandwidth() const;       // bytes/s of read time so far; 0 before the first read
