@@ -265,6 +265,10 @@ class CudaBackend final : public Backend {
   void EnsureHybridHost(size_t floats);
   // Weighs a split's pair of device events against its CPU seconds, once.
   void WeighPair(int pair);
+  // After a split's CPU part: its host time counted, and its CPU seconds (when the CPU had a
+  // part) weighed against the device's: at once when the device had none, else by WeighPair
+  // once the device's events are read.
+  void SettleSplit(int pair, double wait_s, double cpu_s, bool cpu_part, bool device_part);
   // The CPU's share of a split product's rows now (balanced, or fixed).
   double HybridCpuShare() const;
   // Moves the share after a batch whose CPU part took cpu_s and device part dev_s.

@@ -120,6 +120,19 @@ void CudaBackend::WeighPair(int pair) {
   hyb_cpu_pending_[pair] = 0;
 }
 
+void CudaBackend::SettleSplit(int pair, double wait_s, double cpu_s, bool cpu_part,
+                              bool device_part) {
+  hyb_wait_s_ += wait_s;
+  hyb_cpu_s_ += cpu_s;
+  ++hyb_batches_;
+  if (!cpu_part) return;  // nothing to learn the share from
+  if (device_part) {
+    hyb_cpu_pending_[pair] = std::max(cpu_s, 1e-9);  // weighed once the device's time is known
+  } else {
+    BalanceShare(cpu_s, 0);
+  }
+}
+
 void CudaBackend::EnsureHybridHost(size_t floats) {
   if (floats <= hyb_host_floats_) return;
   Sync();  // the copies from the old buffer
@@ -247,15 +260,8 @@ bool CudaBackend::HybridBatch(const MatMulOp* ops, int n_ops) {
   const auto t0 = std::chrono::steady_clock::now();
   host_->MatMulBatch(cpu_ops.data(), static_cast<int>(cpu_ops.size()));
   const double cpu_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  hyb_wait_s_ += std::chrono::duration<double>(t0 - w0).count();
-  hyb_cpu_s_ += cpu_s;
-  ++hyb_batches_;
   host_compute_bytes_ += cpu_bytes;
-  if (dev_ops.empty()) {
-    BalanceShare(cpu_s, 0);
-  } else {
-    hyb_cpu_pending_[pair] = std::max(cpu_s, 1e-9);  // weighed once the device's time is known
-  }
+  SettleSplit(pair, std::chrono::duration<double>(t0 - w0).count(), cpu_s, true, !dev_ops.empty());
   for (const Span& sp : ys)
     CK(cudaMemcpyAsync(const_cast<float*>(sp.dev), hyb_host_ + sp.host_off, sp.floats * 4,
                        cudaMemcpyHostToDevice, stream_));
@@ -394,16 +400,7 @@ bool CudaBackend::HybridExperts(const RoutedExpertsOp& op, const ExpertTable& g,
   }
   const auto c1 = std::chrono::steady_clock::now();
   const double cpu_s = std::chrono::duration<double>(c1 - c0).count();
-  hyb_wait_s_ += std::chrono::duration<double>(t0 - w0).count();
-  hyb_cpu_s_ += cpu_s;
-  ++hyb_batches_;
-  if (n_cpu > 0) {
-    if (n_dev == 0) {
-      BalanceShare(cpu_s, 0);
-    } else {
-      hyb_cpu_pending_[pair] = std::max(cpu_s, 1e-9);  // weighed once the device's time is known
-    }
-  }
+  SettleSplit(pair, std::chrono::duration<double>(t0 - w0).count(), cpu_s, n_cpu > 0, n_dev > 0);
 
   // The device adds the CPU's sum to its own as it combines.
   CK(cudaMemcpyAsync(plus, cpu_sum, static_cast<size_t>(d) * 4, cudaMemcpyHostToDevice, stream_));
