@@ -23,7 +23,7 @@ Expected<std::unique_ptr<ExpertCache>> ExpertCache::Create(int n_slots, uint64_t
   return c;
 }
 
-int ExpertCache::TakeVictim(int64_t protect_before) {
+int ExpertCache::TakeVictim(int64_t protect_before, int64_t used_before) {
   int best = -1;
   for (int pass = 0; pass < 2 && best < 0; ++pass) {
     for (int i = 0; i < n_slots(); ++i) {
@@ -33,6 +33,7 @@ int ExpertCache::TakeVictim(int64_t protect_before) {
       };
       if (s.pins > 0 || in_flight(s.ticket) || in_flight(s.upgrade)) continue;
       if (pass == 0 && s.op >= 0 && s.hint_pos > protect_before) continue;
+      if (s.op >= 0 && s.use_pos >= used_before) continue;
       if (s.op < 0) return i;  // an empty slot beats any victim
       if (best < 0) {
         best = i;
@@ -53,7 +54,7 @@ int ExpertCache::TakeVictim(int64_t protect_before) {
   return best;
 }
 
-void ExpertCache::Assign(int s, int op, int tier) {
+void ExpertCache::Assign(int s, int op, int tier, int64_t pos) {
   Slot& sl = slots_[s];
   if (sl.op >= 0) op_slot_[sl.op] = -1;
   sl.op = op;
@@ -62,6 +63,7 @@ void ExpertCache::Assign(int s, int op, int tier) {
   sl.upgrade_tier = 0;
   sl.uses = 0;
   sl.last_use = ++clock_;
+  sl.use_pos = pos;
   sl.hint_pos = -1;
   sl.hint_unused = false;
   op_slot_[op] = s;
@@ -73,8 +75,9 @@ void ExpertCache::Clear(int s) {
   slots_[s].upgrade_tier = 0;
 }
 
-void ExpertCache::Touch(int s) {
+void ExpertCache::Touch(int s, int64_t pos) {
   slots_[s].last_use = ++clock_;
+  slots_[s].use_pos = pos;
   ++slots_[s].uses;
 }
 

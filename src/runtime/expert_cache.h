@@ -34,6 +34,7 @@ class ExpertCache {
     uint64_t last_use = 0;
     uint64_t uses = 0;
     int64_t hint_pos = -1;  // sequence position of the hint that filled it
+    int64_t use_pos = -1;   // sequence position of its last use (or of its filling)
     bool hint_unused = false;  // filled by a hint and not acquired since
     // Per unit of its op, the layout tier 0 has once read (the backend's; empty: plain rows).
     std::vector<WeightLayout> layout;
@@ -45,11 +46,12 @@ class ExpertCache {
 
   int Find(int op) const { return op_slot_[op]; }
   // A victim slot (emptied of its op), or -1 when every slot is pinned, in flight or protected
-  // (hinted at a position > protect_before).
-  int TakeVictim(int64_t protect_before);
-  // Slot s now holds op (its read is the caller's to submit).
-  void Assign(int s, int op, int tier);
-  void Touch(int s);  // a use: recency and frequency
+  // (hinted at a position > protect_before). Slots used or filled at a position >= used_before
+  // are never taken (a guess must not evict what the tokens now running use).
+  int TakeVictim(int64_t protect_before, int64_t used_before = INT64_MAX);
+  // Slot s now holds op (its read is the caller's to submit), filled at sequence position pos.
+  void Assign(int s, int op, int tier, int64_t pos = -1);
+  void Touch(int s, int64_t pos = -1);  // a use at position pos: recency and frequency
   void Clear(int s);  // empties slot s (its read failed)
   Slot& slot(int s) { return slots_[s]; }
   int n_slots() const { return static_cast<int>(slots_.size()); }

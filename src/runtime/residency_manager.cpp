@@ -511,7 +511,7 @@ void ResidencyManager::ReadExpert(int slot, int o, int64_t deadline) {
   // An expert that may run on its skeleton while its residual is late (the fallback of an
   // escalation) reads the tiers the runtime keeps first, its residual tiers as an upgrade.
   const int base = fallback_.lowers(o) ? std::min(want, keep_) : want;
-  experts_->Assign(slot, o, base);
+  experts_->Assign(slot, o, base, pos_);
   Submit(deadline, o, base, experts_->slot(slot).data, &experts_->slot(slot).ticket, 0, slot);
   if (want > base) Upgrade(slot, want, deadline);
 }
@@ -604,7 +604,7 @@ Status ResidencyManager::BeginExpert(int o) {
     return st;
   }
   ++sl.pins;  // until this op's EndOp: a batch of experts may be open at once
-  experts_->Touch(slot);
+  experts_->Touch(slot, pos_);
   return Status::Ok();
 }
 
@@ -628,8 +628,13 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
     if (slot < 0) {
       if (busy + 1 >= experts_->n_slots()) continue;
       // Experts hinted within the look-ahead's reach (and the layer before) stay until used.
-      slot = experts_->TakeVictim(pos_ -
-                                  (1 + std::max(1, options_.lookahead_layers)) * ops_per_layer_);
+      // A guess never evicts an expert used (or read) within the last token's ops: with a cache
+      // little larger than a token's experts, guesses that did cycled the cache through them
+      // (qwen2moe at 2 GiB: 113 slots for a token's 96 experts, bench/RESULTS.md).
+      const int64_t used_before =
+          layer > cur_layer_ ? pos_ - static_cast<int64_t>(seq_.size()) : INT64_MAX;
+      slot = experts_->TakeVictim(
+          pos_ - (1 + std::max(1, options_.lookahead_layers)) * ops_per_layer_, used_before);
       if (slot < 0) return;
       ReadExpert(slot, o, deadline);
       experts_->slot(slot).hint_pos = pos_;

@@ -375,6 +375,26 @@ TEST(ExpertCache, LruSkipsPinnedAndInFlightSlots) {
   EXPECT_EQ(ec.TakeVictim(0), -1);  // everything pinned or being read
 }
 
+TEST(ExpertCache, AGuessTakesOnlySlotsUnusedSinceItsBound) {
+  MemoryLedger ledger;
+  auto c = ExpertCache::Create(3, 4096, 10, &ledger, ExpertCache::Policy::kLru);
+  ASSERT_TRUE(c.ok());
+  ExpertCache& ec = **c;
+  for (int op = 0; op < 3; ++op) ec.Assign(ec.TakeVictim(0), op, 0, /*pos=*/10 * op);
+  ec.Touch(ec.Find(0), 25);  // 0 used at 25; 1 read at 10, 2 at 20
+  // Least recently used is 1 (position 10); with the bound at 10 it is protected, and so is
+  // everything used since: no victim for a guess.
+  EXPECT_EQ(ec.TakeVictim(0, /*used_before=*/10), -1);
+  EXPECT_EQ(ec.Find(1), 1);
+  // Bound 15: only 1 (position 10) may go.
+  EXPECT_EQ(ec.TakeVictim(0, 15), 1);
+  EXPECT_EQ(ec.Find(1), -1);
+  // Without a bound, least recently used: 2 (filled before 0's use and 5's filling), though
+  // filled at a later position than the bound above would allow.
+  ec.Assign(1, 5, 0, 30);
+  EXPECT_EQ(ec.TakeVictim(0), 2);
+}
+
 TEST(TraceReport, SummarizesAndRejectsMalformedLines) {
   const std::string bin = SUBSTRATE_BINARY;
   if (!fs::exists(bin)) GTEST_SKIP() << "no substrate binary";
