@@ -584,6 +584,36 @@ int RunBench(const std::vector<std::string>& args) {
           {"uring", probe->uring},
           {"method", "one store file from its start, O_DIRECT, the runtime's reader"}};
       if (disk_rate > 0 && probe->bytes_per_s > 0) j["disk_ratio"] = disk_rate / probe->bytes_per_s;
+      // Routed experts read whole, in no order, by as many readers as the runtime has: the rate
+      // the expert cache's misses get, and the decode's disk bound from it.
+      const ResidencyStats rs = rm->stats();
+      if (rs.expert_slots < rs.n_ops_expert) {
+        std::vector<int> experts;
+        const auto& ops = rm->index().ops();
+        for (size_t o = 0; o < ops.size(); ++o)
+          if (ops[o].id.find(".moe.expert_") != std::string::npos)
+            experts.push_back(static_cast<int>(o));
+        std::shuffle(experts.begin(), experts.end(), std::mt19937(17));
+        const int readers = rm->options().io_threads;
+        auto ep = ProbeConcurrentOpReads(
+            rm->index(), experts, readers, 0.2, *probe_bytes / static_cast<uint64_t>(readers), 0.3,
+            2 * *probe_bytes / static_cast<uint64_t>(readers),
+            std::min<uint64_t>(16ull << 20, *bw_bytes / static_cast<uint64_t>(readers)),
+            rm->options().io_mode, &e.ledger());
+        if (!ep.ok()) return PrintError("bench", ep.status().WithContext("expert read probe"));
+        j["expert_read_probe"] = {
+            {"readers", readers},
+            {"bytes", ep->bytes},
+            {"seconds", ep->seconds},
+            {"bytes_per_s", ep->bytes_per_s},
+            {"method", "routed experts whole, in no order, each reader checking what it read, "
+                       "as the runtime's reading threads do"}};
+        if (ep->bytes_per_s > 0 && j.contains("disk_bytes_per_token")) {
+          const double per_token = j["disk_bytes_per_token"].get<double>();
+          if (per_token > 0) j["disk_bound_tokens_per_s"] = ep->bytes_per_s / per_token;
+          if (disk_rate > 0) j["expert_disk_ratio"] = disk_rate / ep->bytes_per_s;
+        }
+      }
     }
   }
   if (device_bw) {
@@ -700,6 +730,13 @@ int RunBench(const std::vector<std::string>& args) {
                 j["disk_probe"]["file"].get<std::string>().c_str(),
                 j["disk_probe"]["bytes_per_s"].get<double>() / 1e9);
   if (j.contains("disk_ratio")) std::printf(" (ratio %.2f)", j["disk_ratio"].get<double>());
+  if (j.contains("expert_read_probe"))
+    std::printf("; experts read whole by %d readers: %.3f GB/s",
+                j["expert_read_probe"]["readers"].get<int>(),
+                j["expert_read_probe"]["bytes_per_s"].get<double>() / 1e9);
+  if (j.contains("disk_bound_tokens_per_s"))
+    std::printf(" (disk bound %.2f tokens/s, ratio %.2f)",
+                j["disk_bound_tokens_per_s"].get<double>(), j["expert_disk_ratio"].get<double>());
   if (j.contains("disk_read_bytes_per_s") || j.contains("disk_probe")) std::printf("\n");
   if (j.contains("decode_profile")) std::printf("%s\n", j["decode_profile"].dump(2).c_str());
   return 0;

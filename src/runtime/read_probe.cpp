@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "core/aligned_buffer.h"
 #include "store/crc32c.h"
@@ -118,6 +119,37 @@ Expected<OpReadProbe> ProbeOpReads(const StoreIndex& index, const std::vector<in
   p.uring = io->uring();
   g_probe_crc = crc;
   return p;
+}
+
+Expected<OpReadProbe> ProbeConcurrentOpReads(const StoreIndex& index, const std::vector<int>& ops,
+                                             int readers, double warmup_seconds,
+                                             uint64_t min_bytes, double min_seconds,
+                                             uint64_t max_bytes, uint64_t max_buffer, IoMode mode,
+                                             MemoryLedger* ledger) {
+  readers = std::max(1, std::min(readers, static_cast<int>(ops.size())));
+  std::vector<std::vector<int>> share(static_cast<size_t>(readers));
+  for (size_t i = 0; i < ops.size(); ++i) share[i % share.size()].push_back(ops[i]);
+  std::vector<Expected<OpReadProbe>> got(share.size(), Internal("read probe: not run"));
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < share.size(); ++r)
+    threads.emplace_back([&, r] {
+      got[r] = ProbeOpReads(index, share[r], warmup_seconds, min_bytes, min_seconds, max_bytes,
+                            max_buffer, mode, ledger);
+    });
+  for (std::thread& t : threads) t.join();
+  OpReadProbe all;
+  for (auto& g : got) {
+    if (!g.ok()) return g.status();
+    all.bytes += g->bytes;
+    all.warmup_bytes += g->warmup_bytes;
+    all.n_ops += g->n_ops;
+    all.seconds = std::max(all.seconds, g->seconds);
+    all.check_seconds += g->check_seconds;
+    all.direct = g->direct;
+    all.uring = g->uring;
+  }
+  all.bytes_per_s = all.seconds > 0 ? static_cast<double>(all.bytes) / all.seconds : 0;
+  return all;
 }
 
 }  // namespace substrate

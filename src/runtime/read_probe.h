@@ -54,4 +54,16 @@ Expected<OpReadProbe> ProbeOpReads(const StoreIndex& index, const std::vector<in
                                    uint64_t max_bytes, uint64_t max_buffer, IoMode mode,
                                    MemoryLedger* ledger);
 
+// The disk as an expert cache's misses meet it: `readers` threads (the prefetch scheduler's
+// workers) each running ProbeOpReads over its share of `ops` (routed experts, in no order), at
+// the same time. bytes_per_s: all counted bytes over the slowest reader's counted time; the
+// other limits are ProbeOpReads', per reader. A sequential read from a file's start can claim
+// more than such reads get (a virtual disk whose host reads ahead), so a bench holding a decode
+// against the disk needs this rate.
+Expected<OpReadProbe> ProbeConcurrentOpReads(const StoreIndex& index, const std::vector<int>& ops,
+                                             int readers, double warmup_seconds,
+                                             uint64_t min_bytes, double min_seconds,
+                                             uint64_t max_bytes, uint64_t max_buffer, IoMode mode,
+                                             MemoryLedger* ledger);
+
 }  // namespace substrate

@@ -42,10 +42,12 @@ uint64_t PerTokenFromManifest(const std::string& dir, int tier) {
   return total;
 }
 
-json Bench(const std::string& extra) {
+// Under 3/5 of the store's bytes (with room for the runtime) unless `budget` says otherwise.
+json Bench(const std::string& extra, uint64_t budget = 0) {
+  if (budget == 0) budget = StoreDataBytes(PackedTinyMoeStore()) * 3 / 5 + (24 << 20);
   const std::string out = StoreTestPath("bench_store.json");
   const std::string cmd = std::string(SUBSTRATE_BINARY) + " bench --store " + PackedTinyMoeStore() +
-                          " --max-ram " + std::to_string(StoreDataBytes(PackedTinyMoeStore()) * 3 / 5 + (24 << 20)) +
+                          " --max-ram " + std::to_string(budget) +
                           " -p 0 -n 3 -r 1 -t 2 --json --bw-bytes 16M --probe-bytes 4M " + extra +
                           " > " + out + " 2>&1";
   const int rc = std::system(cmd.c_str());
@@ -96,6 +98,27 @@ TEST(BenchStore, WeightBandwidthAndDiskProbe) {
     }
     EXPECT_LE(b["ledger"]["peak_bytes"].get<uint64_t>(), b["ledger"]["cap_bytes"].get<uint64_t>());
   }
+}
+
+// A budget that leaves the routed experts streaming: the disk as their misses meet it (whole
+// experts in no order, the runtime's readers at once), and the decode's disk bound from it.
+TEST(BenchStore, ExpertReadProbeWhereExpertsStream) {
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
+  if (!fs::exists(SUBSTRATE_BINARY)) GTEST_SKIP() << "no substrate binary";
+  const json b = Bench("--tier 0", StoreDataBytes(PackedTinyMoeStore()) * 3 / 10 + (24 << 20));
+  ASSERT_TRUE(b.is_object());
+  ASSERT_LT(b["store"]["expert_slots"].get<int>(), b["store"]["ops_expert"].get<int>()) << b.dump();
+  const json& ep = b["expert_read_probe"];
+  ASSERT_TRUE(ep.is_object()) << b.dump();
+  EXPECT_EQ(ep["readers"].get<int>(), 4);
+  EXPECT_GT(ep["bytes"].get<uint64_t>(), 0u);
+  EXPECT_GT(ep["bytes_per_s"].get<double>(), 0);
+  const double per_token = b["disk_bytes_per_token"];
+  ASSERT_GT(per_token, 0) << b.dump();
+  EXPECT_NEAR(b["disk_bound_tokens_per_s"].get<double>(),
+              ep["bytes_per_s"].get<double>() / per_token, 1e-9);
+  EXPECT_NEAR(b["expert_disk_ratio"].get<double>(),
+              b["disk_read_bytes_per_s"].get<double>() / ep["bytes_per_s"].get<double>(), 1e-9);
 }
 
 // -d: decode after an untimed prefill, reading that many more KV rows a token. With -n 3 a token
