@@ -606,8 +606,9 @@ int RunBench(const std::vector<std::string>& args) {
             {"bytes", ep->bytes},
             {"seconds", ep->seconds},
             {"bytes_per_s", ep->bytes_per_s},
-            {"method", "routed experts whole, in no order, each reader checking what it read, "
-                       "as the runtime's reading threads do"}};
+            {"method",
+             "routed experts whole, in no order, each reader checking what it read, "
+             "as the runtime's reading threads do"}};
         if (ep->bytes_per_s > 0 && j.contains("disk_bytes_per_token")) {
           const double per_token = j["disk_bytes_per_token"].get<double>();
           if (per_token > 0) j["disk_bound_tokens_per_s"] = ep->bytes_per_s / per_token;

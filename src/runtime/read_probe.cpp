@@ -122,9 +122,9 @@ Expected<OpReadProbe> ProbeOpReads(const StoreIndex& index, const std::vector<in
 }
 
 Expected<OpReadProbe> ProbeConcurrentOpReads(const StoreIndex& index, const std::vector<int>& ops,
-                                             int readers, double warmup_seconds,
-                                             uint64_t min_bytes, double min_seconds,
-                                             uint64_t max_bytes, uint64_t max_buffer, IoMode mode,
+                                             int readers, double warmup_seconds, uint64_t min_bytes,
+                                             double min_seconds, uint64_t max_bytes,
+                                             uint64_t max_buffer, IoMode mode,
                                              MemoryLedger* ledger) {
   readers = std::max(1, std::min(readers, static_cast<int>(ops.size())));
   std::vector<std::vector<int>> share(static_cast<size_t>(readers));

@@ -61,9 +61,9 @@ Expected<OpReadProbe> ProbeOpReads(const StoreIndex& index, const std::vector<in
 // more than such reads get (a virtual disk whose host reads ahead), so a bench holding a decode
 // against the disk needs this rate.
 Expected<OpReadProbe> ProbeConcurrentOpReads(const StoreIndex& index, const std::vector<int>& ops,
-                                             int readers, double warmup_seconds,
-                                             uint64_t min_bytes, double min_seconds,
-                                             uint64_t max_bytes, uint64_t max_buffer, IoMode mode,
+                                             int readers, double warmup_seconds, uint64_t min_bytes,
+                                             double min_seconds, uint64_t max_bytes,
+                                             uint64_t max_buffer, IoMode mode,
                                              MemoryLedger* ledger);
 
 }  // namespace substrate
