@@ -23,6 +23,7 @@
 #include "kernels/membw.h"
 #include "kernels/profile.h"
 #include "model/hparams.h"
+#include "model/op_id.h"
 #include "runtime/engine.h"
 #include "runtime/read_probe.h"
 #include "tokenizer/tokenizer.h"
@@ -589,10 +590,10 @@ int RunBench(const std::vector<std::string>& args) {
       const ResidencyStats rs = rm->stats();
       if (rs.expert_slots < rs.n_ops_expert) {
         std::vector<int> experts;
-        const auto& ops = rm->index().ops();
-        for (size_t o = 0; o < ops.size(); ++o)
-          if (ops[o].id.find(".moe.expert_") != std::string::npos)
-            experts.push_back(static_cast<int>(o));
+        const ModelHParams& hp = model.hparams();
+        for (int l = 0; l < hp.n_layer; ++l)
+          for (int x = 0; x < hp.n_expert; ++x)
+            if (const int o = rm->index().FindOp(OpIdMoeExpert(l, x)); o >= 0) experts.push_back(o);
         std::shuffle(experts.begin(), experts.end(), std::mt19937(17));
         const int readers = rm->options().io_threads;
         auto ep = ProbeConcurrentOpReads(
