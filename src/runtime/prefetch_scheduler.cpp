@@ -46,7 +46,6 @@ void PrefetchScheduler::Submit(const ReadRequest& r) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     r.ticket->state = ReadTicket::kQueued;
-    r.ticket->awaited = false;
     r.ticket->abandoned = false;
     r.ticket->error = Status::Ok();
     queue_.push_back({r, bytes});
@@ -70,7 +69,6 @@ bool PrefetchScheduler::Ready(const ReadTicket* t) {
 Status PrefetchScheduler::Wait(ReadTicket* t, int64_t* waited_us) {
   const auto t0 = RuntimeClock::now();
   std::unique_lock<std::mutex> lock(mu_);
-  if (t->state == ReadTicket::kQueued || t->state == ReadTicket::kRunning) t->awaited = true;
   done_cv_.wait(lock, [&] {
     return t->state == ReadTicket::kDone || t->state == ReadTicket::kFailed ||
            t->state == ReadTicket::kIdle;
@@ -190,7 +188,7 @@ Status PrefetchScheduler::Execute(IoReader& io, const ReadRequest& r) {
       RETURN_IF_ERROR(index_.Verify(rg, base + op.SlabOffset(k) + rg.slab_pos));
     }
   }
-  if (r.finisher && !r.ticket->awaited) r.finisher->Finish(r);
+  if (r.finisher) r.finisher->Finish(r);
   return Status::Ok();
 }
 

@@ -30,9 +30,6 @@ using RuntimeClock = std::chrono::steady_clock;
 struct ReadTicket {
   enum State { kIdle, kQueued, kRunning, kDone, kFailed };
   std::atomic<State> state{kIdle};  // written under the scheduler's mutex
-  // Someone waits for it (Wait before it was done): a late read, whose bytes go to their op
-  // as they are, without the finisher's work. Cleared by Submit.
-  std::atomic<bool> awaited{false};
   // Its bytes are no longer wanted (PrefetchScheduler::Abandon): a running read stops before
   // its next range and its checksums, and fails. Cleared by Submit.
   std::atomic<bool> abandoned{false};
@@ -43,8 +40,10 @@ struct ReadRequest;
 
 // Work on a request's bytes once they are read and verified, done by the reading thread before
 // the ticket is done (the runtime rearranges an expert's matrices into its backend's layout
-// there: off the compute threads, and once per read rather than per use). Only for reads that
-// arrive ahead of need: one already waited for (ReadTicket::awaited) is left as read.
+// there: off the compute threads, and once per read rather than per use). Every read gets it,
+// late ones too: a layout that depended on whether someone was already waiting would make a
+// product's last bits depend on timing (the interleaved kernels' float order differs from the
+// row kernels'), and out of core must compute what resident computes.
 class ReadFinisher {
  public:
   virtual void Finish(const ReadRequest& r) = 0;

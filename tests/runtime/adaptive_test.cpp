@@ -276,9 +276,11 @@ TEST(Adaptive, ASlowingDiskForcesEveryEscalationDown) {
 }
 
 // The same store with a roomy budget: every op at the tier its table says, nothing skipped.
-Expected<std::unique_ptr<Engine>> LoadRoomy(const std::string& store, MemoryLedger* ledger) {
+Expected<std::unique_ptr<Engine>> LoadRoomy(const std::string& store, MemoryLedger* ledger,
+                                             bool adopt_expert_reads = false) {
   EngineOptions ro;
   ro.store = store;
+  ro.residency.adopt_expert_reads = adopt_expert_reads;
   ro.n_ctx = 128;
   ro.max_ram = 8 * StoreDataBytes(store) + (64ull << 20);
   ro.ledger = ledger;
@@ -299,14 +301,17 @@ struct ExpertEscalations {
 // Routed experts escalate like any op: every expert of blocks 0 and 1 drifts from token 2 on,
 // so those the tokens route to climb (K = 3 of them at once, the rest refused) and those the
 // next tokens do not route to decay. Out of core, under the cap, with the residuals waited
-// for, each token computes exactly what the resident model computes at the same per-op tiers.
-TEST(Adaptive, ScriptedExpertEscalationsComputeWhatTheirTiersComputeOutOfCore) {
-  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
+// for, each token computes exactly what the resident model computes at the same per-op tiers;
+// also where the reading threads rearrange each expert read into the decode layout (a machine
+// with cores beside the compute threads), late reads included, or a product's bits would
+// depend on whether its read was late.
+void ExpertEscalationsComputeWhatTheirTiersCompute(bool adopt_expert_reads) {
   FaultEnv env;
   env.Add({FaultEnv::Kind::kSlowRead, ".t2.bin", 0, -1, 2, 0});  // the F16 residuals: +2 ms
   Capped c;
   EngineOptions eo = ScriptedOptions(&c, 128, PackedTinyMoeStore());
   eo.residency.env = &env;
+  eo.residency.adopt_expert_reads = adopt_expert_reads;
   eo.adaptive.wait_for_escalations = true;  // the golden comparison needs every escalation
   eo.adaptive.controller.max_concurrent = 3;
   std::vector<float> drift(40, 1.0f);
@@ -321,7 +326,7 @@ TEST(Adaptive, ScriptedExpertEscalationsComputeWhatTheirTiersComputeOutOfCore) {
   ExpertEscalations counted{&a.model()};
   ctl->set_listener(&ExpertEscalations::Count, &counted);
   MemoryLedger roomy;
-  auto resident = LoadRoomy(PackedTinyMoeStore(), &roomy);
+  auto resident = LoadRoomy(PackedTinyMoeStore(), &roomy, adopt_expert_reads);
   ASSERT_TRUE(resident.ok()) << resident.status().ToString();
   Engine& r = **resident;
 
@@ -358,6 +363,16 @@ TEST(Adaptive, ScriptedExpertEscalationsComputeWhatTheirTiersComputeOutOfCore) {
   EXPECT_GT(s.decays, 0u) << "experts the tokens stopped routing to";
   EXPECT_GT(env.injected(FaultEnv::Kind::kSlowRead), 0) << "an expert's F16 residual was read";
   EXPECT_LE(c.ledger.peak(), c.cap);
+}
+
+TEST(Adaptive, ScriptedExpertEscalationsComputeWhatTheirTiersComputeOutOfCore) {
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
+  ExpertEscalationsComputeWhatTheirTiersCompute(false);
+}
+
+TEST(Adaptive, ScriptedExpertEscalationsComputeWhatTheirTiersComputeWithReadsRearranged) {
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
+  ExpertEscalationsComputeWhatTheirTiersCompute(true);
 }
 
 // By default an expert's escalation does not wait for its residual either: with residual reads
