@@ -277,7 +277,7 @@ TEST(Adaptive, ASlowingDiskForcesEveryEscalationDown) {
 
 // The same store with a roomy budget: every op at the tier its table says, nothing skipped.
 Expected<std::unique_ptr<Engine>> LoadRoomy(const std::string& store, MemoryLedger* ledger,
-                                             bool adopt_expert_reads = false) {
+                                            bool adopt_expert_reads = false) {
   EngineOptions ro;
   ro.store = store;
   ro.residency.adopt_expert_reads = adopt_expert_reads;
