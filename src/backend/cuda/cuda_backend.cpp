@@ -708,9 +708,9 @@ const CudaBackend::ExpertTable* CudaBackend::Experts(const WeightView& v, int n_
   t.part = first;
   t.rows = rows;
   t.charge = std::move(charge).value();
-  for (size_t e = 0; e < ptrs.size(); ++e) t.some_in_place |= ptrs[e] == host[e];
   t.host = std::move(host);
   t.dev_ptrs = std::move(ptrs);
+  for (int e = 0; e < n_expert; ++e) t.some_in_place |= t.InPlace(e);
   return &t;
 }
 
@@ -722,12 +722,10 @@ const unsigned long long* CudaBackend::ExpertLinkBytes(const RoutedExpertsOp& op
   auto& link = expert_link_[op.gate->data];  // stays null when every expert is on the device
   std::vector<unsigned long long> bytes(static_cast<size_t>(n_expert), 0);
   bool any = false;
-  for (auto [v, t] : {std::pair{op.gate, &g}, {op.up, &u}, {op.down, &dn}}) {
-    const uint64_t slice =
-        static_cast<uint64_t>(t->part.row_bytes) * static_cast<uint64_t>(t->rows);
+  for (const ExpertTable* t : {&g, &u, &dn}) {
     for (int e = 0; e < n_expert; ++e) {
-      if (t->host[e] != t->dev_ptrs[e]) continue;  // in device memory
-      bytes[static_cast<size_t>(e)] += slice;
+      if (!t->InPlace(e)) continue;  // in device memory
+      bytes[static_cast<size_t>(e)] += t->MatrixBytes();
       any = true;
     }
   }

@@ -215,6 +215,13 @@ class CudaBackend final : public Backend {
     // Each expert's host and device addresses (equal where it is read in place).
     std::vector<const uint8_t*> host, dev_ptrs;
     bool some_in_place = false;  // some expert is read from host memory over the link
+    // Expert e's matrix is read in place: from host memory, over the link.
+    bool InPlace(int e) const {
+      return host[static_cast<size_t>(e)] == dev_ptrs[static_cast<size_t>(e)];
+    }
+    uint64_t MatrixBytes() const {  // one expert's matrix
+      return static_cast<uint64_t>(part.row_bytes) * static_cast<uint64_t>(rows);
+    }
   };
   // v's table (built once per tensor), or null when its experts are not all adopted alike.
   const ExpertTable* Experts(const WeightView& v, int n_expert);

@@ -310,12 +310,7 @@ bool CudaBackend::HybridExperts(const RoutedExpertsOp& op, const ExpertTable& g,
   // The CPU takes whole experts read in place (all three matrices in host memory), the first
   // of them in the choice's order, as many as its share of them (the remainder carried to the
   // next layer); the device takes the rest, from its memory or over the link.
-  const auto in_place = [](const ExpertTable& t, int e) {
-    return t.host[static_cast<size_t>(e)] == t.dev_ptrs[static_cast<size_t>(e)];
-  };
-  const auto whole_on_host = [&](int e) {
-    return in_place(g, e) && in_place(u, e) && in_place(dn, e);
-  };
+  const auto whole_on_host = [&](int e) { return g.InPlace(e) && u.InPlace(e) && dn.InPlace(e); };
   int n_in_place = 0;
   for (int j = 0; j < K; ++j) n_in_place += whole_on_host(sel[j]);
   hyb_expert_carry_ += HybridCpuShare() * n_in_place;
@@ -337,9 +332,6 @@ bool CudaBackend::HybridExperts(const RoutedExpertsOp& op, const ExpertTable& g,
     }
   }
   const int n_dev = static_cast<int>(dev_sel.size());
-  const uint64_t g_bytes = static_cast<uint64_t>(g.part.row_bytes) * static_cast<uint64_t>(ff);
-  const uint64_t u_bytes = static_cast<uint64_t>(u.part.row_bytes) * static_cast<uint64_t>(ff);
-  const uint64_t d_bytes = static_cast<uint64_t>(dn.part.row_bytes) * static_cast<uint64_t>(d);
 
   // The device's experts first, so that it computes while the CPU does.
   EnsureArgs(static_cast<size_t>(K) * 8 + 32);
@@ -357,8 +349,8 @@ bool CudaBackend::HybridExperts(const RoutedExpertsOp& op, const ExpertTable& g,
     CK(cudaEventRecord(hyb_b_[pair], stream_));
     out = w.out;
     for (int e : dev_sel)
-      link_bytes_ += (in_place(g, e) ? g_bytes : 0) + (in_place(u, e) ? u_bytes : 0) +
-                     (in_place(dn, e) ? d_bytes : 0);
+      for (const ExpertTable* t : {&g, &u, &dn})
+        if (t->InPlace(e)) link_bytes_ += t->MatrixBytes();
   }
 
   // The CPU's experts, from host memory where the device would have read them.
@@ -396,7 +388,8 @@ bool CudaBackend::HybridExperts(const RoutedExpertsOp& op, const ExpertTable& g,
       const float* o = hidden_out.data() + i * d;
       for (int64_t c = 0; c < d; ++c) cpu_sum[c] = std::fma(wj, o[c], cpu_sum[c]);
     }
-    host_compute_bytes_ += static_cast<uint64_t>(n_cpu) * (g_bytes + u_bytes + d_bytes);
+    host_compute_bytes_ +=
+        static_cast<uint64_t>(n_cpu) * (g.MatrixBytes() + u.MatrixBytes() + dn.MatrixBytes());
   }
   const auto c1 = std::chrono::steady_clock::now();
   const double cpu_s = std::chrono::duration<double>(c1 - c0).count();
