@@ -138,6 +138,7 @@ Expected<OpReadProbe> ProbeConcurrentOpReads(const StoreIndex& index, const std:
     });
   for (std::thread& t : threads) t.join();
   OpReadProbe all;
+  all.direct = true;  // held by every reader
   for (auto& g : got) {
     if (!g.ok()) return g.status();
     all.bytes += g->bytes;
@@ -145,7 +146,7 @@ Expected<OpReadProbe> ProbeConcurrentOpReads(const StoreIndex& index, const std:
     all.n_ops += g->n_ops;
     all.seconds = std::max(all.seconds, g->seconds);
     all.check_seconds += g->check_seconds;
-    all.direct = g->direct;
+    all.direct = all.direct && g->direct;
     all.uring = g->uring;
   }
   all.bytes_per_s = all.seconds > 0 ? static_cast<double>(all.bytes) / all.seconds : 0;
