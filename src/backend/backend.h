@@ -55,9 +55,12 @@ class Backend {
     return WeightLayout::kRows;
   }
   // The same for a matrix just read into a host buffer that is reused (an expert cache's slot),
-  // each time it is read. Called on a reading thread while ops run: it must not use the
-  // backend's compute threads or memory. Default: kept as they are.
-  virtual WeightLayout AdoptStreamedWeight(DType type, int64_t rows, int64_t cols, uint8_t* bytes) {
+  // each time it is read. On a reading thread (`reading_thread`) it runs while ops run and must
+  // not use the backend's compute threads or memory; otherwise the thread that runs the ops
+  // calls it between them, before the matrix's first product, and it may. Default: kept as
+  // they are.
+  virtual WeightLayout AdoptStreamedWeight(DType type, int64_t rows, int64_t cols, uint8_t* bytes,
+                                           bool reading_thread) {
     return WeightLayout::kRows;
   }
   // A resident tensor's bytes that stay as they are (vectors: whatever is neither a matrix nor

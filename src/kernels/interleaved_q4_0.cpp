@@ -38,7 +38,7 @@ bool CanInterleaveQ4_0(DType type, int64_t rows, int64_t cols) {
 void InterleaveQ4_0(uint8_t* data, int64_t rows, int64_t cols, ThreadPool* pool) {
   const size_t group_bytes = GroupBytes(cols);
   if (pool) {
-    pool->ParallelFor(rows / kInterleavedRows, 64, [&](int64_t g0, int64_t g1, int) {
+    pool->ParallelFor(rows / kInterleavedRows, 8, [&](int64_t g0, int64_t g1, int) {
       InterleaveQ4_0(data + static_cast<size_t>(g0) * group_bytes, (g1 - g0) * kInterleavedRows,
                      cols, nullptr);
     });

@@ -234,21 +234,15 @@ void ResidencyManager::AdoptResident() {
   for (size_t o = 0; o < st_.size(); ++o) {
     OpState& s = st_[o];
     if (s.where != Where::kResident || s.resident_top < 0) continue;
-    AdoptMatrices(static_cast<int>(o), s.resident.data(), false, &s.resident_layout);
+    AdoptMatrices(static_cast<int>(o), s.resident.data(), Adopter::kLoad, &s.resident_layout);
   }
 }
 
 void ResidencyManager::Finish(const ReadRequest& r) {
-  std::vector<WeightLayout>& layout = experts_->slot(r.finish_arg).layout;
-  AdoptMatrices(r.op, r.dst, true, &layout);
-  for (WeightLayout l : layout)
-    if (l != WeightLayout::kRows) {
-      ++relayouts_;
-      break;
-    }
+  AdoptMatrices(r.op, r.dst, Adopter::kReadingThread, &experts_->slot(r.finish_arg).layout);
 }
 
-void ResidencyManager::AdoptMatrices(int o, uint8_t* tier0, bool streamed,
+void ResidencyManager::AdoptMatrices(int o, uint8_t* tier0, Adopter by,
                                      std::vector<WeightLayout>* layout) {
   const StoreOp& op = index_->ops()[o];
   layout->assign(op.units.size(), WeightLayout::kRows);
@@ -266,10 +260,18 @@ void ResidencyManager::AdoptMatrices(int o, uint8_t* tier0, bool streamed,
     const auto rows = static_cast<int64_t>(t.ne[1]), cols = static_cast<int64_t>(t.ne[0]);
     for (uint64_t e = 0; e < n; ++e) {
       uint8_t* m = bytes + e * (r.bytes / n);
-      (*layout)[i] = streamed ? options_.backend->AdoptStreamedWeight(r.type, rows, cols, m)
-                              : options_.backend->AdoptResidentWeight(r.type, rows, cols, m);
+      (*layout)[i] = by == Adopter::kLoad
+                         ? options_.backend->AdoptResidentWeight(r.type, rows, cols, m)
+                         : options_.backend->AdoptStreamedWeight(r.type, rows, cols, m,
+                                                                 by == Adopter::kReadingThread);
     }
   }
+  if (by == Adopter::kLoad) return;
+  for (WeightLayout l : *layout)
+    if (l != WeightLayout::kRows) {
+      ++relayouts_;
+      break;
+    }
 }
 
 // Without a plan: the largest ops first (each one kept resident also shrinks the slabs), as
@@ -810,6 +812,11 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
   } else if (s.where == Where::kExpert) {
     int slot = experts_->Find(o);
     if (slot >= 0 && sched_->Ready(&experts_->slot(slot).ticket)) {
+      ExpertCache::Slot& sl = experts_->slot(slot);
+      // Tier 0 read into the slot and not yet adopted (the reading threads do not): now, by
+      // the compute threads, so that no product ever runs on the plain rows.
+      if (options_.backend && s.resident_top < 0 && sl.layout.empty())
+        AdoptMatrices(o, sl.data, Adopter::kFirstUse, &sl.layout);
       read = experts_->slot(slot).data;
       read_layout = &experts_->slot(slot).layout;
       loaded = experts_->slot(slot).tier;

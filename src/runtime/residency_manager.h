@@ -92,12 +92,13 @@ struct ResidencyOptions {
   // decode and prefill kernels), as a resident model's do. Null: plain rows. Not a backend with
   // memory of its own: it would copy them there, outside this budget.
   Backend* backend = nullptr;
-  // Experts read into the cache's slots go to that backend too (AdoptStreamedWeight: the CPU
-  // interleaves them on the reading thread, once per read), so they run on the kernels a
-  // resident expert gets. Worth it where the reading threads have cores the compute does not
-  // use: with as many compute threads as cores, the rearrangement takes from the compute what
-  // the faster kernels give back (qwen2moe-a2.7b Q4_0 at 3 GiB on 2 cores: the products 25.8 ->
-  // 22.7 ms a token, the stalls 7.7 -> 11.4 ms).
+  // Experts read into the cache's slots go to that backend too, once per read
+  // (AdoptStreamedWeight: the CPU interleaves them), so they run on the kernels a resident
+  // expert gets and compute what it computes, bit for bit. Set: on the reading thread, which is
+  // worth it where the reading threads have cores the compute does not use. Unset: by the compute
+  // threads, before the expert's first product after its read (qwen2moe-a2.7b Q4_0 at 3 GiB on
+  // 2 cores: the products 28.6 -> 22.1 ms a token for 2.4 ms of rearranging; on the reading
+  // threads there it took from the compute what the faster kernels gave back).
   bool adopt_expert_reads = false;
 };
 
@@ -124,7 +125,7 @@ struct ResidencyStats {
   // Guessed reads dropped once the routing was known: unstarted, and stopped while running.
   uint64_t expert_hint_dropped = 0;
   uint64_t expert_hint_abandoned = 0;
-  uint64_t expert_relayouts = 0;     // expert reads the backend rearranged (adopt_expert_reads)
+  uint64_t expert_relayouts = 0;  // expert reads the backend rearranged (either way)
   bool uring = false;
   bool direct = false;
   int serve_tier = 0;
@@ -253,9 +254,12 @@ class ResidencyManager : public WeightSource, private ReadFinisher {
   Status ChooseResidency(uint64_t budget, uint64_t fixed, int min_expert_slots);
   // Hands the resident ops' tier-0 matrices, read, to options_.backend (resident_layout).
   void AdoptResident();
-  // Hands op o's tier-0 matrices at `tier0` (where its tier 0 was read) to options_.backend,
-  // as resident or as streamed weights; layout[i]: what unit i's got.
-  void AdoptMatrices(int o, uint8_t* tier0, bool streamed, std::vector<WeightLayout>* layout);
+  // Who hands a matrix to options_.backend: the load (resident), a reading thread once the read
+  // is done, or the compute thread before the first product after the read.
+  enum class Adopter { kLoad, kReadingThread, kFirstUse };
+  // Hands op o's tier-0 matrices at `tier0` (where its tier 0 was read) to options_.backend;
+  // layout[i]: what unit i's got.
+  void AdoptMatrices(int o, uint8_t* tier0, Adopter by, std::vector<WeightLayout>* layout);
   // A reading thread, an expert read into slot r.finish_arg: its matrices into the backend's
   // layout (the slot's `layout`), so the products run on the kernels a resident expert gets.
   void Finish(const ReadRequest& r) override;
@@ -342,7 +346,7 @@ class ResidencyManager : public WeightSource, private ReadFinisher {
   std::vector<Status> op_error_;  // per op: a read error of its current window, for Acquire
   ResidencyStats stats_;
   uint64_t open_bytes_ = 0;
-  std::atomic<uint64_t> relayouts_{0};  // counted by the reading threads (Finish)
+  std::atomic<uint64_t> relayouts_{0};  // counted by the reading threads (Finish) and Acquire
 };
 
 // Bytes a run charges beside the weights: the KV cache of n_ctx positions in rows of kv_type

@@ -301,10 +301,10 @@ struct ExpertEscalations {
 // Routed experts escalate like any op: every expert of blocks 0 and 1 drifts from token 2 on,
 // so those the tokens route to climb (K = 3 of them at once, the rest refused) and those the
 // next tokens do not route to decay. Out of core, under the cap, with the residuals waited
-// for, each token computes exactly what the resident model computes at the same per-op tiers;
-// also where the reading threads rearrange each expert read into the decode layout (a machine
-// with cores beside the compute threads), late reads included, or a product's bits would
-// depend on whether its read was late.
+// for, each token computes exactly what the resident model computes at the same per-op tiers,
+// whether the compute threads rearrange each expert read into the decode layout before its
+// first product or the reading threads do (a machine with cores beside the compute threads),
+// late reads included, or a product's bits would depend on whether its read was late.
 void ExpertEscalationsComputeWhatTheirTiersCompute(bool adopt_expert_reads) {
   FaultEnv env;
   env.Add({FaultEnv::Kind::kSlowRead, ".t2.bin", 0, -1, 2, 0});  // the F16 residuals: +2 ms

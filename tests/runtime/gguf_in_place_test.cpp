@@ -14,6 +14,7 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include "core/fault_env.h"
 #include "format/gguf_reader.h"
 #include "format/gguf_split.h"
+#include "kernels/cpu_features.h"
 #include "runtime/engine.h"
 #include "store/gguf_checksums.h"
 #include "store/store_fixture.h"
@@ -159,6 +161,52 @@ TEST_F(GgufInPlace, QuantizedMatchesResident) {
   EXPECT_TRUE(streamed.in_place);
   EXPECT_EQ(streamed.tokens, resident.tokens);
   EXPECT_LE(streamed.peak, cap);
+}
+
+// Experts read into the cache's slots run on the kernels resident experts get (rearranged once
+// read, before their first product): the logits of every pass equal the resident run's, bit
+// for bit, whichever reads were late.
+TEST_F(GgufInPlace, StreamedExpertsComputeWhatResidentOnesCompute) {
+  const std::string path = Gguf("tiny-coder-moe-Q8_0");
+  if (!fs::exists(path)) GTEST_SKIP() << "no fixture " << path;
+  const auto prompt = Golden("tiny-coder-moe")["greedy"]["prompt"].get<std::vector<int32_t>>();
+  auto load = [&](uint64_t max_ram, MemoryLedger* ledger) {
+    EngineOptions o;
+    o.ledger = ledger;
+    o.max_ram = max_ram;
+    o.n_ctx = 256;
+    o.require_tokenizer = false;
+    return Engine::Load(path, o);
+  };
+  MemoryLedger resident_ledger, capped_ledger;
+  const uint64_t cap = Cap(path, 0.5);
+  auto resident = load(0, &resident_ledger);
+  auto capped = load(cap, &capped_ledger);
+  ASSERT_TRUE(resident.ok() && capped.ok());
+  Engine& r = **resident;
+  Engine& c = **capped;
+  ASSERT_TRUE(c.runtime() != nullptr);
+  ASSERT_EQ(r.runtime(), nullptr);
+  auto sr = r.NewSession(256);
+  auto sc = c.NewSession(256);
+  ASSERT_TRUE(sr.ok() && sc.ok());
+  ASSERT_TRUE(r.Prefill(**sr, prompt).ok());
+  ASSERT_TRUE(c.Prefill(**sc, prompt).ok());
+  ASSERT_EQ((*sc)->logits, (*sr)->logits) << "the prompt's pass";
+  int32_t tok = 0;
+  for (int t = 1; t <= 12; ++t) {
+    tok = static_cast<int32_t>(std::max_element((*sr)->logits.begin(), (*sr)->logits.end()) -
+                               (*sr)->logits.begin());
+    ASSERT_TRUE(r.model().Forward(&tok, 1, (*sr)->cache, false, &(*sr)->logits).ok());
+    ASSERT_TRUE(c.model().Forward(&tok, 1, (*sc)->cache, false, &(*sc)->logits).ok());
+    ASSERT_EQ((*sc)->logits, (*sr)->logits) << "token " << t;
+  }
+  const ResidencyStats st = c.runtime()->stats();
+  EXPECT_GT(st.expert_misses + st.expert_late + st.expert_hinted, 0u) << "experts were read";
+  if (ActiveIsa() >= Isa::kAvx512) {
+    EXPECT_GT(st.expert_relayouts, 0u) << "expert reads rearranged into the decode layout";
+  }
+  EXPECT_LE(capped_ledger.peak(), cap);
 }
 
 // The record is written beside a writable file, reused while the file stays as it was, and

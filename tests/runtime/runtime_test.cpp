@@ -234,26 +234,30 @@ TEST(Runtime, PreadAndLruAndFrequencyPoliciesAgree) {
   EXPECT_FALSE((*m)->stats().uring);
 }
 
-// Experts read into the cache's slots and rearranged there by the reading threads into the
-// backend's layout (on AVX-512: the interleaved one, with the residual tiers on top) give the
-// golden tokens, with many misses and evictions.
+// Experts read into the cache's slots and rearranged there into the backend's layout (on
+// AVX-512: the interleaved one, with the residual tiers on top), by the reading threads or by
+// the compute threads before their first product, give the golden tokens, with many misses
+// and evictions.
 TEST(Runtime, ExpertsRearrangedAsReadGiveTheGoldenTokens) {
   if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
-  MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()) * 3 / 5);
-  CpuBackend backend(&StoreTestPool(), &ledger);
-  ResidencyOptions o = SmallRun();
-  o.expert_slots = 6;
-  o.backend = &backend;
-  o.adopt_expert_reads = true;
-  auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
-  ExpectGoldenStart(m->get(), &ledger, 8);
-  const ResidencyStats s = (*m)->stats();
-  EXPECT_GT(s.expert_misses + s.expert_late, 0u);
-  if (ActiveIsa() >= Isa::kAvx512) {
-    EXPECT_GT(s.expert_relayouts, 0u) << "no expert read was rearranged";
-  } else {
-    EXPECT_EQ(s.expert_relayouts, 0u);
+  for (bool reading_threads : {true, false}) {
+    SCOPED_TRACE(reading_threads ? "on the reading threads" : "at first use");
+    MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()) * 3 / 5);
+    CpuBackend backend(&StoreTestPool(), &ledger);
+    ResidencyOptions o = SmallRun();
+    o.expert_slots = 6;
+    o.backend = &backend;
+    o.adopt_expert_reads = reading_threads;
+    auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ExpectGoldenStart(m->get(), &ledger, 8);
+    const ResidencyStats s = (*m)->stats();
+    EXPECT_GT(s.expert_misses + s.expert_late, 0u);
+    if (ActiveIsa() >= Isa::kAvx512) {
+      EXPECT_GT(s.expert_relayouts, 0u) << "no expert read was rearranged";
+    } else {
+      EXPECT_EQ(s.expert_relayouts, 0u);
+    }
   }
 }
 

@@ -68,9 +68,9 @@ WeightLayout CpuBackend::AdoptResidentWeight(DType type, int64_t rows, int64_t c
 }
 
 WeightLayout CpuBackend::AdoptStreamedWeight(DType type, int64_t rows, int64_t cols,
-                                             uint8_t* bytes) {
+                                             uint8_t* bytes, bool reading_thread) {
   if (!options_.decode_layout || ActiveIsa() < Isa::kAvx512) return WeightLayout::kRows;
-  return InterleaveForDecode(type, rows, cols, bytes, nullptr);  // the reading thread's own work
+  return InterleaveForDecode(type, rows, cols, bytes, reading_thread ? nullptr : pool_);
 }
 
 void CpuBackend::EmbedRows(const WeightView& table, const int32_t* ids, int64_t n,

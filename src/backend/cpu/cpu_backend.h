@@ -32,7 +32,8 @@ class CpuBackend : public Backend {
   void Upload(const float* host, const Tensor& dst) override;
   WeightLayout AdoptResidentWeight(DType type, int64_t rows, int64_t cols,
                                    uint8_t* bytes) override;
-  WeightLayout AdoptStreamedWeight(DType type, int64_t rows, int64_t cols, uint8_t* bytes) override;
+  WeightLayout AdoptStreamedWeight(DType type, int64_t rows, int64_t cols, uint8_t* bytes,
+                                   bool reading_thread) override;
 
   void EmbedRows(const WeightView& table, const int32_t* ids, int64_t n,
                  const Tensor& out) override;
