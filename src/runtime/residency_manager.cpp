@@ -813,13 +813,13 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
     int slot = experts_->Find(o);
     if (slot >= 0 && sched_->Ready(&experts_->slot(slot).ticket)) {
       ExpertCache::Slot& sl = experts_->slot(slot);
-      // Tier 0 read into the slot and not yet adopted (the reading threads do not): now, by
-      // the compute threads, so that no product ever runs on the plain rows.
+      // Tier 0 read into the slot and not yet adopted (where the reading threads do not): now,
+      // by the compute threads, so that a cached expert's products never run on plain rows.
       if (options_.backend && s.resident_top < 0 && sl.layout.empty())
         AdoptMatrices(o, sl.data, Adopter::kFirstUse, &sl.layout);
-      read = experts_->slot(slot).data;
-      read_layout = &experts_->slot(slot).layout;
-      loaded = experts_->slot(slot).tier;
+      read = sl.data;
+      read_layout = &sl.layout;
+      loaded = sl.tier;
     } else {
       ASSIGN_OR_RETURN(read, DemandLoad(o, &loaded));
     }
