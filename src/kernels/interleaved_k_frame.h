@@ -1,7 +1,7 @@
 // The frame the K-quant interleaved layouts share (interleaved_q4_k.h, interleaved_q6_k.h): a
 // group's block b (256 columns of 16 rows) is 16 * sizeof(Block) bytes at group + b * that, and
-// the layouts differ only in how one row's block is laid into an interleaved block and in their
-// kernels' GroupDot. Internal to those layouts' sources.
+// the layouts differ only in how a block of 16 rows is laid into an interleaved block and in
+// their kernels' GroupDot. Internal to those layouts' sources.
 #pragma once
 
 #include <cstddef>
@@ -10,11 +10,31 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernels/cpu_features.h"
 #include "kernels/interleaved_q8_0.h"
 #include "kernels/token_tile.h"
 #include "quant/blocks.h"
 
-namespace substrate::k_frame {
+namespace substrate {
+namespace avx512 {
+// CopyWords16's AVX-512 path (interleaved_q4_k_avx512.cpp): 16 words at a time by a register
+// transpose, the rest by a gather a word.
+void CopyWords16(const uint8_t* row0, size_t row_bytes, int n_words, uint8_t* dst);
+}  // namespace avx512
+
+namespace k_frame {
+
+// The word planes of an interleaved block: dst[64 w + 4 i .. +3] = 4-byte word w of row i
+// (row i at row0 + i * row_bytes), for w < n_words and the 16 rows.
+inline void CopyWords16(const uint8_t* row0, size_t row_bytes, int n_words, uint8_t* dst) {
+  if (ActiveIsa() >= Isa::kAvx512) {
+    avx512::CopyWords16(row0, row_bytes, n_words, dst);
+    return;
+  }
+  for (int i = 0; i < kInterleavedRows; ++i)
+    for (int w = 0; w < n_words; ++w)
+      std::memcpy(dst + 64 * w + 4 * i, row0 + i * row_bytes + 4 * w, 4);
+}
 
 template <typename Block>
 constexpr size_t kBlockBytes = kInterleavedRows * sizeof(Block);
@@ -24,8 +44,8 @@ size_t GroupBytes(int64_t cols) {
   return static_cast<size_t>(cols / kQK_K) * kBlockBytes<Block>;
 }
 
-// Rewrites rows x cols plain blocks in place into the layout; put(const Block&, row, block)
-// lays one row's block into an interleaved block.
+// Rewrites rows x cols plain blocks in place into the layout; put(const Block* x, stride, blk)
+// lays the 16 rows' blocks x[i * stride] into interleaved block blk.
 template <typename Block, typename Put>
 void Interleave(uint8_t* data, int64_t rows, int64_t cols, ThreadPool* pool, const Put& put) {
   const size_t group_bytes = GroupBytes<Block>(cols);
@@ -41,9 +61,7 @@ void Interleave(uint8_t* data, int64_t rows, int64_t cols, ThreadPool* pool, con
   for (int64_t g = 0; g < rows / kInterleavedRows; ++g) {
     uint8_t* group = data + static_cast<size_t>(g) * group_bytes;
     std::memcpy(plain.data(), group, group_bytes);
-    for (int64_t b = 0; b < nb; ++b)
-      for (int i = 0; i < kInterleavedRows; ++i)
-        put(plain[static_cast<size_t>(i * nb + b)], i, group + b * kBlockBytes<Block>);
+    for (int64_t b = 0; b < nb; ++b) put(plain.data() + b, nb, group + b * kBlockBytes<Block>);
   }
 }
 
@@ -87,4 +105,5 @@ void Gemv(const uint8_t* data, int64_t cols, int64_t g0, int64_t g1, const uint8
   }
 }
 
-}  // namespace substrate::k_frame
+}  // namespace k_frame
+}  // namespace substrate

@@ -1,5 +1,6 @@
 #include "kernels/interleaved_q4_k.h"
 
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
 
@@ -38,13 +39,9 @@ void PackQ4KScales(const uint8_t* sc, const uint8_t* mn, uint8_t* q) {
   }
 }
 
-// Row i's block into interleaved block `dst` (the other rows' bytes untouched).
+// Row i's metadata (d, dmin, scales and mins) into interleaved block `dst`.
 template <typename Block>
-void PutRow(const Block& x, int i, uint8_t* dst) {
-  for (int w = 0; w < 32; ++w) std::memcpy(dst + 64 * w + 4 * i, x.qs + 4 * w, 4);
-  if constexpr (std::is_same_v<Block, BlockQ5_K>)
-    for (int w = 0; w < 8; ++w)
-      std::memcpy(dst + kQ4KInterleaved_QuantBytes + 64 * w + 4 * i, x.qh + 4 * w, 4);
+void PutMeta(const Block& x, int i, uint8_t* dst) {
   std::memcpy(dst + kD<Block> + 2 * i, &x.d, 2);
   std::memcpy(dst + kDmin<Block> + 2 * i, &x.dmin, 2);
   uint8_t sc[8], mn[8];
@@ -54,6 +51,19 @@ void PutRow(const Block& x, int i, uint8_t* dst) {
   for (int p = 0; p < 4; ++p)
     dst[kMinLow<Block> + kInterleavedRows * p + i] =
         static_cast<uint8_t>((mn[2 * p] & 15) | (mn[2 * p + 1] & 15) << 4);
+}
+
+// The 16 rows' blocks x[i * stride] into interleaved block `dst`: the word planes at once, then
+// each row's metadata.
+template <typename Block>
+void PutBlock(const Block* x, int64_t stride, uint8_t* dst) {
+  const size_t row_bytes = static_cast<size_t>(stride) * sizeof(Block);
+  const auto* row0 = reinterpret_cast<const uint8_t*>(x);
+  k_frame::CopyWords16(row0 + offsetof(Block, qs), row_bytes, 32, dst);
+  if constexpr (std::is_same_v<Block, BlockQ5_K>)
+    k_frame::CopyWords16(row0 + offsetof(Block, qh), row_bytes, 8,
+                         dst + kQ4KInterleaved_QuantBytes);
+  for (int i = 0; i < kInterleavedRows; ++i) PutMeta(x[i * stride], i, dst);
 }
 
 // Row i's block from interleaved block `src`.
@@ -88,7 +98,7 @@ bool CanInterleaveQ4_K(DType type, int64_t rows, int64_t cols) {
 }
 
 void InterleaveQ4_K(uint8_t* data, int64_t rows, int64_t cols, ThreadPool* pool) {
-  k_frame::Interleave<BlockQ4_K>(data, rows, cols, pool, PutRow<BlockQ4_K>);
+  k_frame::Interleave<BlockQ4_K>(data, rows, cols, pool, PutBlock<BlockQ4_K>);
 }
 
 void DeinterleaveQ4_KGroup(const uint8_t* data, int64_t cols, int64_t g, uint8_t* out) {
@@ -104,7 +114,7 @@ bool CanInterleaveQ5_K(DType type, int64_t rows, int64_t cols) {
 }
 
 void InterleaveQ5_K(uint8_t* data, int64_t rows, int64_t cols, ThreadPool* pool) {
-  k_frame::Interleave<BlockQ5_K>(data, rows, cols, pool, PutRow<BlockQ5_K>);
+  k_frame::Interleave<BlockQ5_K>(data, rows, cols, pool, PutBlock<BlockQ5_K>);
 }
 
 void DeinterleaveQ5_KGroup(const uint8_t* data, int64_t cols, int64_t g, uint8_t* out) {

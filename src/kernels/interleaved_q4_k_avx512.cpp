@@ -174,4 +174,41 @@ void GemvQ5_KInterleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t 
                            });
 }
 
+void CopyWords16(const uint8_t* row0, size_t row_bytes, int n_words, uint8_t* dst) {
+  int w0 = 0;
+  // 16 words at a time: a 16 x 16 transpose of 32-bit words in four rounds of shuffles (pairs of
+  // words, of pairs, then 128-bit lanes twice), several times faster here than a gather a word.
+  for (; w0 + 16 <= n_words; w0 += 16) {
+    __m512i r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(row0 + i * row_bytes + 4 * w0);
+    for (int k = 0; k < 8; ++k) {  // lane L: rows 2k, 2k+1, words 4L .. 4L+3 interleaved
+      t[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+      t[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 4; ++k) {  // r[4k + j], lane L: word 4L + j of rows 4k .. 4k+3
+      r[4 * k] = _mm512_unpacklo_epi64(t[4 * k], t[4 * k + 2]);
+      r[4 * k + 1] = _mm512_unpackhi_epi64(t[4 * k], t[4 * k + 2]);
+      r[4 * k + 2] = _mm512_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+      r[4 * k + 3] = _mm512_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+    }
+    for (int j = 0; j < 4; ++j) {  // word 4L + j: lane L of r[j], r[4 + j], r[8 + j], r[12 + j]
+      const __m512i a = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44);
+      const __m512i b = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xEE);
+      const __m512i c = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
+      const __m512i d = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xEE);
+      uint8_t* out = dst + 64 * (w0 + j);
+      _mm512_storeu_si512(out, _mm512_shuffle_i32x4(a, c, 0x88));
+      _mm512_storeu_si512(out + 256, _mm512_shuffle_i32x4(a, c, 0xDD));
+      _mm512_storeu_si512(out + 512, _mm512_shuffle_i32x4(b, d, 0x88));
+      _mm512_storeu_si512(out + 768, _mm512_shuffle_i32x4(b, d, 0xDD));
+    }
+  }
+  if (w0 == n_words) return;
+  const __m512i rows = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  for (int w = w0; w < n_words; ++w)
+    _mm512_storeu_si512(dst + 64 * w, _mm512_i32gather_epi32(rows, row0 + 4 * w, 1));
+}
+
 }  // namespace substrate::avx512

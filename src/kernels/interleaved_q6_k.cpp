@@ -2,7 +2,6 @@
 
 #include <cstddef>
 #include <cstring>
-#include <type_traits>
 
 #include "kernels/interleaved_k_frame.h"
 #include "quant/blocks.h"
@@ -18,25 +17,32 @@ constexpr int kQh = kQ6KInterleaved_QlBytes;
 constexpr int kScales = kQh + kQ6KInterleaved_QhBytes;
 constexpr int kD = kScales + kQ6KInterleaved_ScaleBytes;
 
-// Row i's block into (put) or out of (!put) interleaved block `blk`.
-template <bool put>
-void Move(std::conditional_t<put, const BlockQ6_K*, BlockQ6_K*> x, int i,
-          std::conditional_t<put, uint8_t*, const uint8_t*> blk) {
-  auto* plain = reinterpret_cast<std::conditional_t<put, const uint8_t, uint8_t>*>(x);
+// Row i's block out of interleaved block `blk`.
+void GetRow(const uint8_t* blk, int i, BlockQ6_K* x) {
+  auto* plain = reinterpret_cast<uint8_t*>(x);
   auto copy = [&](size_t plain_at, size_t blk_at, size_t n) {
-    if constexpr (put)
-      std::memcpy(blk + blk_at, plain + plain_at, n);
-    else
-      std::memcpy(plain + plain_at, blk + blk_at, n);
+    std::memcpy(plain + plain_at, blk + blk_at, n);
   };
   for (int w = 0; w < 32; ++w) copy(offsetof(BlockQ6_K, ql) + 4 * w, 64 * w + 4 * i, 4);
   for (int w = 0; w < 16; ++w) copy(offsetof(BlockQ6_K, qh) + 4 * w, kQh + 64 * w + 4 * i, 4);
-  for (int m = 0; m < 8; ++m) copy(offsetof(BlockQ6_K, scales) + 2 * m, kScales + 32 * m + 2 * i, 2);
+  for (int m = 0; m < 8; ++m)
+    copy(offsetof(BlockQ6_K, scales) + 2 * m, kScales + 32 * m + 2 * i, 2);
   copy(offsetof(BlockQ6_K, d), kD + 2 * i, 2);
 }
 
-void PutRow(const BlockQ6_K& x, int i, uint8_t* blk) { Move<true>(&x, i, blk); }
-void GetRow(const uint8_t* blk, int i, BlockQ6_K* x) { Move<false>(x, i, blk); }
+// The 16 rows' blocks x[i * stride] into interleaved block `blk`: the word planes at once, then
+// each row's scales and d.
+void PutBlock(const BlockQ6_K* x, int64_t stride, uint8_t* blk) {
+  const size_t row_bytes = static_cast<size_t>(stride) * sizeof(BlockQ6_K);
+  const auto* row0 = reinterpret_cast<const uint8_t*>(x);
+  k_frame::CopyWords16(row0 + offsetof(BlockQ6_K, ql), row_bytes, 32, blk);
+  k_frame::CopyWords16(row0 + offsetof(BlockQ6_K, qh), row_bytes, 16, blk + kQh);
+  for (int i = 0; i < kInterleavedRows; ++i) {
+    const BlockQ6_K& r = x[i * stride];
+    for (int m = 0; m < 8; ++m) std::memcpy(blk + kScales + 32 * m + 2 * i, r.scales + 2 * m, 2);
+    std::memcpy(blk + kD + 2 * i, &r.d, 2);
+  }
+}
 
 }  // namespace
 
@@ -46,7 +52,7 @@ bool CanInterleaveQ6_K(DType type, int64_t rows, int64_t cols) {
 }
 
 void InterleaveQ6_K(uint8_t* data, int64_t rows, int64_t cols, ThreadPool* pool) {
-  k_frame::Interleave<BlockQ6_K>(data, rows, cols, pool, PutRow);
+  k_frame::Interleave<BlockQ6_K>(data, rows, cols, pool, PutBlock);
 }
 
 void DeinterleaveQ6_KGroup(const uint8_t* data, int64_t cols, int64_t g, uint8_t* out) {
