@@ -19,15 +19,10 @@ constexpr int kD = kScales + kQ6KInterleaved_ScaleBytes;
 
 // Row i's block out of interleaved block `blk`.
 void GetRow(const uint8_t* blk, int i, BlockQ6_K* x) {
-  auto* plain = reinterpret_cast<uint8_t*>(x);
-  auto copy = [&](size_t plain_at, size_t blk_at, size_t n) {
-    std::memcpy(plain + plain_at, blk + blk_at, n);
-  };
-  for (int w = 0; w < 32; ++w) copy(offsetof(BlockQ6_K, ql) + 4 * w, 64 * w + 4 * i, 4);
-  for (int w = 0; w < 16; ++w) copy(offsetof(BlockQ6_K, qh) + 4 * w, kQh + 64 * w + 4 * i, 4);
-  for (int m = 0; m < 8; ++m)
-    copy(offsetof(BlockQ6_K, scales) + 2 * m, kScales + 32 * m + 2 * i, 2);
-  copy(offsetof(BlockQ6_K, d), kD + 2 * i, 2);
+  for (int w = 0; w < 32; ++w) std::memcpy(x->ql + 4 * w, blk + 64 * w + 4 * i, 4);
+  for (int w = 0; w < 16; ++w) std::memcpy(x->qh + 4 * w, blk + kQh + 64 * w + 4 * i, 4);
+  for (int m = 0; m < 8; ++m) std::memcpy(x->scales + 2 * m, blk + kScales + 32 * m + 2 * i, 2);
+  std::memcpy(&x->d, blk + kD + 2 * i, 2);
 }
 
 // The 16 rows' blocks x[i * stride] into interleaved block `blk`: the word planes at once, then
