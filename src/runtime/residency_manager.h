@@ -275,7 +275,8 @@ class ResidencyManager : public WeightSource, private ReadFinisher {
   int SlabsWanted() const;
   int Admit(int op, int64_t abs);
   // Queues a read, tagged with the op begun last (the trace's "during"). slot >= 0: an expert
-  // slot's read of tier 0 up, whose matrices the backend adopts once read (Finish).
+  // slot's read of tier 0 up, whose matrices the backend adopts on the reading thread once read
+  // (Finish) where adopt_expert_reads is set, else at their first Acquire.
   void Submit(int64_t deadline, int op, int tier, uint8_t* dst, ReadTicket* t, int first_tier = 0,
               int slot = -1);
   Status BeginExpert(int op);

@@ -81,15 +81,21 @@ struct GreedyRun {
   uint64_t peak = 0;
 };
 
+// A run of 256 positions under max_ram (0: none), charged to `ledger`.
+EngineOptions RunOptions(uint64_t max_ram, MemoryLedger* ledger) {
+  EngineOptions o;
+  o.ledger = ledger;
+  o.max_ram = max_ram;
+  o.n_ctx = 256;
+  o.require_tokenizer = false;
+  return o;
+}
+
 GreedyRun Greedy(const std::string& path, uint64_t max_ram, const std::vector<int32_t>& prompt, int n,
            const std::function<void()>& after_open = nullptr, Env* env = nullptr) {
   GreedyRun r;
   MemoryLedger ledger;
-  EngineOptions o;
-  o.ledger = &ledger;
-  o.max_ram = max_ram;
-  o.n_ctx = 256;
-  o.require_tokenizer = false;
+  EngineOptions o = RunOptions(max_ram, &ledger);
   o.residency.env = env;
   auto e = Engine::Load(path, o);
   if (!e.ok()) {
@@ -170,18 +176,10 @@ TEST_F(GgufInPlace, StreamedExpertsComputeWhatResidentOnesCompute) {
   const std::string path = Gguf("tiny-coder-moe-Q8_0");
   if (!fs::exists(path)) GTEST_SKIP() << "no fixture " << path;
   const auto prompt = Golden("tiny-coder-moe")["greedy"]["prompt"].get<std::vector<int32_t>>();
-  auto load = [&](uint64_t max_ram, MemoryLedger* ledger) {
-    EngineOptions o;
-    o.ledger = ledger;
-    o.max_ram = max_ram;
-    o.n_ctx = 256;
-    o.require_tokenizer = false;
-    return Engine::Load(path, o);
-  };
   MemoryLedger resident_ledger, capped_ledger;
   const uint64_t cap = Cap(path, 0.5);
-  auto resident = load(0, &resident_ledger);
-  auto capped = load(cap, &capped_ledger);
+  auto resident = Engine::Load(path, RunOptions(0, &resident_ledger));
+  auto capped = Engine::Load(path, RunOptions(cap, &capped_ledger));
   ASSERT_TRUE(resident.ok() && capped.ok());
   Engine& r = **resident;
   Engine& c = **capped;
