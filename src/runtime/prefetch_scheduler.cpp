@@ -122,6 +122,10 @@ double PrefetchScheduler::read_seconds() const {
   std::lock_guard<std::mutex> lock(mu_);
   return read_seconds_;
 }
+double PrefetchScheduler::busy_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return busy_seconds_;
+}
 
 void PrefetchScheduler::WorkerLoop(int index) {
   IoReader& io = *readers_[index];
@@ -136,11 +140,14 @@ void PrefetchScheduler::WorkerLoop(int index) {
     queue_.erase(queue_.begin() + static_cast<std::ptrdiff_t>(best));
     queued_bytes_ -= item.bytes;
     item.req.ticket->state = ReadTicket::kRunning;
-    lock.unlock();
     const auto t0 = RuntimeClock::now();
+    if (running_++ == 0) busy_since_ = t0;
+    lock.unlock();
     Status st = Execute(io, item.req);
-    const double secs = std::chrono::duration<double>(RuntimeClock::now() - t0).count();
+    const auto t1 = RuntimeClock::now();
+    const double secs = std::chrono::duration<double>(t1 - t0).count();
     lock.lock();
+    if (--running_ == 0) busy_seconds_ += std::chrono::duration<double>(t1 - busy_since_).count();
     if (st.ok()) {
       bytes_read_ += item.bytes;
       read_seconds_ += secs;

@@ -96,7 +96,8 @@ class PrefetchScheduler {
   double bandwidth() const;       // bytes/s of read time so far; 0 before the first read
   uint64_t queued_bytes() const;  // bytes of queued requests
   uint64_t bytes_read() const;
-  double read_seconds() const;
+  double read_seconds() const;  // summed over the workers: concurrent reads count each
+  double busy_seconds() const;  // wall time with at least one read running
   bool uring() const { return uring_; }
 
  private:
@@ -122,6 +123,9 @@ class PrefetchScheduler {
   uint64_t queued_bytes_ = 0;
   uint64_t bytes_read_ = 0;
   double read_seconds_ = 0;
+  int running_ = 0;  // reads being executed
+  RuntimeClock::time_point busy_since_;
+  double busy_seconds_ = 0;
 };
 
 }  // namespace substrate

@@ -612,7 +612,9 @@ Status ResidencyManager::BeginExpert(int o) {
 
 void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!experts_ || experts_->n_slots() == 0 || layer < 0 || layer >= hp_.n_layer) return;
+  if (layer < 0 || layer >= hp_.n_layer) return;
+  ScoreGuess(layer, experts, n);
+  if (!experts_ || experts_->n_slots() == 0) return;
   // Due when its layer starts: now for this layer's own hint, d layers on for a guess d ahead.
   const int64_t deadline = pos_ + std::max(0, layer - cur_layer_) * int64_t{ops_per_layer_};
   // Hinted reads may fill all but one slot, so a miss always finds a victim soon.
@@ -649,6 +651,29 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
     // escalation): its residual is read from the hint on, not from the op's begin.
     ExpertCache::Slot& sl = experts_->slot(slot);
     if (sl.upgrade_tier == 0 && sl.tier < Want(o)) Upgrade(slot, Want(o), deadline);
+  }
+}
+
+void ResidencyManager::ScoreGuess(int layer, const int32_t* experts, int n) {
+  constexpr int kDepths = ResidencyStats::kScoredDepths + 1;
+  if (pending_guess_.empty()) pending_guess_.resize(static_cast<size_t>(hp_.n_layer) * kDepths);
+  std::vector<int32_t>* kept = &pending_guess_[static_cast<size_t>(layer) * kDepths];
+  // A pass of several tokens hints the union of its tokens' experts: not scored.
+  const bool one_token = n <= hp_.n_expert_used;
+  const int depth = layer - cur_layer_;
+  if (depth > 0) {  // a guess: scored once the layer's router has run
+    if (depth < kDepths) kept[depth].assign(experts, one_token ? experts + n : experts);
+    return;
+  }
+  for (int d = 1; d < kDepths; ++d) {
+    if (kept[d].empty()) continue;
+    if (one_token) {
+      ResidencyStats::GuessScore& s = stats_.lookahead[d];
+      s.guessed += kept[d].size();
+      s.routed += static_cast<uint64_t>(n);
+      for (int32_t e : kept[d]) s.right += std::binary_search(experts, experts + n, e);
+    }
+    kept[d].clear();
   }
 }
 

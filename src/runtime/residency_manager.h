@@ -112,6 +112,7 @@ struct ResidencyStats {
   uint64_t open_bytes_read = 0;    // the resident set, read at open
   uint64_t stream_bytes_read = 0;  // read since open (slabs, expert slots, demand loads)
   double read_seconds = 0;         // time the workers spent reading (all reads)
+  double read_busy_seconds = 0;    // wall time with at least one read running
   double read_bandwidth = 0;       // bytes/s over that time
   uint64_t hits = 0, misses = 0;   // streamed ops found ready / not ready at BeginOp
   int64_t stall_us = 0;            // time BeginOp/Acquire waited for reads
@@ -130,6 +131,15 @@ struct ResidencyStats {
   bool direct = false;
   int serve_tier = 0;
   int slabs_wanted = 0;  // what a plan's prefetch windows hold at once (0 without a plan)
+  // The look-ahead's guesses (HintExperts) scored against the routing that followed, in passes
+  // of one token: per depth d (guessed d layers ahead; [0] unused), the experts guessed, the
+  // experts routed to in the layers guessed at that depth, and those both named. Precision is
+  // right / guessed, recall right / routed.
+  struct GuessScore {
+    uint64_t guessed = 0, routed = 0, right = 0;
+  };
+  static constexpr int kScoredDepths = 4;
+  GuessScore lookahead[kScoredDepths + 1] = {};
 };
 
 class ResidencyManager : public WeightSource, private ReadFinisher {
@@ -205,6 +215,9 @@ class ResidencyManager : public WeightSource, private ReadFinisher {
   // HintExperts with the layer's real routing: drops the unstarted guessed reads of its other
   // experts; returns how many.
   int DropWrongGuesses(int layer, const int32_t* experts, int n);
+  // Under mu_: keeps a guess for `layer` (a hint for a layer after the current one), or scores
+  // the layer's kept guesses once its real routing is hinted (ResidencyStats::lookahead).
+  void ScoreGuess(int layer, const int32_t* experts, int n);
   // Whether `layer` is a layer and some of its experts live on disk (the cache lacks room for all).
   bool StreamsExpertsOf(int layer) const;
   // kUnused: a next-n layer's op a store holds, when not drafting from it (never loaded).
@@ -346,6 +359,8 @@ class ResidencyManager : public WeightSource, private ReadFinisher {
   int cur_layer_ = -1;
   std::vector<Status> op_error_;  // per op: a read error of its current window, for Acquire
   ResidencyStats stats_;
+  // Guesses awaiting their layer's routing: [layer * (kScoredDepths + 1) + depth].
+  std::vector<std::vector<int32_t>> pending_guess_;
   uint64_t open_bytes_ = 0;
   std::atomic<uint64_t> relayouts_{0};  // counted by the reading threads (Finish) and Acquire
 };

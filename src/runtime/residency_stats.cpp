@@ -31,6 +31,7 @@ ResidencyStats ResidencyManager::stats() const {
   s.open_bytes_read = open_bytes_;
   s.stream_bytes_read = sched_->bytes_read() - open_bytes_;
   s.read_seconds = sched_->read_seconds();
+  s.read_busy_seconds = sched_->busy_seconds();
   s.read_bandwidth = sched_->bandwidth();
   s.expert_hits = experts_->hits;
   s.expert_misses = experts_->misses;
@@ -57,7 +58,7 @@ std::string ResidencyManager::StatsJson() const {
       "\"expert_hits\":%llu,\"expert_misses\":%llu,\"expert_late\":%llu,\"expert_hinted\":%llu,"
       "\"expert_hint_used\":%llu,\"expert_hint_dropped\":%llu,\"expert_hint_abandoned\":%llu,"
       "\"expert_relayouts\":%llu,"
-      "\"uring\":%s,\"direct\":%s,\"source\":\"%s\"}",
+      "\"uring\":%s,\"direct\":%s,\"source\":\"%s\"",
       s.serve_tier, s.n_ops_resident, s.n_ops_streamed, s.n_ops_expert,
       static_cast<unsigned long long>(s.resident_bytes), s.n_slabs, s.slabs_wanted,
       static_cast<unsigned long long>(s.slab_bytes), s.expert_slots,
@@ -76,7 +77,30 @@ std::string ResidencyManager::StatsJson() const {
       static_cast<unsigned long long>(s.expert_hint_abandoned),
       static_cast<unsigned long long>(s.expert_relayouts), s.uring ? "true" : "false",
       s.direct ? "true" : "false", index_->gguf_path().empty() ? "store" : "gguf");
-  return b;
+  std::string out = b;
+  // Of the time reads ran (wall time with any in flight), the share no op waited for them.
+  const double busy_s = s.read_busy_seconds, stall_s = static_cast<double>(s.stall_us) * 1e-6;
+  char extra[160];
+  std::snprintf(extra, sizeof extra, ",\"read_busy_seconds\":%.4f,\"read_hidden_share\":%.4f",
+                busy_s, busy_s > 0 ? std::clamp(1.0 - stall_s / busy_s, 0.0, 1.0) : 1.0);
+  out += extra;
+  out += ",\"lookahead\":[";
+  bool first = true;
+  for (int d = 1; d <= ResidencyStats::kScoredDepths; ++d) {
+    const ResidencyStats::GuessScore& g = s.lookahead[d];
+    if (g.guessed == 0) continue;
+    std::snprintf(extra, sizeof extra,
+                  "%s{\"depth\":%d,\"guessed\":%llu,\"routed\":%llu,\"right\":%llu,"
+                  "\"precision\":%.4f,\"recall\":%.4f}",
+                  first ? "" : ",", d, static_cast<unsigned long long>(g.guessed),
+                  static_cast<unsigned long long>(g.routed),
+                  static_cast<unsigned long long>(g.right),
+                  static_cast<double>(g.right) / static_cast<double>(g.guessed),
+                  g.routed ? static_cast<double>(g.right) / static_cast<double>(g.routed) : 0.0);
+    out += extra;
+    first = false;
+  }
+  return out + "]}";
 }
 
 }  // namespace substrate

@@ -1,0 +1,154 @@
+// The runtime's own score of the look-ahead (ResidencyStats::lookahead): tiny-coder-moe read in
+// place with its experts streamed, guessing two layers ahead, decodes held-out text one token
+// at a time. A source between the model and the runtime logs every hint and scores the guesses
+// by the hint protocol alone (WeightSource::HintExperts: per pass and layer, the hints before the
+// last are guesses, farthest first); the runtime's per-depth counts must equal that score. Also
+// the reads' busy time (wall time with a read running) lies between the longest read and their
+// summed time.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+
+#include "core/file_io.h"
+#include "model/kv_cache.h"
+#include "model/model.h"
+#include "model/op_id.h"
+#include "runtime/residency_manager.h"
+#include "store/store_fixture.h"
+#include "tokenizer/tokenizer.h"
+
+namespace substrate {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::StoreTestPath;
+using testing::StoreTestPool;
+
+// Forwards to the runtime; scores the guesses of one-token passes from the order of the hints.
+class HintLog : public WeightSource {
+ public:
+  HintLog(WeightSource* inner, int k) : inner_(inner), k_(k) {}
+
+  TensorId Resolve(const std::string& name) const override { return inner_->Resolve(name); }
+  const TensorInfo& Info(TensorId id) const override { return inner_->Info(id); }
+  Expected<WeightHandle> Acquire(TensorId id, int slice, int tier) override {
+    return inner_->Acquire(id, slice, tier);
+  }
+  int DefaultTier() const override { return inner_->DefaultTier(); }
+  void BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) override {
+    inner_->BindOpTiers(ops, tiers);
+  }
+  uint64_t OpBytes(const std::string& op, int tier) const override {
+    return inner_->OpBytes(op, tier);
+  }
+  void BeginOp(const std::string& op) override {
+    if (op == OpIdTokenEmbd()) hints_.clear();  // a new pass
+    inner_->BeginOp(op);
+  }
+  void EndOp(const std::string& op) override { inner_->EndOp(op); }
+  int LookaheadLayers() const override { return inner_->LookaheadLayers(); }
+  bool CachedExperts(int layer, uint8_t* cached) override {
+    return inner_->CachedExperts(layer, cached);
+  }
+  bool ExpertsReady(int layer, const int32_t* experts, int n, uint8_t* ready) override {
+    return inner_->ExpertsReady(layer, experts, n, ready);
+  }
+
+  void HintExperts(int layer, const int32_t* experts, int n) override {
+    inner_->HintExperts(layer, experts, n);
+    std::vector<std::vector<int32_t>>& h = hints_[layer];
+    h.emplace_back(experts, experts + n);
+    // Every layer of the fixture routes, so a layer's real hint comes after min(depth, layer)
+    // guesses; the last of them (one layer ahead) is depth 1.
+    const int n_guesses = std::min(inner_->LookaheadLayers(), layer);
+    if (static_cast<int>(h.size()) != n_guesses + 1) return;
+    const std::vector<int32_t>& real = h.back();
+    if (static_cast<int>(real.size()) > k_) return;  // a prompt's pass: unions, not scored
+    for (int i = 0; i < n_guesses; ++i) {
+      const int d = n_guesses - i;
+      guessed[d] += h[i].size();
+      routed[d] += real.size();
+      for (int32_t e : h[i]) right[d] += std::count(real.begin(), real.end(), e);
+    }
+  }
+
+  uint64_t guessed[ResidencyStats::kScoredDepths + 1] = {};
+  uint64_t routed[ResidencyStats::kScoredDepths + 1] = {};
+  uint64_t right[ResidencyStats::kScoredDepths + 1] = {};
+
+ private:
+  WeightSource* inner_;
+  int k_;
+  std::map<int, std::vector<std::vector<int32_t>>> hints_;  // this pass's, by layer
+};
+
+TEST(LookaheadScore, RuntimeScoresItsGuessesAsTheHintsSay) {
+  const std::string path = std::string(SUBSTRATE_SHARED_DIR) + "/gguf/tiny-coder-moe-Q8_0.gguf";
+  const std::string text_path = std::string(SUBSTRATE_SHARED_DIR) + "/text/heldout.txt";
+  if (!fs::exists(path) || !fs::exists(text_path)) GTEST_SKIP() << "no fixture " << path;
+  // The file's checksum record goes to a temp folder, not beside the read-only fixture.
+  const std::string cache_dir = StoreTestPath("lookahead_cache");
+  setenv("SUBSTRATE_CACHE_DIR", cache_dir.c_str(), 1);
+
+  auto file = ModelFile::Open(path);
+  ASSERT_TRUE(file.ok());
+  auto hp = ModelHParams::FromMetadata((*file)->metadata());
+  ASSERT_TRUE(hp.ok());
+  uint64_t weights = 0;
+  for (const TensorInfo& t : (*file)->tensors()) weights += t.bytes;
+  MemoryLedger ledger;
+  ResidencyOptions ro;
+  ro.reserve_bytes = EstimateRunReserve(*hp, 256, 256);
+  ro.budget_bytes = weights / 2 + ro.reserve_bytes;  // about half the experts cached
+  ro.lookahead_layers = 2;
+  auto rm = ResidencyManager::OpenGguf(path, &ledger, ro);
+  ASSERT_TRUE(rm.ok()) << rm.status().ToString();
+  ASSERT_GT((*rm)->stats().n_ops_expert, (*rm)->stats().expert_slots) << "experts must stream";
+  ASSERT_EQ((*rm)->LookaheadLayers(), 2);
+
+  HintLog log(rm->get(), hp->n_expert_used);
+  auto model = Model::Create((*rm)->metadata(), &log, &StoreTestPool(), &ledger);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  auto tok = Tokenizer::FromMetadata((*file)->metadata());
+  ASSERT_TRUE(tok.ok());
+  auto text = ReadFileToString(text_path);
+  ASSERT_TRUE(text.ok());
+  auto ids = (*tok)->Encode(text->substr(120008, 3000));
+  ASSERT_TRUE(ids.ok());
+  ASSERT_GT(ids->size(), 72u);
+  auto cache = KvCache::Create((*model)->hparams(), 128, (*model)->backend());
+  ASSERT_TRUE(cache.ok());
+  std::vector<float> logits;
+  const int64_t prompt = 16;
+  ASSERT_TRUE((*model)->Forward(ids->data(), prompt, *cache, false, &logits).ok());
+  for (int64_t i = prompt; i < 72; ++i)
+    ASSERT_TRUE((*model)->Forward(&(*ids)[static_cast<size_t>(i)], 1, *cache, false, &logits).ok());
+
+  const ResidencyStats st = (*rm)->stats();
+  const int K = hp->n_expert_used, E = hp->n_expert;
+  for (int d = 1; d <= ResidencyStats::kScoredDepths; ++d) {
+    SCOPED_TRACE("depth " + std::to_string(d));
+    EXPECT_EQ(st.lookahead[d].guessed, log.guessed[d]);
+    EXPECT_EQ(st.lookahead[d].routed, log.routed[d]);
+    EXPECT_EQ(st.lookahead[d].right, log.right[d]);
+  }
+  for (int d = 1; d <= 2; ++d) {
+    // Every decode step guesses each layer it can reach: K experts a guess.
+    EXPECT_GT(st.lookahead[d].guessed, static_cast<uint64_t>(K) * 40);
+    // Better than chance (K of E), or these are not the later layers' routers.
+    EXPECT_GT(static_cast<double>(st.lookahead[d].right) / st.lookahead[d].routed, 2.0 * K / E);
+  }
+  EXPECT_EQ(st.lookahead[3].guessed, 0u);
+  ASSERT_GT(st.stream_bytes_read, 0u);
+  EXPECT_GT(st.read_busy_seconds, 0.0);
+  EXPECT_LE(st.read_busy_seconds, st.read_seconds * 1.0001 + 1e-6);
+
+  std::error_code ec;
+  fs::remove_all(cache_dir, ec);
+}
+
+}  // namespace
+}  // namespace substrate
