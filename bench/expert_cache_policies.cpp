@@ -4,7 +4,9 @@
 // guess (layer L+1's router on layer L's hidden state). The trace then drives one cache of S
 // slots shared by every layer's experts, as the runtime's ExpertCache is, under:
 //   lru        least recently used (the runtime's kLru)
-//   frequency  least used, ties by recency (the runtime's kFrequency)
+//   frequency  least used (uses counted across evictions), ties by recency
+//   decayed    least used with each use's weight halving every 8 tokens' uses, ties by recency
+//              (the runtime's kDecayed, ResidencyOptions::expert_half_life_tokens)
 //   cycle      the expert whose layer comes back last (layers run in a fixed cycle: the one
 //              just run is needed again last), ties by recency
 //   lookahead  cycle, and the look-ahead's guess for the next layer is never evicted
@@ -40,6 +42,7 @@
 #include "model/model.h"
 #include "model/op_id.h"
 #include "model/resident_weight_source.h"
+#include "runtime/residency_manager.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace substrate;
@@ -116,7 +119,7 @@ Trace Flatten(const std::vector<Step>& steps, int E) {
   return t;
 }
 
-enum class Policy { kLru, kFrequency, kCycle, kPrefetch, kBelady };
+enum class Policy { kLru, kFrequency, kDecayed, kCycle, kPrefetch, kBelady };
 
 // Batches until layer j runs again, seen from layer `cur` (running now) in a cycle of L layers.
 int Distance(int j, int cur, int L) {
@@ -131,7 +134,7 @@ struct SimResult {
 // A cache of `slots` over the trace: a miss (or a prefetch) fills it; a full cache evicts a
 // victim outside the running layer's batch.
 SimResult Simulate(const Trace& t, const std::vector<Step>& steps, int E, int n_keys, int slots,
-                   Policy p) {
+                   Policy p, double half_life) {
   const int n = static_cast<int>(t.key.size());
   const int L = static_cast<int>(steps.empty() ? 1 : steps[0].real.size());
   constexpr int kNever = std::numeric_limits<int>::max();
@@ -145,6 +148,7 @@ SimResult Simulate(const Trace& t, const std::vector<Step>& steps, int E, int n_
   }
   std::vector<char> cached(n_keys, 0);
   std::vector<long long> last_use(n_keys, -1), uses(n_keys, 0);
+  std::vector<double> heat(n_keys, kNeverUsed);
   std::vector<int> next_of(n_keys, kNever), pinned(n_keys, -1), in_cache;
   long long hits = 0, reads = 0;
   int layer = 0, b = -1;
@@ -166,6 +170,9 @@ SimResult Simulate(const Trace& t, const std::vector<Step>& steps, int E, int n_
           break;
         case Policy::kFrequency:
           worse = uses[x] < uses[y] || (uses[x] == uses[y] && last_use[x] < last_use[y]);
+          break;
+        case Policy::kDecayed:
+          worse = heat[x] < heat[y] || (heat[x] == heat[y] && last_use[x] < last_use[y]);
           break;
         case Policy::kCycle:
         case Policy::kPrefetch: {
@@ -200,6 +207,7 @@ SimResult Simulate(const Trace& t, const std::vector<Step>& steps, int E, int n_
     const int k = t.key[i];
     next_of[k] = next_use[i];
     ++uses[k];
+    heat[k] = DecayedUseKey(heat[k], static_cast<uint64_t>(i) + 1, half_life);
     if (cached[k])
       ++hits;
     else
@@ -356,12 +364,16 @@ int main(int argc, char** argv) {
     const int slots =
         std::max(hp.n_expert_used, static_cast<int>(all * std::stod(pct) / 100 + 0.5));
     nlohmann::json row = {{"slots", slots}, {"share_of_experts", static_cast<double>(slots) / all}};
+    // The runtime's half-life, in uses: a decode step uses k experts of every MoE layer.
+    const double half_life =
+        ResidencyOptions().expert_half_life_tokens * moe_layers * hp.n_expert_used;
     for (auto [name, p] : {std::pair{"lru", Policy::kLru},
                            {"frequency", Policy::kFrequency},
+                           {"decayed", Policy::kDecayed},
                            {"cycle", Policy::kCycle},
                            {"prefetch", Policy::kPrefetch},
                            {"belady", Policy::kBelady}}) {
-      const SimResult r = Simulate(t, rec.steps, E, n_keys, slots, p);
+      const SimResult r = Simulate(t, rec.steps, E, n_keys, slots, p, half_life);
       row[name] = {{"hit_rate", r.hit_rate}, {"reads_per_token", r.reads_per_step}};
     }
     sizes.push_back(row);

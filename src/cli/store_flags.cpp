@@ -79,7 +79,8 @@ Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {
   if (io_threads < 1 || io_threads > 16) return InvalidArgument("--io-threads must be 1 to 16");
   ro.io_threads = static_cast<int>(io_threads);
   ASSIGN_OR_RETURN(long long lookahead, f.GetInt({"--lookahead"}, ro.lookahead_layers));
-  if (lookahead < 0 || lookahead > 4) return InvalidArgument("--lookahead must be 0 to 4");
+  if (f.Has("--lookahead") && (lookahead < 0 || lookahead > 4))
+    return InvalidArgument("--lookahead must be 0 to 4");
   ro.lookahead_layers = static_cast<int>(lookahead);
   // Past the store's ladder is the manager's error at load (it names the ladder it found).
   ASSIGN_OR_RETURN(long long tier, f.GetInt({"--tier"}, -1));

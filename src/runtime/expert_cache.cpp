@@ -1,12 +1,21 @@
 #include "runtime/expert_cache.h"
 
+#include <cmath>
+
 namespace substrate {
+
+double DecayedUseKey(double key, uint64_t t, double half_life) {
+  const double now = static_cast<double>(t) / half_life;
+  return now + std::log2(1.0 + std::exp2(key - now));
+}
 
 Expected<std::unique_ptr<ExpertCache>> ExpertCache::Create(int n_slots, uint64_t slot_bytes,
                                                            int n_ops, MemoryLedger* ledger,
-                                                           Policy policy) {
+                                                           Policy policy, double half_life) {
   auto c = std::make_unique<ExpertCache>();
   c->policy_ = policy;
+  c->half_life_ = half_life > 0 ? half_life : 1;
+  c->heat_.assign(static_cast<size_t>(n_ops), kNeverUsed);
   c->slot_bytes_ = (slot_bytes + 4095) / 4096 * 4096;
   if (n_slots > 0) {
     auto arena = AlignedBuffer::Allocate(c->slot_bytes_ * static_cast<uint64_t>(n_slots), ledger,
@@ -32,7 +41,10 @@ int ExpertCache::TakeVictim(int64_t protect_before, int64_t used_before) {
         return t.state == ReadTicket::kQueued || t.state == ReadTicket::kRunning;
       };
       if (s.pins > 0 || in_flight(s.ticket) || in_flight(s.upgrade)) continue;
-      if (pass == 0 && s.op >= 0 && s.hint_pos > protect_before) continue;
+      // First pass: not a hinted read its layer has yet to use (a guess whose layer has not
+      // routed, or an expert routed to and not yet begun): under kDecayed an expert never used
+      // before is the coldest of all.
+      if (pass == 0 && s.op >= 0 && (s.hint_pos > protect_before || s.hint_unused)) continue;
       if (s.op >= 0 && s.use_pos >= used_before) continue;
       if (s.op < 0) return i;  // an empty slot beats any victim
       if (best < 0) {
@@ -40,9 +52,10 @@ int ExpertCache::TakeVictim(int64_t protect_before, int64_t used_before) {
         continue;
       }
       const Slot& b = slots_[best];
+      const double hs = heat_[s.op], hb = heat_[b.op];
       const bool better = policy_ == Policy::kLru
                               ? s.last_use < b.last_use
-                              : (s.uses < b.uses || (s.uses == b.uses && s.last_use < b.last_use));
+                              : (hs < hb || (hs == hb && s.last_use < b.last_use));
       if (better) best = i;
     }
   }
@@ -61,7 +74,6 @@ void ExpertCache::Assign(int s, int op, int tier, int64_t pos) {
   sl.tier = tier;
   sl.layout.clear();  // until its read is done
   sl.upgrade_tier = 0;
-  sl.uses = 0;
   sl.last_use = ++clock_;
   sl.use_pos = pos;
   sl.hint_pos = -1;
@@ -76,9 +88,12 @@ void ExpertCache::Clear(int s) {
 }
 
 void ExpertCache::Touch(int s, int64_t pos) {
+  if (slots_[s].op >= 0) {
+    double& heat = heat_[slots_[s].op];
+    heat = DecayedUseKey(heat, ++use_clock_, half_life_);
+  }
   slots_[s].last_use = ++clock_;
   slots_[s].use_pos = pos;
-  ++slots_[s].uses;
 }
 
 }  // namespace substrate

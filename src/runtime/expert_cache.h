@@ -1,7 +1,11 @@
 // ExpertCache: fixed slots for routed experts' weights (op `block_L.moe.expert_E`), allocated once
 // (ledger account "expert_cache") and recycled: an expert the router picks is served from a
 // slot if present (hit), else read into a victim slot (miss). Victims are unpinned slots with no
-// read in flight and no recent hint, least recently used (kLru) or least used (kFrequency).
+// read in flight and no recent hint: least recently used (kLru), or the expert with the fewest
+// uses when each use counts less the longer ago it was (kDecayed: its weight halves every
+// half-life of uses of the cache; remembered across evictions, so an expert read again keeps
+// its history). Where a token's experts do not fit, LRU evicts what the next token uses again;
+// decayed counts keep the experts used often (bench/RESULTS.md, "Expert-cache policies").
 // A slot has room for its expert's whole ladder: an escalated expert's residual tiers are read
 // into the room above the tiers it holds (an upgrade) and stay there while the expert does.
 //
@@ -9,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -18,9 +23,16 @@
 
 namespace substrate {
 
+// An expert's decayed use count as an ordering key: log2(count at time t) + t / half_life, so
+// keys of experts last used at different times compare as their counts would at any one time,
+// and a key changes only when its expert is used. The key after a use at time t (counted in
+// uses); kNeverUsed before the first.
+constexpr double kNeverUsed = -std::numeric_limits<double>::infinity();
+double DecayedUseKey(double key, uint64_t t, double half_life);
+
 class ExpertCache {
  public:
-  enum class Policy { kLru, kFrequency };
+  enum class Policy { kLru, kDecayed };
   struct Slot {
     uint8_t* data = nullptr;
     int op = -1;  // StoreIndex op held (or being read), -1 when empty
@@ -32,7 +44,6 @@ class ExpertCache {
     ReadTicket upgrade;
     int pins = 0;
     uint64_t last_use = 0;
-    uint64_t uses = 0;
     int64_t hint_pos = -1;  // sequence position of the hint that filled it
     int64_t use_pos = -1;   // sequence position of its last use (or of its filling)
     bool hint_unused = false;  // filled by a hint and not acquired since
@@ -41,8 +52,10 @@ class ExpertCache {
   };
 
   // n_slots slots of slot_bytes (4096-aligned), charged to "expert_cache". n_ops: ops in the store.
+  // half_life: kDecayed's, in uses of the cache.
   static Expected<std::unique_ptr<ExpertCache>> Create(int n_slots, uint64_t slot_bytes, int n_ops,
-                                                       MemoryLedger* ledger, Policy policy);
+                                                       MemoryLedger* ledger, Policy policy,
+                                                       double half_life = 1);
 
   int Find(int op) const { return op_slot_[op]; }
   // A victim slot (emptied of its op), or -1 when every slot is pinned, in flight or protected
@@ -65,8 +78,11 @@ class ExpertCache {
 
  private:
   Policy policy_ = Policy::kLru;
+  double half_life_ = 1;
   uint64_t slot_bytes_ = 0;
-  uint64_t clock_ = 0;
+  uint64_t clock_ = 0;      // fills and uses: recency
+  uint64_t use_clock_ = 0;  // uses: kDecayed's time
+  std::vector<double> heat_;  // per op: DecayedUseKey
   AlignedBuffer arena_;
   std::vector<Slot> slots_;
   std::vector<int> op_slot_;

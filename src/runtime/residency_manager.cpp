@@ -170,6 +170,13 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
                        " expert slots of " + FormatBytes(expert_slot) + " and the reserve (" +
                        FormatBytes(options.reserve_bytes) + "): " + FormatBytes(need) + " asked");
 
+  int uses_per_token = 0;  // expert ops a decoded token begins
+  for (int l = 0; l < hp_.n_layer; ++l) uses_per_token += hp_.is_moe_layer(l) ? hp_.n_expert_used : 0;
+  const bool tight = slots < ResidencyOptions::kTightTokens * uses_per_token;
+  stats_.expert_policy = options.expert_policy.value_or(tight ? ExpertCache::Policy::kDecayed
+                                                              : ExpertCache::Policy::kLru);
+  stats_.lookahead_layers =
+      options.lookahead_layers >= 0 ? options.lookahead_layers : (tight ? 0 : 1);
   if (options.dry_run) {
     stats_.n_slabs = n_slabs;
     stats_.slab_bytes = slab_bytes_;
@@ -200,7 +207,9 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   stats_.n_slabs = n_slabs;
   stats_.slab_bytes = slab_bytes_;
   ASSIGN_OR_RETURN(experts_, ExpertCache::Create(slots, expert_slot, static_cast<int>(ops.size()),
-                                                 ledger_, options.expert_policy));
+                                                 ledger_, stats_.expert_policy,
+                                                 options.expert_half_life_tokens *
+                                                     std::max(1, uses_per_token)));
   stats_.expert_slots = slots;
   stats_.expert_slot_bytes = experts_->slot_bytes();
 
@@ -638,7 +647,7 @@ void ResidencyManager::HintExperts(int layer, const int32_t* experts, int n) {
       const int64_t used_before =
           layer > cur_layer_ ? pos_ - static_cast<int64_t>(seq_.size()) : INT64_MAX;
       slot = experts_->TakeVictim(
-          pos_ - (1 + std::max(1, options_.lookahead_layers)) * ops_per_layer_, used_before);
+          pos_ - (1 + std::max(1, stats_.lookahead_layers)) * ops_per_layer_, used_before);
       if (slot < 0) return;
       ReadExpert(slot, o, deadline);
       experts_->slot(slot).hint_pos = pos_;
@@ -692,6 +701,7 @@ int ResidencyManager::DropWrongGuesses(int layer, const int32_t* experts, int n)
     ExpertCache::Slot& sl = experts_->slot(slot);
     if (!sl.hint_unused || sl.pins > 0 || sl.upgrade.state.load() != ReadTicket::kIdle) continue;
     const ReadTicket::State was = sched_->Abandon(&sl.ticket);
+    sl.hint_unused = false;  // read already: an expert cached like any other, no longer awaited
     if (was == ReadTicket::kIdle) continue;
     experts_->Clear(slot);
     sl.hint_unused = false;

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,10 +74,17 @@ struct ResidencyOptions {
   // (bench/RESULTS.md, "MoE out of core under 2 and 8 GiB").
   int io_threads = 4;
   // How many layers ahead the model guesses routed experts (WeightSource::LookaheadLayers):
-  // deeper guesses give a read more time and are right less often.
-  int lookahead_layers = 1;
+  // deeper guesses give a read more time and are right less often. -1: one, or none where the
+  // cache is tight (below).
+  int lookahead_layers = -1;
   bool direct_io = true;
-  ExpertCache::Policy expert_policy = ExpertCache::Policy::kLru;
+  // Unset: kDecayed where the cache is tight (fewer slots than kTightTokens tokens' experts),
+  // kLru otherwise. Where a token's experts crowd the cache, recency evicts what the next token
+  // uses again, and the look-ahead's guesses evict it too: decayed use counts without guesses
+  // read a third less there (bench/RESULTS.md, "Expert-cache policies in the runtime").
+  std::optional<ExpertCache::Policy> expert_policy;
+  static constexpr int kTightTokens = 2;
+  double expert_half_life_tokens = 8;  // kDecayed's half-life, in tokens
   int expert_slots = 0;  // 0: as many as the budget leaves
   Env* env = nullptr;    // the store's files, reads and trace; nullptr: Env::Default()
   // Plans only: chooses the resident set, slabs and expert slots (stats()) and stops before
@@ -131,6 +139,9 @@ struct ResidencyStats {
   bool direct = false;
   int serve_tier = 0;
   int slabs_wanted = 0;  // what a plan's prefetch windows hold at once (0 without a plan)
+  // The expert cache's policy and the look-ahead depth chosen (ResidencyOptions).
+  ExpertCache::Policy expert_policy = ExpertCache::Policy::kLru;
+  int lookahead_layers = 0;
   // The look-ahead's guesses (HintExperts) scored against the routing that followed, in passes
   // of one token: per depth d (guessed d layers ahead; [0] unused), the experts guessed, the
   // experts routed to in the layers guessed at that depth, and those both named. Precision is
@@ -182,7 +193,7 @@ class ResidencyManager : public WeightSource, private ReadFinisher {
   }
   // Look-ahead guesses are worth their GEMV only when some experts are not cached.
   int LookaheadLayers() const override {
-    return stats_.n_ops_expert > stats_.expert_slots ? options_.lookahead_layers : 0;
+    return stats_.n_ops_expert > stats_.expert_slots ? stats_.lookahead_layers : 0;
   }
 
   ResidencyStats stats() const;

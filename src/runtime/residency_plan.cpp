@@ -124,9 +124,14 @@ std::string ResidencyManager::PlanText() const {
     t += b;
   }
   if (n_expert > 0) {
-    std::snprintf(b, sizeof b, "  expert cache    %d slots of %s for %d routed experts (%s)\n",
+    std::snprintf(b, sizeof b,
+                  "  expert cache    %d slots of %s for %d routed experts (%s), %s, guessing %d "
+                  "layer%s ahead\n",
                   stats_.expert_slots, FormatBytes(stats_.expert_slot_bytes).c_str(), n_expert,
-                  FormatBytes(expert_bytes).c_str());
+                  FormatBytes(expert_bytes).c_str(),
+                  stats_.expert_policy == ExpertCache::Policy::kLru ? "least recently used"
+                                                                    : "decayed use counts",
+                  stats_.lookahead_layers, stats_.lookahead_layers == 1 ? "" : "s");
     t += b;
   }
   t += "  reserve         " + FormatBytes(options_.reserve_bytes) + " (KV cache and scratch)\n";

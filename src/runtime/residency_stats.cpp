@@ -84,6 +84,9 @@ std::string ResidencyManager::StatsJson() const {
   std::snprintf(extra, sizeof extra, ",\"read_busy_seconds\":%.4f,\"read_hidden_share\":%.4f",
                 busy_s, busy_s > 0 ? std::clamp(1.0 - stall_s / busy_s, 0.0, 1.0) : 1.0);
   out += extra;
+  out += std::string(",\"expert_policy\":\"") +
+         (s.expert_policy == ExpertCache::Policy::kLru ? "lru" : "decayed") +
+         "\",\"lookahead_layers\":" + std::to_string(s.lookahead_layers);
   out += ",\"lookahead\":[";
   bool first = true;
   for (int d = 1; d <= ResidencyStats::kScoredDepths; ++d) {

@@ -3,8 +3,8 @@
 // at a time. A source between the model and the runtime logs every hint and scores the guesses
 // by the hint protocol alone (WeightSource::HintExperts: per pass and layer, the hints before the
 // last are guesses, farthest first); the runtime's per-depth counts must equal that score. Also
-// the reads' busy time (wall time with a read running) lies between the longest read and their
-// summed time.
+// the reads' busy time (wall time with a read running) is at most their summed time. And the
+// expert cache's policy and look-ahead depth as chosen from how many tokens' experts it holds.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -146,6 +146,51 @@ TEST(LookaheadScore, RuntimeScoresItsGuessesAsTheHintsSay) {
   EXPECT_GT(st.read_busy_seconds, 0.0);
   EXPECT_LE(st.read_busy_seconds, st.read_seconds * 1.0001 + 1e-6);
 
+  std::error_code ec;
+  fs::remove_all(cache_dir, ec);
+}
+
+// The expert cache's policy and look-ahead follow how many tokens' experts it holds: below two
+// (ResidencyOptions::kTightTokens), decayed use counts and no guesses; from two on, least
+// recently used and one layer of guesses; explicit options win. Dry-run plans over a range of
+// budgets, which must give both kinds of cache.
+TEST(LookaheadScore, TightCachesCountUsesAndGuessNothing) {
+  const std::string path = std::string(SUBSTRATE_SHARED_DIR) + "/gguf/tiny-coder-moe-Q8_0.gguf";
+  if (!fs::exists(path)) GTEST_SKIP() << "no fixture " << path;
+  const std::string cache_dir = StoreTestPath("tight_cache");
+  setenv("SUBSTRATE_CACHE_DIR", cache_dir.c_str(), 1);
+  auto file = ModelFile::Open(path);
+  ASSERT_TRUE(file.ok());
+  auto hp = ModelHParams::FromMetadata((*file)->metadata());
+  ASSERT_TRUE(hp.ok());
+  uint64_t weights = 0;
+  for (const TensorInfo& t : (*file)->tensors()) weights += t.bytes;
+  const int per_token = hp->n_layer * hp->n_expert_used;  // every layer routes
+  bool tight_seen = false, roomy_seen = false;
+  for (double frac = 0.1; frac < 1.0; frac += 0.1) {
+    ResidencyOptions ro;
+    ro.reserve_bytes = EstimateRunReserve(*hp, 256, 256);
+    ro.budget_bytes = static_cast<uint64_t>(weights * frac) + ro.reserve_bytes;
+    ro.dry_run = true;
+    MemoryLedger ledger;
+    auto rm = ResidencyManager::OpenGguf(path, &ledger, ro);
+    if (!rm.ok()) continue;  // below the minimum
+    const ResidencyStats st = (*rm)->stats();
+    if (st.expert_slots >= st.n_ops_expert) continue;  // every expert fits
+    SCOPED_TRACE(std::to_string(st.expert_slots) + " slots");
+    const bool tight = st.expert_slots < ResidencyOptions::kTightTokens * per_token;
+    (tight ? tight_seen : roomy_seen) = true;
+    EXPECT_EQ(st.expert_policy,
+              tight ? ExpertCache::Policy::kDecayed : ExpertCache::Policy::kLru);
+    EXPECT_EQ(st.lookahead_layers, tight ? 0 : 1);
+    ro.expert_policy = ExpertCache::Policy::kLru;
+    ro.lookahead_layers = 2;
+    auto set = ResidencyManager::OpenGguf(path, &ledger, ro);
+    ASSERT_TRUE(set.ok());
+    EXPECT_EQ((*set)->stats().expert_policy, ExpertCache::Policy::kLru);
+    EXPECT_EQ((*set)->stats().lookahead_layers, 2);
+  }
+  EXPECT_TRUE(tight_seen && roomy_seen);
   std::error_code ec;
   fs::remove_all(cache_dir, ec);
 }

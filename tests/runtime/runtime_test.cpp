@@ -218,20 +218,25 @@ TEST(Runtime, PlanChoosesTheResidentSet) {
   fs::remove(*path);
 }
 
-TEST(Runtime, PreadAndLruAndFrequencyPoliciesAgree) {
+TEST(Runtime, PreadAndBothCachePoliciesGiveTheGoldenStart) {
   if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
-  ResidencyOptions o = SmallRun();
-  o.io_mode = IoMode::kPread;
-  o.direct_io = false;
-  o.expert_slots = 6;  // few slots: many misses and evictions
-  o.expert_policy = ExpertCache::Policy::kFrequency;
-  o.prefetch_depth = 1;
-  MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()) * 3 / 5);
-  auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
-  ExpectGoldenStart(m->get(), &ledger, 8);
-  EXPECT_GT((*m)->stats().expert_misses + (*m)->stats().expert_late, 0u);
-  EXPECT_FALSE((*m)->stats().uring);
+  for (auto policy : {ExpertCache::Policy::kLru, ExpertCache::Policy::kDecayed}) {
+    SCOPED_TRACE(policy == ExpertCache::Policy::kLru ? "lru" : "decayed");
+    ResidencyOptions o = SmallRun();
+    o.io_mode = IoMode::kPread;
+    o.direct_io = false;
+    o.expert_slots = 6;  // few slots: many misses and evictions
+    o.expert_policy = policy;
+    o.lookahead_layers = 1;
+    o.prefetch_depth = 1;
+    MemoryLedger ledger(StoreDataBytes(PackedTinyMoeStore()) * 3 / 5);
+    auto m = ResidencyManager::Open(PackedTinyMoeStore(), &ledger, o);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ((*m)->stats().expert_policy, policy);
+    ExpectGoldenStart(m->get(), &ledger, 8);
+    EXPECT_GT((*m)->stats().expert_misses + (*m)->stats().expert_late, 0u);
+    EXPECT_FALSE((*m)->stats().uring);
+  }
 }
 
 // Experts read into the cache's slots and rearranged there into the backend's layout (on
@@ -397,6 +402,63 @@ TEST(ExpertCache, AGuessTakesOnlySlotsUnusedSinceItsBound) {
   // filled at a later position than the bound above would allow.
   ec.Assign(1, 5, 0, 30);
   EXPECT_EQ(ec.TakeVictim(0), 2);
+}
+
+// Decayed use counts: an expert used often a little while ago outlives one used once just now
+// (LRU would keep the latter), and an expert read again keeps the uses it had before its eviction.
+TEST(ExpertCache, DecayedCountsKeepFrequentExpertsAndRememberEvictedOnes) {
+  MemoryLedger ledger;
+  {
+    auto c = ExpertCache::Create(2, 4096, 10, &ledger, ExpertCache::Policy::kDecayed,
+                                 /*half_life=*/4);
+    ASSERT_TRUE(c.ok());
+    ExpertCache& ec = **c;
+    ec.Assign(ec.TakeVictim(0), 0, 0);
+    for (int i = 0; i < 3; ++i) ec.Touch(ec.Find(0));  // uses at 1, 2, 3
+    ec.Assign(ec.TakeVictim(0), 1, 0);
+    ec.Touch(ec.Find(1));  // one use at 4: 1 against 2^-3/4 + 2^-2/4 + 2^-1/4 = 2.14
+    const int s1 = ec.Find(1);
+    EXPECT_EQ(ec.TakeVictim(0), s1);
+    EXPECT_GE(ec.Find(0), 0);
+  }
+  // Half-life far away: about plain counts. Three slots; op 0 (6 uses, the earliest) is evicted,
+  // a fresh op 3 used once comes and goes, op 0 is read back and used once: 7 uses, more than
+  // op 1's 6, so op 1 goes. Without its history op 0 would count 1 and go itself.
+  auto c = ExpertCache::Create(3, 4096, 10, &ledger, ExpertCache::Policy::kDecayed, 1e9);
+  ASSERT_TRUE(c.ok());
+  ExpertCache& ec = **c;
+  const int uses[3] = {6, 6, 7};
+  for (int op = 0; op < 3; ++op) {
+    ec.Assign(ec.TakeVictim(0), op, 0);
+    for (int i = 0; i < uses[op]; ++i) ec.Touch(ec.Find(op));
+  }
+  const int s0 = ec.Find(0), s1 = ec.Find(1);
+  EXPECT_EQ(ec.TakeVictim(0), s0);
+  ec.Assign(s0, 3, 0);
+  ec.Touch(s0);
+  EXPECT_EQ(ec.TakeVictim(0), s0);  // op 3: one use
+  ec.Assign(s0, 0, 0);
+  ec.Touch(s0);
+  EXPECT_EQ(ec.TakeVictim(0), s1);
+}
+
+// A read hinted and not yet begun is not a victim while anything else can go: under decayed
+// counts an expert never used before would otherwise be the first to leave, before its use.
+TEST(ExpertCache, HintedReadsAwaitingTheirUseAreTakenLast) {
+  MemoryLedger ledger;
+  for (auto policy : {ExpertCache::Policy::kLru, ExpertCache::Policy::kDecayed}) {
+    auto c = ExpertCache::Create(2, 4096, 10, &ledger, policy, 4);
+    ASSERT_TRUE(c.ok());
+    ExpertCache& ec = **c;
+    ec.Assign(ec.TakeVictim(0), 0, 0);
+    ec.Touch(ec.Find(0));
+    ec.Assign(ec.TakeVictim(0), 1, 0);  // a guess: read, not yet used
+    ec.slot(ec.Find(1)).hint_unused = true;
+    EXPECT_EQ(ec.TakeVictim(0), 0);  // op 0's slot, though op 1 is colder (never used)
+    ec.Assign(0, 2, 0);
+    ec.slot(0).hint_unused = true;
+    EXPECT_GE(ec.TakeVictim(0), 0) << "with nothing else, an awaited read still goes";
+  }
 }
 
 TEST(TraceReport, SummarizesAndRejectsMalformedLines) {
