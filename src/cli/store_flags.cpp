@@ -1,6 +1,8 @@
 #include "cli/store_flags.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "core/file_io.h"
@@ -82,6 +84,13 @@ Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {
   if (f.Has("--lookahead") && (lookahead < 0 || lookahead > 4))
     return InvalidArgument("--lookahead must be 0 to 4");
   ro.lookahead_layers = static_cast<int>(lookahead);
+  // The expert cache's policy, for A/B runs (unset: chosen from the cache's size).
+  if (const char* p = std::getenv("SUBSTRATE_EXPERT_CACHE"); p && *p) {
+    const std::string v = p;
+    if (v != "lru" && v != "decayed")
+      return InvalidArgument("SUBSTRATE_EXPERT_CACHE='" + v + "': expected lru or decayed");
+    ro.expert_policy = v == "lru" ? ExpertCache::Policy::kLru : ExpertCache::Policy::kDecayed;
+  }
   // Past the store's ladder is the manager's error at load (it names the ladder it found).
   ASSIGN_OR_RETURN(long long tier, f.GetInt({"--tier"}, -1));
   if (f.Has("--tier") && (tier < 0 || tier > 1000000))
