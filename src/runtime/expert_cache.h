@@ -5,7 +5,8 @@
 // uses when each use counts less the longer ago it was (kDecayed: its weight halves every
 // half-life of uses of the cache; remembered across evictions, so an expert read again keeps
 // its history). Where a token's experts do not fit, LRU evicts what the next token uses again;
-// decayed counts keep the experts used often (bench/RESULTS.md, "Expert-cache policies").
+// decayed counts keep the experts used often (bench/RESULTS.md, "Expert-cache policies against
+// Belady's optimum" and "... the expert cache's policy where a token's experts crowd it").
 // A slot has room for its expert's whole ladder: an escalated expert's residual tiers are read
 // into the room above the tiers it holds (an upgrade) and stay there while the expert does.
 //
@@ -70,8 +71,8 @@ class ExpertCache {
   int n_slots() const { return static_cast<int>(slots_.size()); }
   uint64_t slot_bytes() const { return slot_bytes_; }
 
-  // hint_used: hinted reads whose expert was then acquired (their share of `hinted` is the
-  // hints' precision); hint_dropped: hinted reads dropped before they started; hint_abandoned:
+  // hint_used: hinted reads whose expert was then acquired, before its layer routed elsewhere
+  // (the guesses' precision is ResidencyStats::lookahead); hint_dropped: hinted reads dropped before they started; hint_abandoned:
   // those stopped while running.
   uint64_t hits = 0, misses = 0, late = 0, hinted = 0, hint_used = 0, hint_dropped = 0,
            hint_abandoned = 0, evictions = 0;

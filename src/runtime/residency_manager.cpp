@@ -171,7 +171,8 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
                        FormatBytes(options.reserve_bytes) + "): " + FormatBytes(need) + " asked");
 
   int uses_per_token = 0;  // expert ops a decoded token begins
-  for (int l = 0; l < hp_.n_layer; ++l) uses_per_token += hp_.is_moe_layer(l) ? hp_.n_expert_used : 0;
+  for (int l = 0; l < hp_.n_layer; ++l)
+    if (hp_.is_moe_layer(l)) uses_per_token += hp_.n_expert_used;
   const bool tight = slots < ResidencyOptions::kTightTokens * uses_per_token;
   stats_.expert_policy = options.expert_policy.value_or(tight ? ExpertCache::Policy::kDecayed
                                                               : ExpertCache::Policy::kLru);
@@ -701,10 +702,9 @@ int ResidencyManager::DropWrongGuesses(int layer, const int32_t* experts, int n)
     ExpertCache::Slot& sl = experts_->slot(slot);
     if (!sl.hint_unused || sl.pins > 0 || sl.upgrade.state.load() != ReadTicket::kIdle) continue;
     const ReadTicket::State was = sched_->Abandon(&sl.ticket);
-    sl.hint_unused = false;  // read already: an expert cached like any other, no longer awaited
+    sl.hint_unused = false;  // no longer awaited; one read already stays, cached like any other
     if (was == ReadTicket::kIdle) continue;
     experts_->Clear(slot);
-    sl.hint_unused = false;
     if (was == ReadTicket::kQueued) {
       ++experts_->hint_dropped;
       ++dropped;

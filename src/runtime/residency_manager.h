@@ -81,7 +81,8 @@ struct ResidencyOptions {
   // Unset: kDecayed where the cache is tight (fewer slots than kTightTokens tokens' experts),
   // kLru otherwise. Where a token's experts crowd the cache, recency evicts what the next token
   // uses again, and the look-ahead's guesses evict it too: decayed use counts without guesses
-  // read a third less there (bench/RESULTS.md, "Expert-cache policies in the runtime").
+  // read a third less there (bench/RESULTS.md, "... the expert cache's policy where a token's
+  // experts crowd it").
   std::optional<ExpertCache::Policy> expert_policy;
   static constexpr int kTightTokens = 2;
   double expert_half_life_tokens = 8;  // kDecayed's half-life, in tokens
