@@ -11,8 +11,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <memory>
 
 #include "core/file_io.h"
+#include "format/model_file.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/op_id.h"
@@ -85,34 +87,50 @@ class HintLog : public WeightSource {
   std::map<int, std::vector<std::vector<int32_t>>> hints_;  // this pass's, by layer
 };
 
-TEST(LookaheadScore, RuntimeScoresItsGuessesAsTheHintsSay) {
-  const std::string path = std::string(SUBSTRATE_SHARED_DIR) + "/gguf/tiny-coder-moe-Q8_0.gguf";
-  const std::string text_path = std::string(SUBSTRATE_SHARED_DIR) + "/text/heldout.txt";
-  if (!fs::exists(path) || !fs::exists(text_path)) GTEST_SKIP() << "no fixture " << path;
-  // The file's checksum record goes to a temp folder, not beside the read-only fixture.
-  const std::string cache_dir = StoreTestPath("lookahead_cache");
-  setenv("SUBSTRATE_CACHE_DIR", cache_dir.c_str(), 1);
+// tiny-coder-moe Q8_0 read in place; its checksum record goes to a temp folder, not beside the
+// read-only fixture.
+class LookaheadScore : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(path_)) GTEST_SKIP() << "no fixture " << path_;
+    setenv("SUBSTRATE_CACHE_DIR", cache_dir_.c_str(), 1);
+    auto file = ModelFile::Open(path_);
+    ASSERT_TRUE(file.ok());
+    file_ = std::move(*file);
+    auto hp = ModelHParams::FromMetadata(file_->metadata());
+    ASSERT_TRUE(hp.ok());
+    hp_ = *hp;
+    for (const TensorInfo& t : file_->tensors()) weights_ += t.bytes;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(cache_dir_, ec);
+  }
 
-  auto file = ModelFile::Open(path);
-  ASSERT_TRUE(file.ok());
-  auto hp = ModelHParams::FromMetadata((*file)->metadata());
-  ASSERT_TRUE(hp.ok());
-  uint64_t weights = 0;
-  for (const TensorInfo& t : (*file)->tensors()) weights += t.bytes;
+  const std::string path_ = std::string(SUBSTRATE_SHARED_DIR) + "/gguf/tiny-coder-moe-Q8_0.gguf";
+  const std::string cache_dir_ = StoreTestPath("lookahead_cache");
+  std::unique_ptr<ModelFile> file_;
+  ModelHParams hp_;
+  uint64_t weights_ = 0;
+};
+
+TEST_F(LookaheadScore, RuntimeScoresItsGuessesAsTheHintsSay) {
+  const std::string text_path = std::string(SUBSTRATE_SHARED_DIR) + "/text/heldout.txt";
+  if (!fs::exists(text_path)) GTEST_SKIP() << "no fixture " << text_path;
   MemoryLedger ledger;
   ResidencyOptions ro;
-  ro.reserve_bytes = EstimateRunReserve(*hp, 256, 256);
-  ro.budget_bytes = weights / 2 + ro.reserve_bytes;  // about half the experts cached
+  ro.reserve_bytes = EstimateRunReserve(hp_, 256, 256);
+  ro.budget_bytes = weights_ / 2 + ro.reserve_bytes;  // about half the experts cached
   ro.lookahead_layers = 2;
-  auto rm = ResidencyManager::OpenGguf(path, &ledger, ro);
+  auto rm = ResidencyManager::OpenGguf(path_, &ledger, ro);
   ASSERT_TRUE(rm.ok()) << rm.status().ToString();
   ASSERT_GT((*rm)->stats().n_ops_expert, (*rm)->stats().expert_slots) << "experts must stream";
   ASSERT_EQ((*rm)->LookaheadLayers(), 2);
 
-  HintLog log(rm->get(), hp->n_expert_used);
+  HintLog log(rm->get(), hp_.n_expert_used);
   auto model = Model::Create((*rm)->metadata(), &log, &StoreTestPool(), &ledger);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
-  auto tok = Tokenizer::FromMetadata((*file)->metadata());
+  auto tok = Tokenizer::FromMetadata(file_->metadata());
   ASSERT_TRUE(tok.ok());
   auto text = ReadFileToString(text_path);
   ASSERT_TRUE(text.ok());
@@ -128,7 +146,7 @@ TEST(LookaheadScore, RuntimeScoresItsGuessesAsTheHintsSay) {
     ASSERT_TRUE((*model)->Forward(&(*ids)[static_cast<size_t>(i)], 1, *cache, false, &logits).ok());
 
   const ResidencyStats st = (*rm)->stats();
-  const int K = hp->n_expert_used, E = hp->n_expert;
+  const int K = hp_.n_expert_used, E = hp_.n_expert;
   for (int d = 1; d <= ResidencyStats::kScoredDepths; ++d) {
     SCOPED_TRACE("depth " + std::to_string(d));
     EXPECT_EQ(st.lookahead[d].guessed, log.guessed[d]);
@@ -145,35 +163,22 @@ TEST(LookaheadScore, RuntimeScoresItsGuessesAsTheHintsSay) {
   ASSERT_GT(st.stream_bytes_read, 0u);
   EXPECT_GT(st.read_busy_seconds, 0.0);
   EXPECT_LE(st.read_busy_seconds, st.read_seconds * 1.0001 + 1e-6);
-
-  std::error_code ec;
-  fs::remove_all(cache_dir, ec);
 }
 
 // The expert cache's policy and look-ahead follow how many tokens' experts it holds: below two
 // (ResidencyOptions::kTightTokens), decayed use counts and no guesses; from two on, least
 // recently used and one layer of guesses; explicit options win. Dry-run plans over a range of
 // budgets, which must give both kinds of cache.
-TEST(LookaheadScore, TightCachesCountUsesAndGuessNothing) {
-  const std::string path = std::string(SUBSTRATE_SHARED_DIR) + "/gguf/tiny-coder-moe-Q8_0.gguf";
-  if (!fs::exists(path)) GTEST_SKIP() << "no fixture " << path;
-  const std::string cache_dir = StoreTestPath("tight_cache");
-  setenv("SUBSTRATE_CACHE_DIR", cache_dir.c_str(), 1);
-  auto file = ModelFile::Open(path);
-  ASSERT_TRUE(file.ok());
-  auto hp = ModelHParams::FromMetadata((*file)->metadata());
-  ASSERT_TRUE(hp.ok());
-  uint64_t weights = 0;
-  for (const TensorInfo& t : (*file)->tensors()) weights += t.bytes;
-  const int per_token = hp->n_layer * hp->n_expert_used;  // every layer routes
+TEST_F(LookaheadScore, TightCachesCountUsesAndGuessNothing) {
+  const int per_token = hp_.n_layer * hp_.n_expert_used;  // every layer routes
   bool tight_seen = false, roomy_seen = false;
   for (double frac = 0.1; frac < 1.0; frac += 0.1) {
     ResidencyOptions ro;
-    ro.reserve_bytes = EstimateRunReserve(*hp, 256, 256);
-    ro.budget_bytes = static_cast<uint64_t>(weights * frac) + ro.reserve_bytes;
+    ro.reserve_bytes = EstimateRunReserve(hp_, 256, 256);
+    ro.budget_bytes = static_cast<uint64_t>(weights_ * frac) + ro.reserve_bytes;
     ro.dry_run = true;
     MemoryLedger ledger;
-    auto rm = ResidencyManager::OpenGguf(path, &ledger, ro);
+    auto rm = ResidencyManager::OpenGguf(path_, &ledger, ro);
     if (!rm.ok()) continue;  // below the minimum
     const ResidencyStats st = (*rm)->stats();
     if (st.expert_slots >= st.n_ops_expert) continue;  // every expert fits
@@ -185,14 +190,12 @@ TEST(LookaheadScore, TightCachesCountUsesAndGuessNothing) {
     EXPECT_EQ(st.lookahead_layers, tight ? 0 : 1);
     ro.expert_policy = ExpertCache::Policy::kLru;
     ro.lookahead_layers = 2;
-    auto set = ResidencyManager::OpenGguf(path, &ledger, ro);
+    auto set = ResidencyManager::OpenGguf(path_, &ledger, ro);
     ASSERT_TRUE(set.ok());
     EXPECT_EQ((*set)->stats().expert_policy, ExpertCache::Policy::kLru);
     EXPECT_EQ((*set)->stats().lookahead_layers, 2);
   }
   EXPECT_TRUE(tight_seen && roomy_seen);
-  std::error_code ec;
-  fs::remove_all(cache_dir, ec);
 }
 
 }  // namespace
