@@ -66,7 +66,7 @@ constexpr const char* kUsage =
     "                   weight), so near-ties are read less; 0 (default) routes exactly\n"
     "  --lookahead N    out of core (MoE): guess the experts of the next N layers from each\n"
     "                   layer's hidden state and read them ahead (default 1, or 0 where the\n"
-    "                   expert cache holds fewer than two tokens' experts; 0 turns it off)\n"
+    "                   expert cache holds fewer than four tokens' experts; 0 turns it off)\n"
     "  --print-plan     print the plan the session chose on stderr before generating: what\n"
     "                   stays resident by kind and bytes, what streams through how many slabs\n"
     "                   read how far ahead, the expert cache's slots and the predicted bytes\n"

@@ -80,11 +80,11 @@ struct ResidencyOptions {
   bool direct_io = true;
   // Unset: kDecayed where the cache is tight (fewer slots than kTightTokens tokens' experts),
   // kLru otherwise. Where a token's experts crowd the cache, recency evicts what the next token
-  // uses again, and the look-ahead's guesses evict it too: decayed use counts without guesses
-  // read a third less there (bench/RESULTS.md, "... the expert cache's policy where a token's
+  // uses again, and the look-ahead's guesses evict it too and take the disk's time: decayed use
+  // counts without guesses read a third less there (bench/RESULTS.md, "... the expert cache's policy where a token's
   // experts crowd it").
   std::optional<ExpertCache::Policy> expert_policy;
-  static constexpr int kTightTokens = 2;
+  static constexpr int kTightTokens = 4;
   double expert_half_life_tokens = 8;  // kDecayed's half-life, in tokens
   int expert_slots = 0;  // 0: as many as the budget leaves
   Env* env = nullptr;    // the store's files, reads and trace; nullptr: Env::Default()
