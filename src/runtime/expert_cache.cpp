@@ -88,7 +88,7 @@ void ExpertCache::Clear(int s) {
 }
 
 void ExpertCache::Touch(int s, int64_t pos) {
-  if (slots_[s].op >= 0) {
+  if (policy_ == Policy::kDecayed && slots_[s].op >= 0) {
     double& heat = heat_[slots_[s].op];
     heat = DecayedUseKey(heat, ++use_clock_, half_life_);
   }

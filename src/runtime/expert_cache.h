@@ -83,7 +83,7 @@ class ExpertCache {
   uint64_t slot_bytes_ = 0;
   uint64_t clock_ = 0;      // fills and uses: recency
   uint64_t use_clock_ = 0;  // uses: kDecayed's time
-  std::vector<double> heat_;  // per op: DecayedUseKey
+  std::vector<double> heat_;  // per op: DecayedUseKey (kDecayed only)
   AlignedBuffer arena_;
   std::vector<Slot> slots_;
   std::vector<int> op_slot_;

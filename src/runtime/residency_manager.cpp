@@ -672,7 +672,7 @@ void ResidencyManager::ScoreGuess(int layer, const int32_t* experts, int n) {
   const bool one_token = n <= hp_.n_expert_used;
   const int depth = layer - cur_layer_;
   if (depth > 0) {  // a guess: scored once the layer's router has run
-    if (depth < kDepths) kept[depth].assign(experts, one_token ? experts + n : experts);
+    if (depth < kDepths) kept[depth].assign(experts, experts + (one_token ? n : 0));
     return;
   }
   for (int d = 1; d < kDepths; ++d) {
