@@ -65,6 +65,10 @@ class RecordingSource : public WeightSource {
   Expected<WeightHandle> Acquire(TensorId id, int slice, int tier) override {
     return inner_->Acquire(id, slice, tier);
   }
+  bool ReadsRows(TensorId id) const override { return inner_->ReadsRows(id); }
+  Status ReadRows(TensorId id, const int32_t* rows, int64_t n, uint8_t* dst) override {
+    return inner_->ReadRows(id, rows, n, dst);
+  }
   int DefaultTier() const override { return inner_->DefaultTier(); }
   int LookaheadLayers() const override { return 1; }
   void BeginOp(const std::string& op) override {

@@ -91,6 +91,13 @@ Status ApplyStoreFlags(const Flags& f, EngineOptions* opt) {
       return InvalidArgument("SUBSTRATE_EXPERT_CACHE='" + v + "': expected lru or decayed");
     ro.expert_policy = v == "lru" ? ExpertCache::Policy::kLru : ExpertCache::Policy::kDecayed;
   }
+  // The token embedding read by rows out of core (ResidencyOptions::embedding_rows), for A/B runs.
+  if (const char* p = std::getenv("SUBSTRATE_EMBED_ROWS"); p && *p) {
+    const std::string v = p;
+    if (v != "0" && v != "1")
+      return InvalidArgument("SUBSTRATE_EMBED_ROWS='" + v + "': expected 0 or 1");
+    ro.embedding_rows = v == "1";
+  }
   // Past the store's ladder is the manager's error at load (it names the ladder it found).
   ASSIGN_OR_RETURN(long long tier, f.GetInt({"--tier"}, -1));
   if (f.Has("--tier") && (tier < 0 || tier > 1000000))

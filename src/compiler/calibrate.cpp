@@ -45,6 +45,12 @@ class OverrideSource : public WeightSource {
     ASSIGN_OR_RETURN(WeightView v, MakeWeightView(it->second.info, it->second.data.data(), slice));
     return WeightHandle(this, v, 0);
   }
+  bool ReadsRows(TensorId id) const override {
+    return over_.find(id) == over_.end() && base_->ReadsRows(id);
+  }
+  Status ReadRows(TensorId id, const int32_t* rows, int64_t n, uint8_t* dst) override {
+    return base_->ReadRows(id, rows, n, dst);
+  }
 
   // Calibration passes: report every product's input to `stats` (null: off).
   void Observe(ActivationStats* stats) { stats_ = stats; }

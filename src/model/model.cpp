@@ -141,8 +141,7 @@ Status Model::ForwardNextn(const int32_t* next_tokens, const float* hidden, int6
       const int op = own ? w.nextn_op : embd_op_;
       std::optional<OpScope> borrowed;
       if (!own) borrowed.emplace(c, op);
-      ASSIGN_OR_RETURN(WeightHandle h, c.Acquire(own ? w.nextn_embd : token_embd_, op));
-      backend_->EmbedRows(h.view(), next_tokens, n, e);
+      RETURN_IF_ERROR(EmbedTokens(c, own ? w.nextn_embd : token_embd_, op, next_tokens, n, e));
     }
     RETURN_IF_ERROR(NormRows(c, w.nextn_op, w.enorm, e, e));
     ASSIGN_OR_RETURN(Tensor h, scratch_->Get(Scratch::kTmp, n, d));
@@ -232,6 +231,31 @@ Status Model::ForwardSequences(const SequencePass* seqs, int n_seqs) {
   return ForwardBatch(seqs, n_seqs, false);
 }
 
+Status Model::EmbedTokens(ForwardContext& c, TensorId table, int op, const int32_t* tokens,
+                          int64_t n, const Tensor& out) {
+  if (!source_->ReadsRows(table)) {
+    ASSIGN_OR_RETURN(WeightHandle h, c.Acquire(table, op));
+    backend_->EmbedRows(h.view(), tokens, n, out);
+    return Status::Ok();
+  }
+  // The rows looked up, as a table of n rows of their own (a backend uploads such a view's
+  // rows as it would a table's).
+  const TensorInfo& info = source_->Info(table);
+  const uint64_t row_bytes = RowBytes(info.type, info.ne[0]).value_or(0);
+  embd_rows_.resize(static_cast<size_t>(row_bytes * static_cast<uint64_t>(n)));
+  RETURN_IF_ERROR(source_->ReadRows(table, tokens, n, embd_rows_.data()));
+  embd_ids_.resize(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) embd_ids_[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+  WeightView v;
+  v.type = info.type;
+  v.data = embd_rows_.data();
+  v.bytes = embd_rows_.size();
+  v.rows = n;
+  v.cols = static_cast<int64_t>(info.ne[0]);
+  backend_->EmbedRows(v, embd_ids_.data(), n, out);
+  return Status::Ok();
+}
+
 Status Model::Output(ForwardContext& c, const SequencePass* seqs) {
   const int64_t d = hp_.n_embd, V = hp_.n_vocab;
   // The rows whose logits are wanted: a sequence's every row, its last, or none.
@@ -304,8 +328,7 @@ Status Model::ForwardBatch(const SequencePass* seqs, int n_seqs, bool check_fini
 
   {
     OpScope scope(c, embd_op_);
-    ASSIGN_OR_RETURN(WeightHandle h, c.Acquire(token_embd_, embd_op_));
-    backend_->EmbedRows(h.view(), tokens_.data(), n, c.x);
+    RETURN_IF_ERROR(EmbedTokens(c, token_embd_, embd_op_, tokens_.data(), n, c.x));
     RETURN_IF_ERROR(c.CheckFinite(c.x, embd_op_));
   }
   for (int il = 0; il < hp_.n_layer; ++il) {

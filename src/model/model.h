@@ -113,6 +113,10 @@ class Model {
   Status ResolveLayer(int il, LayerWeights* w);
   Status ForwardBatch(const SequencePass* seqs, int n_seqs, bool check_finite);
   Status Output(ForwardContext& c, const SequencePass* seqs);
+  // out = rows tokens[0..n) of `table` (within op `op`, begun by the caller): the table
+  // acquired whole, or only those rows read where the source keeps it on disk (ReadsRows).
+  Status EmbedTokens(ForwardContext& c, TensorId table, int op, const int32_t* tokens, int64_t n,
+                     const Tensor& out);
 
   ModelHParams hp_;
   WeightSource* source_ = nullptr;
@@ -130,6 +134,9 @@ class Model {
   std::vector<int32_t> pos_;
   std::vector<int32_t> tokens_;
   std::vector<SequenceRows> seq_rows_;
+  // EmbedTokens from a table read by rows: the rows' bytes and their ids within them.
+  std::vector<uint8_t> embd_rows_;
+  std::vector<int32_t> embd_ids_;
   // The last Output's logits and hidden state held no NaN or infinity.
   bool output_finite_ = true;
   PassObserver* observer_ = nullptr;

@@ -79,6 +79,15 @@ class WeightSource {
   // when the source does not know (no residual tiers).
   virtual uint64_t OpBytes(const std::string& op_id, int tier) const { return 0; }
 
+  // Rows of a 2-D tensor the source keeps on disk and reads a few rows at a time (a token
+  // embedding out of core): ReadsRows(id) says so, and then Acquire(id) fails and ReadRows
+  // copies row rows[i] (its stored bytes: Info(id).type, ne[0] columns) to dst + i * row bytes.
+  // False, the default, for a source that acquires every tensor whole.
+  virtual bool ReadsRows(TensorId id) const { return false; }
+  virtual Status ReadRows(TensorId id, const int32_t* rows, int64_t n, uint8_t* dst) {
+    return Unimplemented("this weight source acquires tensors whole");
+  }
+
   // Op boundaries, in topological order: a streaming source prefetches and evicts by them.
   virtual void BeginOp(const std::string& op_id) {}
   virtual void EndOp(const std::string& op_id) {}

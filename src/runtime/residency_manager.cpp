@@ -112,6 +112,8 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
     st_[o].where = Where::kStreamed;
     seq_.push_back(o);
   }
+  if (options.embedding_rows && options.plan_path.empty())
+    ChooseEmbeddingRows(budget, options.reserve_bytes);
   ops_per_layer_ = std::max(1, static_cast<int>(seq_.size()) / std::max(1, hp_.n_layer));
   for (size_t o = 0; o < ops.size(); ++o) st_[o].evict_at = static_cast<int>(o);
 
@@ -155,7 +157,12 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
                           options.reserve_bytes + expert_slot * static_cast<uint64_t>(min_slots);
     if (with <= budget) n_slabs = stats_.slabs_wanted;
   }
-  const uint64_t fixed = resident + slab_bytes_ * n_slabs + options.reserve_bytes;
+  uint64_t rows_held = 0;
+  if (rows_op_ >= 0) {
+    stats_.rows_op_bytes = OpBytes(rows_op_);
+    rows_held = RowReader::HeldBytes(stats_.rows_op_bytes);
+  }
+  const uint64_t fixed = resident + slab_bytes_ * n_slabs + options.reserve_bytes + rows_held;
   int slots = options.expert_slots > 0 ? std::min(options.expert_slots, n_expert_ops) : 0;
   if (n_expert_ops > 0 && slots == 0) {
     const uint64_t left = budget > fixed ? budget - fixed : 0;
@@ -197,6 +204,17 @@ Status ResidencyManager::Setup(MemoryLedger* ledger, const ResidencyOptions& opt
   stats_.uring = sched_->uring();
   stats_.direct = index_->n_files() > 0 && index_->file(0).direct();
 
+  // The embedding's rows first: its reader's one pass over the table needs a read buffer for
+  // a moment, which must come and go before the rest fills the budget.
+  if (rows_op_ >= 0) {
+    const auto [id, slice] = index_->ops()[rows_op_].units[0];
+    const StoreTensor& t = index_->tensors()[id];
+    const auto rows = static_cast<int64_t>(t.info.ne[1]);
+    auto rr = RowReader::Open(*index_, t.units[0].tier[0], rows, t.units[0].tier[0].bytes / rows,
+                              options.io_mode, ledger_, options.env);
+    if (!rr.ok()) return rr.status().WithContext("token embedding read by rows");
+    rows_ = std::move(rr).value();
+  }
   // Fixed allocations first (slabs, cache), then the resident set, all through the ledger.
   for (int i = 0; i < n_slabs; ++i) {
     auto s = std::make_unique<Slab>();
@@ -451,6 +469,7 @@ void ResidencyManager::BeginOp(const std::string& op_id) {
     op_error_[o] = BeginExpert(o);
     return;
   }
+  if (s.where == Where::kRows) return;  // ReadRows reads what the op needs
   if (s.seq >= 0) AdvanceTo(s.seq);
   s.kept = false;  // in use again: EndOp decides whether to keep it once more
   // An op with a resident skeleton whose late residual may go to a lower tier never waits for
@@ -752,6 +771,7 @@ void ResidencyManager::EndOp(const std::string& op_id) {
   if (trace_) {
     const char* where = s.where == Where::kResident   ? "resident"
                         : s.where == Where::kStreamed ? "stream"
+                        : s.where == Where::kRows     ? "rows"
                                                       : "expert";
     OpEvent e;
     e.op = &index_->ops()[o].id;
@@ -834,6 +854,9 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
                     "' is in no op of the plan (a next-n layer's, planned only with --draft-mtp)");
   OpState& s = st_[o];
   if (!op_error_[o].ok()) return op_error_[o];
+  if (s.where == Where::kRows)
+    return InvalidArgument("runtime: tensor '" + index_->tensors()[id].info.name +
+                           "' is read by rows (the budget does not hold it): ReadRows, not Acquire");
   const StoreOp& op = index_->ops()[o];
   // Tiers 0..resident_top come from the op's resident buffer; higher ones from the read that
   // holds them (an expert slot, a slab, a demand read), whose layout is the slab layout with
@@ -894,6 +917,47 @@ Expected<WeightHandle> ResidencyManager::Acquire(TensorId id, int slice, int tie
                              "': rows of an interleaved matrix cannot be sliced");
   }
   return WeightHandle(this, v, 0);
+}
+
+bool ResidencyManager::ReadsRows(TensorId id) const {
+  return rows_op_ >= 0 && index_->ops()[rows_op_].units[0].first == id;
+}
+
+Status ResidencyManager::ReadRows(TensorId id, const int32_t* rows, int64_t n, uint8_t* dst) {
+  if (!ReadsRows(id) || !rows_) return Unimplemented("runtime: tensor is not read by rows");
+  const int64_t start = NowUs();
+  Status st = rows_->Read(rows, n, dst);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cur_op_ >= 0) st_[cur_op_].win_stall += NowUs() - start;
+  return st;
+}
+
+void ResidencyManager::ChooseEmbeddingRows(uint64_t budget, uint64_t reserve) {
+  const int o = index_->FindOp(OpIdTokenEmbd());
+  if (o < 0 || st_[o].where != Where::kStreamed || st_[o].seq < 0) return;
+  const StoreOp& op = index_->ops()[o];
+  if (op.units.size() != 1 || op.units[0].second >= 0 || op.n_tiers != 1) return;
+  const StoreTensor& t = index_->tensors()[op.units[0].first];
+  if (t.info.ne.size() != 2 || t.units.size() != 1 || t.info.ne[1] == 0 ||
+      t.units[0].tier[0].bytes % t.info.ne[1] != 0 ||
+      t.units[0].tier[0].bytes / t.info.ne[1] >
+          RowReader::kBlockBytes * (RowReader::kMaxRowBlocks - 1))
+    return;
+  // A tied output reads the whole table every token.
+  if (index_->Resolve("output.weight") == kNoTensor) return;
+  uint64_t all = reserve;
+  for (size_t i = 0; i < st_.size(); ++i)
+    if (st_[i].where != Where::kUnused) all += OpBytes(static_cast<int>(i));
+  if (all <= budget) return;
+  const int at = st_[o].seq;
+  seq_.erase(seq_.begin() + at);
+  for (OpState& s : st_) {
+    if (s.seq > at) --s.seq;
+    if (s.anchor_seq > at) --s.anchor_seq;
+  }
+  st_[o].seq = st_[o].anchor_seq = -1;
+  st_[o].where = Where::kRows;
+  rows_op_ = o;
 }
 
 void ResidencyManager::BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) {

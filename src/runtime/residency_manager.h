@@ -37,6 +37,7 @@
 #include "runtime/expert_cache.h"
 #include "runtime/fallback_planner.h"
 #include "runtime/prefetch_scheduler.h"
+#include "runtime/row_reader.h"
 #include "runtime/trace_writer.h"
 #include "store/store_index.h"
 
@@ -109,6 +110,10 @@ struct ResidencyOptions {
   // 2 cores: the products 28.6 -> 22.1 ms a token for 2.4 ms of rearranging; on the reading
   // threads there it took from the compute what the faster kernels gave back).
   bool adopt_expert_reads = false;
+  // Without a plan, where the budget cannot hold every op: the token embedding (when nothing
+  // else uses it: not a tied output) is read by rows (runtime/row_reader.h), one small read a
+  // token, and its bytes go to the expert cache and the resident set instead.
+  bool embedding_rows = true;
 };
 
 struct ResidencyStats {
@@ -136,6 +141,10 @@ struct ResidencyStats {
   uint64_t expert_hint_dropped = 0;
   uint64_t expert_hint_abandoned = 0;
   uint64_t expert_relayouts = 0;  // expert reads the backend rearranged (either way)
+  // The token embedding read by rows (ResidencyOptions::embedding_rows): its bytes, not held,
+  // and the rows read since open with the bytes that took (in stream_bytes_read too).
+  uint64_t rows_op_bytes = 0;
+  uint64_t rows_read = 0, row_bytes_read = 0;
   bool uring = false;
   bool direct = false;
   int serve_tier = 0;
@@ -188,6 +197,8 @@ class ResidencyManager : public WeightSource, private ReadFinisher {
   bool CachedExperts(int layer, uint8_t* cached) override;
   bool ExpertsReady(int layer, const int32_t* experts, int n, uint8_t* ready) override;
   void BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) override;
+  bool ReadsRows(TensorId id) const override;
+  Status ReadRows(TensorId id, const int32_t* rows, int64_t n, uint8_t* dst) override;
   uint64_t OpBytes(const std::string& op_id, int tier) const override {
     const int o = index_->FindOp(op_id);
     return o < 0 ? 0 : index_->ops()[o].SlabBytes(tier);
@@ -233,7 +244,8 @@ class ResidencyManager : public WeightSource, private ReadFinisher {
   // Whether `layer` is a layer and some of its experts live on disk (the cache lacks room for all).
   bool StreamsExpertsOf(int layer) const;
   // kUnused: a next-n layer's op a store holds, when not drafting from it (never loaded).
-  enum class Where { kResident, kStreamed, kExpert, kUnused };
+  // kRows: a token embedding read by rows (rows_), in no slab and no sequence.
+  enum class Where { kResident, kStreamed, kExpert, kUnused, kRows };
   struct OpState {
     Where where = Where::kResident;
     int kind = -1;  // its OpKind, -1 for an op the model's op list does not name (a store's misc)
@@ -277,6 +289,9 @@ class ResidencyManager : public WeightSource, private ReadFinisher {
   ResidencyManager() = default;
   Status Setup(MemoryLedger* ledger, const ResidencyOptions& options);
   Status ChooseResidency(uint64_t budget, uint64_t fixed, int min_expert_slots);
+  // ResidencyOptions::embedding_rows: the token embedding's op becomes kRows (out of the
+  // sequence) when the budget cannot hold every op and nothing else reads its tensor.
+  void ChooseEmbeddingRows(uint64_t budget, uint64_t reserve);
   // Hands the resident ops' tier-0 matrices, read, to options_.backend (resident_layout).
   void AdoptResident();
   // Who hands a matrix to options_.backend: the load (resident), a reading thread once the read
@@ -326,7 +341,8 @@ class ResidencyManager : public WeightSource, private ReadFinisher {
   // Whether dense op o reads into a slab at its current tier: a streamed op always, a resident
   // one when it runs above the tiers it keeps.
   bool Streams(int o) const {
-    return st_[o].where != Where::kExpert && Want(o) > st_[o].resident_top;
+    return st_[o].where != Where::kExpert && st_[o].where != Where::kRows &&
+           Want(o) > st_[o].resident_top;
   }
   // Bytes of the tiers a resident op keeps, and of what a slab read of op o holds.
   uint64_t ResidentBytes(int op) const {
@@ -360,6 +376,8 @@ class ResidencyManager : public WeightSource, private ReadFinisher {
   std::vector<std::unique_ptr<Slab>> slabs_;
   uint64_t slab_bytes_ = 0;
   std::unique_ptr<ExpertCache> experts_;
+  int rows_op_ = -1;                  // the kRows op, -1 for none
+  std::unique_ptr<RowReader> rows_;   // its reader (not in a dry run)
   std::vector<std::unique_ptr<Demand>> demand_;
   FallbackPlanner fallback_;  // per op: wait for a late read, or lower its tier / skip it
   RuntimeClock::time_point origin_;

@@ -51,7 +51,8 @@ ResidencyManager::ReadPrediction ResidencyManager::PredictReads() const {
   std::set<int> moe_layers;
   for (size_t i = 0; i < st_.size(); ++i) {
     const OpState& s = st_[i];
-    if (s.where == Where::kUnused) continue;
+    // The embedding read by rows reads a block or two a token: left out, as the reserve is.
+    if (s.where == Where::kUnused || s.where == Where::kRows) continue;
     if (s.where == Where::kExpert) {
       expert_bytes += OpBytes(static_cast<int>(i));
       ++n_expert;
@@ -82,7 +83,7 @@ std::string ResidencyManager::PlanText() const {
   for (size_t i = 0; i < st_.size(); ++i) {
     const int o = static_cast<int>(i);
     const OpState& s = st_[i];
-    if (s.where == Where::kUnused) continue;
+    if (s.where == Where::kUnused || s.where == Where::kRows) continue;
     if (s.where == Where::kExpert) {
       expert_bytes += OpBytes(o);
       ++n_expert;
@@ -121,6 +122,12 @@ std::string ResidencyManager::PlanText() const {
     std::snprintf(b, sizeof b, "  slabs           %d of %s, reads issued %d streamed ops ahead%s\n",
                   stats_.n_slabs, FormatBytes(stats_.slab_bytes).c_str(), options_.prefetch_depth,
                   plan_schedules_ ? " (or where the plan's prefetch says)" : "");
+    t += b;
+  }
+  if (rows_op_ >= 0) {
+    std::snprintf(b, sizeof b, "  read by rows    %s: '%s', a %s block or two a token\n",
+                  FormatBytes(stats_.rows_op_bytes).c_str(), index_->ops()[rows_op_].id.c_str(),
+                  FormatBytes(RowReader::kBlockBytes).c_str());
     t += b;
   }
   if (n_expert > 0) {

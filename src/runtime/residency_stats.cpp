@@ -29,7 +29,11 @@ ResidencyStats ResidencyManager::stats() const {
   s.demoted = f.demoted;
   s.skipped = f.skipped;
   s.open_bytes_read = open_bytes_;
-  s.stream_bytes_read = sched_->bytes_read() - open_bytes_;
+  if (rows_) {
+    s.rows_read = rows_->rows_read();
+    s.row_bytes_read = rows_->bytes_read();
+  }
+  s.stream_bytes_read = sched_->bytes_read() - open_bytes_ + s.row_bytes_read;
   s.read_seconds = sched_->read_seconds();
   s.read_busy_seconds = sched_->busy_seconds();
   s.read_bandwidth = sched_->bandwidth();
@@ -83,6 +87,11 @@ std::string ResidencyManager::StatsJson() const {
   char extra[160];
   std::snprintf(extra, sizeof extra, ",\"read_busy_seconds\":%.4f,\"read_hidden_share\":%.4f",
                 busy_s, busy_s > 0 ? std::clamp(1.0 - stall_s / busy_s, 0.0, 1.0) : 1.0);
+  out += extra;
+  std::snprintf(extra, sizeof extra, ",\"rows_op_bytes\":%llu,\"rows_read\":%llu,\"row_bytes_read\":%llu",
+                static_cast<unsigned long long>(s.rows_op_bytes),
+                static_cast<unsigned long long>(s.rows_read),
+                static_cast<unsigned long long>(s.row_bytes_read));
   out += extra;
   out += std::string(",\"expert_policy\":\"") +
          (s.expert_policy == ExpertCache::Policy::kLru ? "lru" : "decayed") +

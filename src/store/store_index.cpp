@@ -363,7 +363,10 @@ WeightView StoreIndex::MakeView(TensorId id, int slice, const StoreUnit& u, uint
 }
 
 Status StoreIndex::Verify(const StoreRange& r, const uint8_t* data) const {
-  const uint32_t got = Crc32c(data, r.bytes);
+  return CheckCrc(r, Crc32c(data, r.bytes));
+}
+
+Status StoreIndex::CheckCrc(const StoreRange& r, uint32_t got) const {
   if (got == r.crc) return Status::Ok();
   if (!gguf_path_.empty())
     return Corruption("'" + files_[r.file]->path() + "': " + r.what + " at offset " + std::to_string(r.offset) +

@@ -123,6 +123,8 @@ class StoreIndex {
   Status ReadVerified(const StoreRange& r, uint8_t* dst) const;
   // Corruption naming file, tensor and offset when data's CRC32C differs from r's.
   Status Verify(const StoreRange& r, const uint8_t* data) const;
+  // The same for a CRC32C computed elsewhere (a range checked in pieces).
+  Status CheckCrc(const StoreRange& r, uint32_t got) const;
 
  private:
   StoreIndex() = default;

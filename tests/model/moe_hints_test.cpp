@@ -76,6 +76,10 @@ class RecordingSource : public WeightSource {
     }
     return inner_->Acquire(id, slice, tier);
   }
+  bool ReadsRows(TensorId id) const override { return inner_->ReadsRows(id); }
+  Status ReadRows(TensorId id, const int32_t* rows, int64_t n, uint8_t* dst) override {
+    return inner_->ReadRows(id, rows, n, dst);
+  }
 
   // Closes the pass: compares hints with what was acquired, scores the guesses.
   void EndPass() {

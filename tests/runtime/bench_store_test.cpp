@@ -105,7 +105,7 @@ TEST(BenchStore, WeightBandwidthAndDiskProbe) {
 TEST(BenchStore, ExpertReadProbeWhereExpertsStream) {
   if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture tiny-coder-moe-bf16.gguf";
   if (!fs::exists(SUBSTRATE_BINARY)) GTEST_SKIP() << "no substrate binary";
-  const json b = Bench("--tier 0", StoreDataBytes(PackedTinyMoeStore()) * 3 / 10 + (24 << 20));
+  const json b = Bench("--tier 0", StoreDataBytes(PackedTinyMoeStore()) * 3 / 20 + (24 << 20));
   ASSERT_TRUE(b.is_object());
   ASSERT_LT(b["store"]["expert_slots"].get<int>(), b["store"]["ops_expert"].get<int>()) << b.dump();
   const json& ep = b["expert_read_probe"];

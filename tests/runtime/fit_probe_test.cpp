@@ -46,6 +46,7 @@ class FitProbe : public ::testing::Test {
     if (!hp.ok()) return nullptr;
     ro.reserve_bytes = EstimateRunReserve(*hp, 256, 256);  // as `fit -c 256` reserves
     ro.dry_run = true;
+    ro.embedding_rows = false;  // held, so that budgets near the minimum stream dense ops
     auto m = ResidencyManager::OpenGguf(kMoe, &ledger, ro);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     return m.ok() ? std::move(*m) : nullptr;

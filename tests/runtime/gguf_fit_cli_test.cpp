@@ -102,36 +102,44 @@ TEST_F(GgufCli, FitSaysResidentOutOfCoreOrImpossible) {
   EXPECT_EQ(below.rc, 3) << below.text;
 }
 
+// The prediction is the stated model over the measured figures, for a plan that misses experts
+// (the MoE: its embedding read by rows, every other dense op resident) and for one that streams
+// dense ops (the dense model, whose tied output keeps the table whole).
 TEST_F(GgufCli, FitMeasuresAndPredicts) {
-  Out o = Cmd("fit -m " + kModel + " --max-ram 23M -c 256 --json -t 1");
-  ASSERT_EQ(o.rc, 0) << o.text;
-  const json j = LastJson(o.text);
-  const json& m = j["measured"];
-  const json& t = j["per_token"];
-  EXPECT_EQ(m["threads"].get<int>(), 1);
-  // The plan streams dense ops and misses experts: both kinds of read were probed.
-  ASSERT_GT(t["dense_disk_bytes"].get<double>(), 0);
-  ASSERT_GT(t["expert_disk_bytes"].get<double>(), 0);
-  EXPECT_EQ(t["dense_disk_bytes"].get<uint64_t>() + t["expert_disk_bytes"].get<uint64_t>(),
-            t["disk_bytes"].get<uint64_t>());
-  EXPECT_TRUE(t.contains("assumption"));
-  const double dense_rate = m["dense_read_bytes_per_s"], expert_rate = m["expert_read_bytes_per_s"];
-  ASSERT_GT(dense_rate, 0);
-  ASSERT_GT(expert_rate, 0);
-  EXPECT_GT(m["disk_bytes_per_s"].get<double>(), 0);
-  EXPECT_GT(m["disk_probe_bytes"].get<double>(), 0);
-  const double compute = m["compute_seconds_per_token"];
-  ASSERT_GT(compute, 0);
-  EXPECT_GT(m["compute_bytes_per_s"].get<double>(), 0);
-  // The prediction is the stated model over the measured figures.
-  const double dense_s = t["dense_disk_bytes"].get<double>() / dense_rate;
-  const double expert_s = t["expert_disk_bytes"].get<double>() / expert_rate;
-  const json& p = j["predicted"];
-  EXPECT_NEAR(p["disk_seconds"].get<double>(), dense_s + expert_s, 1e-9 + 1e-6 * (dense_s + expert_s));
-  const double tps = 1 / (std::max(compute, dense_s) + expert_s);
-  EXPECT_NEAR(p["tokens_per_s"].get<double>(), tps, 1e-6 * tps);
-  const std::string bound = p["bound"];
-  EXPECT_EQ(bound, dense_s + expert_s > compute ? "disk" : "compute");
+  const std::string dense_model = std::string(SUBSTRATE_SOURCE_DIR) + "/models/tiny-coder-Q8_0.gguf";
+  for (const auto& [model, dense] : {std::pair{kModel, false}, std::pair{dense_model, true}}) {
+    SCOPED_TRACE(model);
+    Out o = Cmd("fit -m " + model + " --max-ram 23M -c 256 --json -t 1");
+    ASSERT_EQ(o.rc, 0) << o.text;
+    const json j = LastJson(o.text);
+    const json& m = j["measured"];
+    const json& t = j["per_token"];
+    EXPECT_EQ(m["threads"].get<int>(), 1);
+    const double dense_bytes = t["dense_disk_bytes"], expert_bytes = t["expert_disk_bytes"];
+    EXPECT_EQ(dense_bytes > 0, dense);
+    EXPECT_EQ(expert_bytes > 0, !dense);
+    EXPECT_EQ(t["dense_disk_bytes"].get<uint64_t>() + t["expert_disk_bytes"].get<uint64_t>(),
+              t["disk_bytes"].get<uint64_t>());
+    EXPECT_EQ(t.contains("assumption"), !dense);  // the expert cache's hit rate
+    // Each kind of read the plan makes was probed.
+    const double dense_rate = m["dense_read_bytes_per_s"], expert_rate = m["expert_read_bytes_per_s"];
+    EXPECT_EQ(dense_rate > 0, dense);
+    EXPECT_EQ(expert_rate > 0, !dense);
+    EXPECT_GT(m["disk_bytes_per_s"].get<double>(), 0);
+    EXPECT_GT(m["disk_probe_bytes"].get<double>(), 0);
+    const double compute = m["compute_seconds_per_token"];
+    ASSERT_GT(compute, 0);
+    EXPECT_GT(m["compute_bytes_per_s"].get<double>(), 0);
+    const double dense_s = dense ? dense_bytes / dense_rate : 0;
+    const double expert_s = dense ? 0 : expert_bytes / expert_rate;
+    const json& p = j["predicted"];
+    EXPECT_NEAR(p["disk_seconds"].get<double>(), dense_s + expert_s,
+                1e-9 + 1e-6 * (dense_s + expert_s));
+    const double tps = 1 / (std::max(compute, dense_s) + expert_s);
+    EXPECT_NEAR(p["tokens_per_s"].get<double>(), tps, 1e-6 * tps);
+    const std::string bound = p["bound"];
+    EXPECT_EQ(bound, dense_s + expert_s > compute ? "disk" : "compute");
+  }
 }
 
 TEST_F(GgufCli, FitPredictsAResidentRunFromComputeAlone) {

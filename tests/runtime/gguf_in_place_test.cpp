@@ -75,7 +75,7 @@ struct GreedyRun {
   std::vector<int32_t> tokens;
   Status status;
   bool in_place = false;
-  int streamed = 0;
+  int streamed = 0;  // ops read while it runs: dense ops through slabs, experts, the embedding's rows
   int n_files = 0;      // the runtime's data files (a split GGUF's parts)
   bool direct = false;  // the runtime read with O_DIRECT
   uint64_t peak = 0;
@@ -104,7 +104,9 @@ GreedyRun Greedy(const std::string& path, uint64_t max_ram, const std::vector<in
   }
   if ((*e)->runtime()) {
     r.in_place = !(*e)->runtime()->index().gguf_path().empty();
-    r.streamed = (*e)->runtime()->stats().n_ops_streamed;
+    const ResidencyStats s = (*e)->runtime()->stats();
+    r.streamed = s.n_ops_streamed + std::max(0, s.n_ops_expert - s.expert_slots) +
+                 (s.rows_op_bytes > 0 ? 1 : 0);
     r.n_files = static_cast<int>((*e)->runtime()->index().n_files());
     r.direct = (*e)->runtime()->stats().direct;
   }

@@ -39,6 +39,10 @@ class HintLog : public WeightSource {
   Expected<WeightHandle> Acquire(TensorId id, int slice, int tier) override {
     return inner_->Acquire(id, slice, tier);
   }
+  bool ReadsRows(TensorId id) const override { return inner_->ReadsRows(id); }
+  Status ReadRows(TensorId id, const int32_t* rows, int64_t n, uint8_t* dst) override {
+    return inner_->ReadRows(id, rows, n, dst);
+  }
   int DefaultTier() const override { return inner_->DefaultTier(); }
   void BindOpTiers(const std::vector<OpSpec>& ops, const uint8_t* tiers) override {
     inner_->BindOpTiers(ops, tiers);

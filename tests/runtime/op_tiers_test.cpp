@@ -212,6 +212,7 @@ TEST(OpTiers, StreamedRuntimeServesEachOpAtItsTier) {
   const std::vector<int32_t> prompt = Prompt();
   ResidencyOptions o;
   o.reserve_bytes = 4ull << 20;
+  o.embedding_rows = false;  // dense ops through slabs, not the embedding read by rows
   uint64_t dense = 0;  // what a generous budget keeps: every dense op resident
   {
     MemoryLedger roomy(StoreDataBytes(PackedTinyMoeStore()) * 2);

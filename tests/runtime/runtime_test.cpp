@@ -76,6 +76,7 @@ TEST(Runtime, GoldenGreedyUnderCapWithPrefetch) {
   // resident, the others stream through slabs, and the expert cache holds a few experts.
   const uint64_t weights = StoreDataBytes(PackedTinyMoeStore());
   ResidencyOptions o = SmallRun();
+  o.embedding_rows = false;  // the embedding held too, so that dense ops stream through slabs
   uint64_t dense = 0;  // every dense op resident, as a generous budget gives
   {
     MemoryLedger roomy(weights * 2);
@@ -306,6 +307,66 @@ TEST(Runtime, FlippedByteInStreamedExpertIsCorruptionNamingFile) {
   fs::remove_all(dir);
 }
 
+// Out of core the token embedding is read by rows (ResidencyOptions::embedding_rows): the
+// budget holds everything else, its bytes go to the expert cache, each token reads its row's
+// blocks, the output is the golden one within the cap, and the whole table is never handed out.
+// A block changed under the session stops the pass with an error naming the file.
+TEST(Runtime, EmbeddingReadByRowsGivesTheGoldenStartAndChecksItsBlocks) {
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
+  const std::string dir = CopyPackedStore("rows");
+  const uint64_t cap = StoreDataBytes(dir) * 3 / 5;
+  int held_slots = 0;
+  {
+    MemoryLedger ledger(cap);
+    ResidencyOptions o = SmallRun();
+    o.embedding_rows = false;
+    auto m = ResidencyManager::Open(dir, &ledger, o);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_FALSE((*m)->ReadsRows((*m)->Resolve("token_embd.weight")));
+    held_slots = (*m)->stats().expert_slots;
+  }
+  MemoryLedger ledger(cap);
+  auto m = ResidencyManager::Open(dir, &ledger, SmallRun());
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const TensorId embd = (*m)->Resolve("token_embd.weight");
+  ASSERT_TRUE((*m)->ReadsRows(embd));
+  const auto whole = (*m)->Acquire(embd);
+  ASSERT_FALSE(whole.ok());
+  EXPECT_NE(whole.status().message().find("read by rows"), std::string::npos);
+  const ResidencyStats opened = (*m)->stats();
+  EXPECT_EQ(opened.rows_op_bytes, (*m)->OpBytes(OpIdTokenEmbd(), 0));
+  EXPECT_GT(opened.expert_slots, held_slots) << "the embedding's bytes did not go to the cache";
+
+  const size_t n = 8;
+  ExpectGoldenStart(m->get(), &ledger, n);
+  const ResidencyStats s = (*m)->stats();
+  const size_t prompt = Golden()["greedy"]["prompt"].size();
+  EXPECT_EQ(s.rows_read, prompt + n);  // every token evaluated, once
+  EXPECT_LE(s.row_bytes_read, s.rows_read * 2 * RowReader::kBlockBytes);
+  EXPECT_LE(ledger.peak(), cap);
+
+  // Token 5's row changes on disk: its next read fails its block's checksum.
+  const TensorInfo& info = (*m)->Info(embd);
+  const uint64_t row_bytes = *RowBytes(info.type, info.ne[0]);
+  {
+    std::fstream f(dir + "/token_embd.t0.bin", std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(5 * row_bytes + 3);
+    f.seekg(at);
+    char c = 0;
+    f.get(c);
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x5a));
+  }
+  Status err;
+  GreedyThrough(m->get(), (*m)->metadata(), &ledger, {5}, 1, &err);
+  ASSERT_FALSE(err.ok());
+  EXPECT_EQ(err.code(), StatusCode::kCorruption) << err.ToString();
+  EXPECT_NE(err.message().find("token_embd.t0.bin"), std::string::npos) << err.ToString();
+  EXPECT_NE(err.message().find("checksum mismatch"), std::string::npos) << err.ToString();
+  m->reset();
+  fs::remove_all(dir);
+}
+
 TEST(Runtime, FlippedByteInResidentOpFailsOpenCleanly) {
   if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
   const std::string dir = CopyPackedStore("flip_resident");
@@ -341,9 +402,10 @@ TEST(Runtime, KilledRunLeavesNoTempFileAndStoreStillOpens) {
   if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
   const std::string bin = SUBSTRATE_BINARY;
   if (!fs::exists(bin)) GTEST_SKIP() << "no substrate binary";
-  const std::string cap = std::to_string(StoreDataBytes(PackedTinyMoeStore()) * 3 / 5 + (8 << 20));
+  // A run of several seconds: a thousand tokens with a fifth of the experts cached.
+  const std::string cap = std::to_string(StoreDataBytes(PackedTinyMoeStore()) * 3 / 5 + (24 << 20));
   std::vector<std::string> args = {bin, "run", "--store", PackedTinyMoeStore(), "--max-ram", cap,
-                                   "-c", "256", "-p", "def main():", "-n", "200"};
+                                   "-c", "1024", "-p", "def main():", "-n", "1000"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
