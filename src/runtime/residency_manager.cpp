@@ -776,7 +776,7 @@ void ResidencyManager::EndOp(const std::string& op_id) {
     OpEvent e;
     e.op = &index_->ops()[o].id;
     e.tier = s.win_tier;
-    e.bytes = OpBytes(o);
+    e.bytes = s.where == Where::kRows && rows_ ? rows_->row_bytes() : OpBytes(o);  // a row
     e.start_us = s.win_start;
     e.end_us = end;
     e.stall_us = s.win_stall;
@@ -938,10 +938,11 @@ void ResidencyManager::ChooseEmbeddingRows(uint64_t budget, uint64_t reserve) {
   const StoreOp& op = index_->ops()[o];
   if (op.units.size() != 1 || op.units[0].second >= 0 || op.n_tiers != 1) return;
   const StoreTensor& t = index_->tensors()[op.units[0].first];
-  if (t.info.ne.size() != 2 || t.units.size() != 1 || t.info.ne[1] == 0 ||
-      t.units[0].tier[0].bytes % t.info.ne[1] != 0 ||
-      t.units[0].tier[0].bytes / t.info.ne[1] >
-          RowReader::kBlockBytes * (RowReader::kMaxRowBlocks - 1))
+  const uint64_t row_bytes =
+      t.info.ne.size() == 2 ? RowBytes(t.info.type, t.info.ne[0]).value_or(0) : 0;
+  if (row_bytes == 0 || t.units.size() != 1 ||
+      t.units[0].tier[0].bytes != row_bytes * t.info.ne[1] ||
+      row_bytes > RowReader::kBlockBytes * (RowReader::kMaxRowBlocks - 1))
     return;
   // A tied output reads the whole table every token.
   if (index_->Resolve("output.weight") == kNoTensor) return;

@@ -16,8 +16,7 @@ constexpr uint64_t kOpenChunk = 4 << 20;  // per read of the open's pass (a mult
 // hold the table this reader exists not to hold.
 void DropCached(const RandomAccessFile& f, uint64_t offset, uint64_t n) {
   if (!f.direct() && f.fd() >= 0)
-    ::posix_fadvise(f.fd(), static_cast<off_t>(offset), static_cast<off_t>(n),
-                    POSIX_FADV_DONTNEED);
+    ::posix_fadvise(f.fd(), static_cast<off_t>(offset), static_cast<off_t>(n), POSIX_FADV_DONTNEED);
 }
 }  // namespace
 
@@ -28,9 +27,8 @@ uint32_t RowReader::RangeCrc(uint64_t file_offset, const uint8_t* data, uint64_t
 }
 
 Expected<std::unique_ptr<RowReader>> RowReader::Open(const StoreIndex& index, const StoreRange& r,
-                                                     int64_t rows, uint64_t row_bytes,
-                                                     IoMode mode, MemoryLedger* ledger,
-                                                     Env* env) {
+                                                     int64_t rows, uint64_t row_bytes, IoMode mode,
+                                                     MemoryLedger* ledger, Env* env) {
   if (rows <= 0 || row_bytes == 0 || static_cast<uint64_t>(rows) * row_bytes != r.bytes)
     return InvalidArgument(r.what + ": " + std::to_string(r.bytes) + " bytes are not " +
                            std::to_string(rows) + " rows of " + std::to_string(row_bytes));
@@ -98,8 +96,7 @@ Status RowReader::Read(const int32_t* ids, int64_t n, uint8_t* dst) {
                           " when the session opened): the file changed under the running "
                           "session; stopping rather than computing with mixed bytes");
     }
-    std::memcpy(dst + static_cast<uint64_t>(i) * row_bytes_, buf_.data() + (at - from),
-                row_bytes_);
+    std::memcpy(dst + static_cast<uint64_t>(i) * row_bytes_, buf_.data() + (at - from), row_bytes_);
     bytes_read_ += to - from;
   }
   rows_read_ += static_cast<uint64_t>(n);
