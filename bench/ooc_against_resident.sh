@@ -34,7 +34,7 @@ bound = min(resident, disk) if disk > 0 else resident
 print(json.dumps({
     "pair": int(sys.argv[4]), "ooc_tokens_per_s": round(tps, 2), "resident_tokens_per_s": round(resident, 2),
     "disk_bound_tokens_per_s": round(disk, 1), "ratio": round(tps / bound, 3),
-    "expert_slots": s.get("expert_slots"), "stream_mb_per_token": round(s["stream_bytes_read"] / 1e6 / ooc["tg"]["n_tokens"], 1),
+    "expert_slots": s.get("expert_slots"), "disk_mb_per_token": round(ooc["disk_bytes_per_token"] / 1e6, 1),
     "stall_s": round(s.get("stall_us", 0) / 1e6, 2), "memcap_peak_bytes": int(peak.group(1)) if peak else None,
     "oom_kills": int(peak.group(2)) if peak else None}))
 EOF
