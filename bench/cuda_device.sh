@@ -3,14 +3,17 @@
 # build elsewhere, run this there). Usage:
 #   bench/cuda_device.sh DIR OUT PHASE...
 # DIR holds the binaries (substrate, test_backend, test_model) and lib/ (shared libraries the
-# machine may lack); OUT receives logs and JSON; synth files live in $SYNTH_DIR (/tmp/synth).
+# machine may lack: `ldd DIR/substrate` here; the H200 machine had no liburing, cpp-httplib,
+# pcre2 or brotli); OUT receives logs and JSON; synth files live in $SYNTH_DIR (/tmp/synth).
 # Phases, run in order:
 #   info                   the GPU, driver and CUDA libraries found
 #   tests[:VAR=VALUE,...]  the differential op test, then the model tests on the GPU
 #                          (SUBSTRATE_TEST_DEVICE=cuda), with VAR set (e.g. SUBSTRATE_CUDA_PDL=0;
 #                          SUBSTRATE_TEST_VRAM=half: under a budget that holds half the weights).
-#                          The test binaries read the fixtures, and run `substrate`, at the
-#                          paths of the machine that built them: link those to the copies here
+#                          The test binaries read the fixtures, and run `substrate` (the
+#                          conversion tests), at the paths of the machine that built them
+#                          (../shared, the source tree, the build folder): link those to the
+#                          copies here, or those tests fail to start
 #   gemv[:TOKENS]          DIR/bench_cuda_gemv: each decode product kernel alone, GB/s
 #   attn[:MAX_SPLITS]      DIR/bench_cuda_attention: the decode attention alone, 32-16384
 #                          positions, against the floor of a small dependent launch (with the
