@@ -940,9 +940,8 @@ void ResidencyManager::ChooseEmbeddingRows(uint64_t budget, uint64_t reserve) {
   const StoreTensor& t = index_->tensors()[op.units[0].first];
   const uint64_t row_bytes =
       t.info.ne.size() == 2 ? RowBytes(t.info.type, t.info.ne[0]).value_or(0) : 0;
-  if (row_bytes == 0 || t.units.size() != 1 ||
-      t.units[0].tier[0].bytes != row_bytes * t.info.ne[1] ||
-      row_bytes > RowReader::kBlockBytes * (RowReader::kMaxRowBlocks - 1))
+  if (!RowReader::RowFits(row_bytes) || t.units.size() != 1 ||
+      t.units[0].tier[0].bytes != row_bytes * t.info.ne[1])
     return;
   // A tied output reads the whole table every token.
   if (index_->Resolve("output.weight") == kNoTensor) return;

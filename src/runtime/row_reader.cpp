@@ -42,8 +42,7 @@ Expected<std::unique_ptr<RowReader>> RowReader::Open(const StoreIndex& index, co
     ASSIGN_OR_RETURN(rr->crc_charge_, ledger->Charge("weights", n_blocks * sizeof(uint32_t)));
   }
   rr->block_crc_.resize(n_blocks);
-  // A row spans at most this many blocks wherever it starts.
-  if ((row_bytes + kBlockBytes - 1) / kBlockBytes + 1 > kMaxRowBlocks)
+  if (!RowFits(row_bytes))
     return InvalidArgument(r.what + ": rows of " + std::to_string(row_bytes) +
                            " bytes are too long to read by rows");
   ASSIGN_OR_RETURN(rr->buf_,

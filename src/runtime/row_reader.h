@@ -29,6 +29,11 @@ class RowReader {
   // Blocks a row may span: rows up to kBlockBytes * (kMaxRowBlocks - 1) bytes (a row of 16,384
   // F32 or 65,536 Q4_0 values fits with room).
   static constexpr uint64_t kMaxRowBlocks = 4;
+  // Whether rows of `row_bytes` are short enough to be read by rows: kMaxRowBlocks covers them
+  // wherever they start.
+  static constexpr bool RowFits(uint64_t row_bytes) {
+    return row_bytes > 0 && row_bytes <= kBlockBytes * (kMaxRowBlocks - 1);
+  }
 
   // Range `r` of `index` holds `rows` rows of `row_bytes` each. Reads it once (in chunks of a
   // few MiB, charged to `ledger` while it lasts) to take the block checksums; Corruption when
