@@ -91,9 +91,10 @@ bool PrepareParts(const WeightView& w, Isa isa, Part* parts, int* n_parts) {
 }
 
 // Rows [r0, r1) of parts (each part's row r at data + r * row_bytes) for every token:
-// y[t * y_stride + r].
+// y[t * y_stride + r], the parts' products added in order; with `accumulate` added to what y
+// holds (an interleaved skeleton's product, whose residuals these parts are).
 void FastRows(int64_t cols, int64_t y_stride, const Part* parts, int n_parts, int64_t n_tokens,
-              float* y, int64_t r0, int64_t r1) {
+              float* y, int64_t r0, int64_t r1, bool accumulate = false) {
   float tmp[kTokenBlock], res[kTokenBlock];
   size_t row_bytes = parts[0].row_bytes;
   for (int p = 1; p < n_parts; ++p) row_bytes += parts[p].row_bytes;
@@ -108,12 +109,15 @@ void FastRows(int64_t cols, int64_t y_stride, const Part* parts, int n_parts, in
     for (int64_t t0 = 0; t0 < n_tokens; t0 += token_block) {
       int nt = static_cast<int>(std::min(token_block, n_tokens - t0));
       for (int64_t r = rb; r < re; ++r) {
+        if (accumulate)
+          for (int t = 0; t < nt; ++t) tmp[t] = y[(t0 + t) * y_stride + r];
         for (int p = 0; p < n_parts; ++p) {
           const Part& part = parts[p];
+          const bool first = p == 0 && !accumulate;
           part.kernel->dot(cols, part.data + r * part.row_bytes,
                            part.act + t0 * part.act_stride, part.act_stride, nt,
-                           p == 0 ? tmp : res);
-          if (p > 0)
+                           first ? tmp : res);
+          if (!first)
             for (int t = 0; t < nt; ++t) tmp[t] += res[t];
         }
         for (int t = 0; t < nt; ++t) y[(t0 + t) * y_stride + r] = tmp[t];
@@ -129,9 +133,9 @@ enum class Path : uint8_t {
   kGemm,           // prefill: AMX tiles over panels of unpacked rows (gemm.h), alone
   kRows,           // the row kernels (FastRows), in the shared ParallelFor
   kInterleaved,    // interleaved Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K on AVX-512 (interleaved_q*.h),
-                   // 16 rows per step
-  kDeinterleaved,  // interleaved weights where the tier has no such kernel (or with residual
-                   // tiers): each group put back into plain rows in scratch, then FastRows
+                   // 16 rows per step; residual tiers (plain rows) added by FastRows
+  kDeinterleaved,  // interleaved weights where the ISA has no such kernel (a test lowering
+                   // it): each group put back into plain rows in scratch, then FastRows
 };
 
 struct JobPlan {
@@ -203,7 +207,7 @@ void PlanJob(BatchState& st, const MatMulJob& job, JobPlan& p) {
       GemmSupports(w.type, w.cols, job.n_tokens, st.isa) &&
       p.parts[0].kernel->act_type == GemmActType(w.type)) {
     p.path = Path::kGemm;
-  } else if (interleaved && p.n_parts == 1 && st.isa >= Isa::kAvx512) {
+  } else if (interleaved && st.isa >= Isa::kAvx512) {
     p.path = Path::kInterleaved;
   } else if (interleaved) {
     p.path = Path::kDeinterleaved;
@@ -325,6 +329,10 @@ void RunItems(const JobPlan& p, int64_t a, int64_t b, uint8_t* plain) {
             for (int64_t t0 = tb; t0 < te; t0 += tile)
               gemv(g, t0, static_cast<int>(std::min<int64_t>(tile, te - t0)));
         }
+        // Residual tiers (plain rows) added to the panel's skeleton products.
+        if (p.n_parts > 1)
+          FastRows(w.cols, w.rows, p.parts + 1, p.n_parts - 1, n_tokens, y,
+                   g0 * kInterleavedRows, g1 * kInterleavedRows, /*accumulate=*/true);
       }
       break;
     }
