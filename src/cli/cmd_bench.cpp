@@ -454,6 +454,8 @@ int RunBench(const std::vector<std::string>& args) {
         verified.n_rollbacks += st->n_rollbacks;
         verified.n_rollback_lost += st->n_rollback_lost;
         verified.verify_bytes += st->verify_bytes;
+        verified.verify_seconds += st->verify_seconds;
+        verified.decode_seconds += st->decode_seconds;
       } else if (!seq_caches.empty()) {
         // Each step one token of every sequence, rows exact as serve's batched steps run.
         const auto seq_tokens =
@@ -573,7 +575,9 @@ int RunBench(const std::vector<std::string>& args) {
                    {"verify_passes", verified.n_verify_passes},
                    {"rollbacks", verified.n_rollbacks},
                    {"rollback_lost", verified.n_rollback_lost},
-                   {"verify_bytes_read", verified.verify_bytes}};
+                   {"verify_bytes_read", verified.verify_bytes},
+                   {"verify_seconds", verified.verify_seconds},
+                   {"decode_seconds", verified.decode_seconds}};
   }
   j["ledger"] = {{"cap_bytes", e.ledger().cap()}, {"peak_bytes", e.ledger().peak()}};
   if (e.tier_controller()) j["adaptive"] = AdaptiveStatsJson(e);

@@ -205,7 +205,8 @@ nlohmann::json StatsJson(Engine& e, const GenerateStats& st) {
                    {"verify_passes", st.n_verify_passes},
                    {"rollbacks", st.n_rollbacks},
                    {"rollback_lost", st.n_rollback_lost},
-                   {"verify_bytes_read", st.verify_bytes}};
+                   {"verify_bytes_read", st.verify_bytes},
+                   {"verify_seconds", st.verify_seconds}};
   }
   j["stop_reason"] = st.stop_reason;
   j["peak_bytes"] = e.ledger().peak();

@@ -145,6 +145,7 @@ Expected<GenerateStats> Engine::GenerateDeferred(Session& s, const std::vector<i
 
     // Check every unsettled token in one pass of the verify tier.
     const int64_t v_pos = verify.n_past(), end = static_cast<int64_t>(history.size());
+    const auto pass_start = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(pass_at(top, [&] {
       const uint64_t read0 = runtime_ ? runtime_->stats().stream_bytes_read : 0;
       ExactTokenRows exact;  // each row as a one-token pass computes it (kernels/matmul.h)
@@ -154,6 +155,7 @@ Expected<GenerateStats> Engine::GenerateDeferred(Session& s, const std::vector<i
       return Status::Ok();
     }));
     ++st.n_verify_passes;
+    st.verify_seconds += Since(pass_start);
     size_t agreed = static_cast<size_t>(end);
     int32_t replacement = -1;
     for (size_t j = settled; j < static_cast<size_t>(end); ++j) {

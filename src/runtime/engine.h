@@ -215,6 +215,7 @@ struct GenerateStats {
   int64_t n_rollbacks = 0;
   int64_t n_rollback_lost = 0;  // drafted tokens discarded by rollbacks
   uint64_t verify_bytes = 0;    // bytes the runtime read during verify passes
+  double verify_seconds = 0;    // spent in verify passes (part of decode_seconds)
 };
 
 // Called per generated token with the text that became complete (may be empty); return false to
