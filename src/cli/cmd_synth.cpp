@@ -2,6 +2,11 @@
 // random weights, quantized properly (values meaningless, speed real), for benchmarks on
 // machines that cannot download the real thing.
 //
+// With --carry MODEL the weights are not random: a small trained dense model is placed inside
+// the preset's shapes, zero everywhere else (see Carried below), so the file has a real model's
+// size and cost per token and the small model's outputs (its margins, its agreement between
+// quantization tiers), which random weights cannot have.
+//
 // Cheap by construction: for each (type, row length) a pool of 32 random rows is quantized with
 // the reference quantizer once; every row of the file is then assembled from blocks drawn at
 // random from that pool. Rows are made in parallel, written in order, a chunk at a time, so
@@ -20,6 +25,7 @@
 #include "format/dtype.h"
 #include "format/gguf_writer.h"
 #include "format/model_file.h"
+#include "model/hparams.h"
 #include "quant/mix.h"
 #include "quant/quant.h"
 
@@ -53,6 +59,10 @@ const Preset kPresets[] = {
     // Small enough for tests: a qwen2moe layout (biases, shared expert, 1.5x256-wide experts).
     {"test-tiny-moe", "qwen2moe", "tiny MoE (synthetic, for tests)", 1000, 256, 2, 4, 2, 64, 512,
      4, 2, 384, 512, 10000.0, 1e-6, 512, true, false},
+    // Small enough for tests of --carry (tiny-coder fits inside: more layers, wider in each
+    // dimension, four query heads per kv head, 96-wide heads).
+    {"test-tiny-dense", "qwen2", "tiny dense (synthetic, for tests)", 1000, 384, 7, 8, 2, 96, 1024,
+     0, 0, 0, 0, 10000.0, 1e-6, 512, true, false},
 };
 
 // ------------------------------------------------------------------ the model's tensors
@@ -264,10 +274,186 @@ void FillRows(const SynthTensor& t, const BlockPool* bp, uint64_t seed, uint64_t
   }
 }
 
+// ------------------------------------------------------------------ a trained model carried
+
+// A trained dense model inside larger shapes. Every dimension of the small model maps to one of
+// the preset's; the rest is zero, so the padded part of the residual stream stays exactly zero
+// and the small model's computation is what the large file computes:
+//   - hidden, FFN and vocabulary indices keep their place (the vocabulary and its tokenizer are
+//     the small model's);
+//   - query head i (of kv head i / g) goes to head (i / g) * g' + i % g, kv head j to j (g, g':
+//     query heads per kv head), so each keeps its kv head;
+//   - within a head, a NEOX rotation's halves go to the two halves of the larger head (a normal
+//     rotation's pairs keep their place), and the rotation base becomes base^(h' / h), so that
+//     every rotated pair turns at its old angle;
+//   - queries are scaled by sqrt(h' / h), which undoes the larger head's 1 / sqrt(h');
+//   - RMSNorm weights are scaled by sqrt(d / d') and epsilon by d / d', which undoes the mean
+//     over more (zero) elements;
+//   - layers past the small model's are zero (their attention and FFN add nothing).
+// Equal up to float rounding (a test checks the logits); bytes and compute are the preset's.
+struct Carried {
+  ModelHParams hp;
+  Metadata tokenizer;  // the small model's tokenizer.* keys
+  std::string arch, display;  // the preset's, pointing here
+  std::map<std::string, std::vector<float>> weights;  // dequantized, rows of ne[0]
+  std::map<std::string, std::vector<uint64_t>> shapes;
+  // Preset index -> small model's index, or -1 (padding), per kind of dimension.
+  std::vector<int64_t> embd, q, kv, ff;
+  float q_scale = 1, norm_scale = 1;
+};
+
+Status LoadCarried(const std::string& path, Preset* p, Carried* c) {
+  ASSIGN_OR_RETURN(auto file, ModelFile::Open(path));
+  ASSIGN_OR_RETURN(c->hp, ModelHParams::FromMetadata(file->metadata()));
+  const ModelHParams& hp = c->hp;
+  auto refuse = [&](const std::string& why) {
+    return InvalidArgument("--carry " + path + ": " + why);
+  };
+  if (hp.n_expert > 0 || p->n_expert > 0)
+    return refuse("only a dense model carried into a dense preset");
+  if (hp.qk_norm || hp.q_lora_rank > 0 || hp.kv_lora_rank > 0 || hp.n_nextn > 0)
+    return refuse("QK norms, MLA and next-n layers are not carried");
+  if (hp.head_dim_k != hp.head_dim_v || hp.rope.n_rot != hp.head_dim_k ||
+      hp.rope.freq_scale != 1.0f || hp.rope.yarn_factor != 0.0f)
+    return refuse("needs equal key and value heads, rotated whole, without rope scaling");
+  const int64_t g = hp.n_head / hp.n_head_kv, g2 = p->n_head / p->n_head_kv;
+  if (hp.n_embd > p->n_embd || hp.n_ff > p->n_ff || hp.n_layer > p->n_layer ||
+      hp.head_dim_k > p->head_dim || hp.n_head_kv > p->n_head_kv || g > g2)
+    return refuse("larger than the preset in some dimension (hidden, FFN, layers, head size, "
+                  "kv heads or query heads per kv head)");
+  for (const std::string& key : file->metadata().keys())
+    if (key.rfind("tokenizer.", 0) == 0) c->tokenizer.Set(key, *file->metadata().Find(key));
+  for (const TensorInfo& t : file->tensors()) {
+    if (!CanDequantize(t.type)) return refuse("tensor '" + t.name + "' of a type not read here");
+    std::vector<uint8_t> raw(t.bytes);
+    RETURN_IF_ERROR(file->ReadTensor(t, raw.data()));
+    uint64_t n = 1;
+    for (uint64_t x : t.ne) n *= x;
+    std::vector<float>& w = c->weights[t.name];
+    w.resize(n);
+    const uint64_t row = t.ne[0], row_bytes = *RowBytes(t.type, static_cast<int64_t>(row));
+    for (uint64_t r = 0; r < n / row; ++r)
+      DequantizeRow(t.type, raw.data() + r * row_bytes, w.data() + r * row,
+                    static_cast<int64_t>(row));
+    c->shapes[t.name] = t.ne;
+  }
+
+  const int64_t h = hp.head_dim_k, h2 = p->head_dim;
+  auto in_head = [&](int64_t d) {  // a dimension of a small head in the larger one
+    if (hp.rope.style == RopeStyle::kNormal || d < h / 2) return d;
+    return h2 / 2 + d - h / 2;
+  };
+  auto identity = [](int64_t n, int64_t to) {
+    std::vector<int64_t> m(static_cast<size_t>(to), -1);
+    for (int64_t i = 0; i < n; ++i) m[static_cast<size_t>(i)] = i;
+    return m;
+  };
+  c->embd = identity(hp.n_embd, p->n_embd);
+  c->ff = identity(hp.n_ff, p->n_ff);
+  c->q.assign(static_cast<size_t>(p->n_head * h2), -1);
+  c->kv.assign(static_cast<size_t>(p->n_head_kv * h2), -1);
+  for (int64_t i = 0; i < hp.n_head; ++i)
+    for (int64_t d = 0; d < h; ++d)
+      c->q[static_cast<size_t>(((i / g) * g2 + i % g) * h2 + in_head(d))] = i * h + d;
+  for (int64_t j = 0; j < hp.n_head_kv; ++j)
+    for (int64_t d = 0; d < h; ++d) c->kv[static_cast<size_t>(j * h2 + in_head(d))] = j * h + d;
+  c->q_scale = static_cast<float>(std::sqrt(static_cast<double>(h2) / static_cast<double>(h)));
+  c->norm_scale = static_cast<float>(
+      std::sqrt(static_cast<double>(hp.n_embd) / static_cast<double>(p->n_embd)));
+
+  c->arch = hp.arch;
+  c->display = std::string(p->display) + " carrying " +
+               file->metadata().GetString("general.name", path);
+  p->arch = c->arch.c_str();
+  p->display = c->display.c_str();
+  p->n_vocab = hp.n_vocab;
+  p->n_ctx = hp.n_ctx_train;
+  p->rope_theta = std::pow(static_cast<double>(hp.rope.freq_base),
+                           static_cast<double>(h2) / static_cast<double>(h));
+  p->rms_eps = static_cast<double>(hp.norm_eps) * static_cast<double>(hp.n_embd) /
+               static_cast<double>(p->n_embd);
+  p->qkv_bias = c->weights.count("blk.0.attn_q.bias") != 0;
+  p->qk_norm = false;
+  return Status::Ok();
+}
+
+// Row r of tensor t (cols = t.ne[0]) from the carried model: false when the row is all zero.
+bool CarriedRow(const Carried& c, const SynthTensor& t, uint64_t r, float* out) {
+  const uint64_t cols = t.ne[0];
+  std::string name = t.name, src = t.name;
+  int layer = -1;
+  if (name.rfind("blk.", 0) == 0) {
+    layer = std::stoi(name.substr(4));
+    name = name.substr(name.find('.', 4) + 1);
+  }
+  const bool norm = name.find("norm.weight") != std::string::npos;
+  if (layer >= c.hp.n_layer) {  // a layer past the small model's: zero, its norms ones
+    if (!norm) return false;
+    std::fill(out, out + cols, 1.0f);
+    return true;
+  }
+  const std::vector<int64_t>* rows = nullptr;  // nullptr: a 1-D tensor
+  const std::vector<int64_t>* colmap = &c.embd;
+  float scale = 1;
+  if (name == "token_embd.weight" || name == "output.weight") {
+    if (!c.weights.count(src)) src = "token_embd.weight";  // tied
+  } else if (name == "attn_q.weight" || name == "attn_q.bias") {
+    rows = &c.q, scale = c.q_scale;
+  } else if (name == "attn_k.weight" || name == "attn_v.weight" || name == "attn_k.bias" ||
+             name == "attn_v.bias") {
+    rows = &c.kv;
+  } else if (name == "attn_output.weight") {
+    rows = &c.embd, colmap = &c.q;
+  } else if (name == "ffn_gate.weight" || name == "ffn_up.weight") {
+    rows = &c.ff;
+  } else if (name == "ffn_down.weight") {
+    rows = &c.embd, colmap = &c.ff;
+  } else if (norm) {
+    scale = c.norm_scale;
+  }
+  const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+  if (is_bias) colmap = rows, rows = nullptr;
+  const auto w = c.weights.find(src);
+  if (w == c.weights.end()) return false;
+  const uint64_t src_cols = c.shapes.at(src)[0];
+  int64_t src_row = 0;
+  if (name == "token_embd.weight" || name == "output.weight") {
+    src_row = static_cast<int64_t>(r);  // the same vocabulary
+  } else if (rows) {
+    src_row = (*rows)[static_cast<size_t>(r)];
+    if (src_row < 0) return false;
+  }
+  const float* in = w->second.data() + static_cast<uint64_t>(src_row) * src_cols;
+  for (uint64_t i = 0; i < cols; ++i) {
+    const int64_t j = (*colmap)[static_cast<size_t>(i)];
+    out[i] = j >= 0 ? scale * in[j] : (norm ? 1.0f : 0.0f);
+  }
+  return true;
+}
+
+// Rows [r0, r1) of t from the carried model, in t's type; zero rows copied from `zero`.
+void FillCarriedRows(const Carried& c, const SynthTensor& t, const std::vector<uint8_t>& zero,
+                     uint64_t r0, uint64_t r1, uint8_t* out) {
+  const uint64_t cols = t.ne[0], rb = *RowBytes(t.type, static_cast<int64_t>(cols));
+  std::vector<float> f(cols);
+  for (uint64_t r = r0; r < r1; ++r) {
+    uint8_t* dst = out + (r - r0) * rb;
+    if (!CarriedRow(c, t, r, f.data())) {
+      std::memcpy(dst, zero.data(), rb);
+      continue;
+    }
+    if (t.type == DType::kF32) {
+      std::memcpy(dst, f.data(), rb);
+    } else {
+      QuantizeRow(t.type, f.data(), dst, static_cast<int64_t>(cols));
+    }
+  }
+}
+
 // ------------------------------------------------------------------ the command
 
 Status Synth(const Preset& preset, const FileType& ftype, const std::string& out_path,
-             uint64_t seed, ThreadPool& pool) {
+             uint64_t seed, const Carried* carried, ThreadPool& pool) {
   std::vector<SynthTensor> tensors = BuildTensors(preset);
   std::vector<MixTensor> mix;
   for (const auto& t : tensors) mix.push_back({t.name, t.ne, t.type});
@@ -287,7 +473,12 @@ Status Synth(const Preset& preset, const FileType& ftype, const std::string& out
   // then the data streamed a chunk at a time (GgufWriter pads each tensor to the alignment).
   Metadata md;
   AddHparams(md, preset, ftype.id);
-  AddVocab(md, preset.n_vocab);
+  if (carried) {
+    for (const std::string& key : carried->tokenizer.keys())
+      md.Set(key, *carried->tokenizer.Find(key));
+  } else {
+    AddVocab(md, preset.n_vocab);
+  }
   md.Set("general.alignment", MetaValue::U32(32));
   GgufWriter writer(out_path);
   writer.SetMetadata(md);
@@ -305,7 +496,13 @@ Status Synth(const Preset& preset, const FileType& ftype, const std::string& out
   for (size_t i = 0; i < tensors.size(); ++i) {
     const SynthTensor& t = tensors[i];
     const BlockPool* bp = nullptr;
-    if (t.fill == SynthTensor::kWeight && GetDTypeTraits(t.type).block_size > 1) {
+    std::vector<uint8_t> zero;  // a carried tensor's zero row
+    if (carried) {
+      const std::vector<float> z(t.ne[0], 0.0f);
+      zero.resize(*RowBytes(t.type, t.ne[0]));
+      if (t.type == DType::kF32) std::memset(zero.data(), 0, zero.size());
+      else QuantizeRow(t.type, z.data(), zero.data(), static_cast<int64_t>(t.ne[0]));
+    } else if (t.fill == SynthTensor::kWeight && GetDTypeTraits(t.type).block_size > 1) {
       auto key = std::make_pair(t.type, t.ne[0]);
       auto it = pools.find(key);
       if (it == pools.end())
@@ -319,7 +516,10 @@ Status Synth(const Preset& preset, const FileType& ftype, const std::string& out
       chunk.resize((r1 - r0) * rb);
       uint64_t tseed = seed * 0x9E3779B97F4A7C15ull + i;
       pool.ParallelFor(static_cast<int64_t>(r1 - r0), 64, [&](int64_t a, int64_t b, int) {
-        FillRows(t, bp, tseed, r0 + a, r0 + b, chunk.data() + a * rb);
+        if (carried)
+          FillCarriedRows(*carried, t, zero, r0 + a, r0 + b, chunk.data() + a * rb);
+        else
+          FillRows(t, bp, tseed, r0 + a, r0 + b, chunk.data() + a * rb);
       });
       RETURN_IF_ERROR(writer.WriteTensorData(chunk.data(), chunk.size()));
       done += chunk.size();
@@ -335,14 +535,17 @@ int RunSynth(const std::vector<std::string>& args) {
   for (const auto& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
   const std::string usage =
       "usage: substrate synth --preset NAME --type TYPE -o FILE.gguf [--layers N] [--nextn N]\n"
-      "                       [--seed S] [-t THREADS]\n"
+      "                       [--seed S] [--carry MODEL] [-t THREADS]\n"
       "Writes a GGUF with a real model's tensor shapes and metadata and random weights.\n"
+      "--carry MODEL puts a small trained dense model (GGUF or HF folder) inside those shapes,\n"
+      "zero elsewhere: the file computes what MODEL computes (its vocabulary and tokenizer\n"
+      "included) at the preset's size, for speed figures with trained outputs.\n"
       "--nextn N adds N next-n (multi-token prediction) layers after the main ones, as\n"
       "DeepSeek-V3's GGUFs carry (what run, chat, serve and bench draft from).\n"
       "presets: " +
       names + "\nTYPE: a tensor type (Q8_0, Q4_0, F16...) or a mix (Q4_K_M, Q3_K_S...)\n";
   Flags f(args, {{"--preset", "--type", "-o", "--out", "--layers", "--nextn", "--seed", "-t",
-                  "--threads"}});
+                  "--threads", "--carry"}});
   if (!f.status().ok()) return UsageError("synth", f.status(), usage);
   if (f.help()) return std::fputs(usage.c_str(), stdout), 0;
   std::string preset_name = f.Get({"--preset"}), type_name = f.Get({"--type"}, "Q4_K_M");
@@ -371,9 +574,17 @@ int RunSynth(const std::vector<std::string>& args) {
   Preset p = *preset;
   p.n_layer = *layers;
   p.n_nextn = *nextn;
+  Carried carried;
+  const std::string carry = f.Get({"--carry"});
+  if (!carry.empty()) {
+    if (p.n_nextn > 0) return PrintError("synth", InvalidArgument("--carry takes no --nextn"));
+    Status st = LoadCarried(carry, &p, &carried);
+    if (!st.ok()) return PrintError("synth", st);
+  }
   ThreadPool local(*threads > 0 ? static_cast<int>(*threads) : 1);
   ThreadPool& pool = *threads > 0 ? local : ThreadPool::Default();
-  Status st = Synth(p, *ftype, out, static_cast<uint64_t>(*seed), pool);
+  Status st = Synth(p, *ftype, out, static_cast<uint64_t>(*seed),
+                    carry.empty() ? nullptr : &carried, pool);
   if (!st.ok()) return PrintError("synth", st);
   std::fprintf(stderr, "synth: wrote %s (%s, %s, %lld layers)\n", out.c_str(), p.name,
                ftype->name, static_cast<long long>(p.n_layer));
