@@ -4,10 +4,12 @@
 // For each: tokens/s, time to first token, the verify counters, the share of tokens equal to
 // (a)'s greedy output, and the judge measure of the seed: the top tier's mean log-probability
 // of the generated text. Greedy; prompts are lines of a text file (heldout code for the trained
-// models; random weights make the quality columns meaningless, not the speed ones).
+// models; random weights make the quality columns meaningless, not the speed ones). Each prompt
+// runs every mode in turn ((a) first), so a disk whose rate drifts slows all modes alike.
 //
 //   bench_deferred_verify --store S --max-ram SIZE --prompts FILE [-n 48] [--count 6] [-c 512]
 //                         [--modes a,b4,b8,b16,c0.5,c1,c2,d]
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -107,81 +109,97 @@ int main(int argc, char** argv) {
     }
     prompts.push_back(ids);
   }
-  std::vector<std::vector<int32_t>> reference;  // (a)'s tokens per prompt
-  nlohmann::json out = nlohmann::json::array();
+  // Prompt by prompt, every mode in turn: a disk whose rate drifts over the minutes (a shared
+  // VM's does) then slows every mode alike instead of the modes that ran in its slow minutes.
+  struct ModeRun {
+    std::string mode;
+    GenerateOptions go;
+    int plain_tier = 0;
+    GenerateStats sum;
+    double seconds = 0, ttft = 0, judge = 0;
+    int64_t equal = 0, total = 0;
+    uint64_t read_bytes = 0;  // runtime reads during its generations (the judge's excluded)
+  };
+  std::vector<ModeRun> runs;
   std::stringstream modes(a.modes);
   std::string mode;
+  const int top = e.weights().DefaultTier();
   while (std::getline(modes, mode, ',')) {
-    GenerateOptions go;
-    go.max_tokens = a.n;
-    go.stop_at_eog = false;
-    const int top = e.weights().DefaultTier();
-    int plain_tier = top;
-    if (mode == "d") plain_tier = 0;
+    ModeRun r;
+    r.mode = mode;
+    r.go.max_tokens = a.n;
+    r.go.stop_at_eog = false;
+    r.plain_tier = mode == "d" ? 0 : top;
     if (mode[0] == 'b') {
-      go.verify.mode = VerifyOptions::Mode::kAll;
-      go.verify.window = std::stoi(mode.substr(1));
+      r.go.verify.mode = VerifyOptions::Mode::kAll;
+      r.go.verify.window = std::stoi(mode.substr(1));
     } else if (mode[0] == 'c') {
-      go.verify.mode = VerifyOptions::Mode::kMargin;
-      go.verify.window = 8;
-      go.verify.tau = std::stof(mode.substr(1));
+      r.go.verify.mode = VerifyOptions::Mode::kMargin;
+      r.go.verify.window = 8;
+      r.go.verify.tau = std::stof(mode.substr(1));
     }
-    GenerateStats sum;
-    double seconds = 0, decode_seconds = 0, ttft = 0, judge = 0;
-    int64_t equal = 0, total = 0;
-    const uint64_t read0 = e.runtime()->stats().stream_bytes_read;
-    uint64_t judge_bytes = 0;
-    for (size_t pi = 0; pi < prompts.size(); ++pi) {
+    runs.push_back(r);
+  }
+  // (a) first: its tokens are every mode's reference.
+  std::stable_partition(runs.begin(), runs.end(), [](const ModeRun& r) { return r.mode == "a"; });
+  for (size_t pi = 0; pi < prompts.size(); ++pi) {
+    std::vector<int32_t> reference;
+    for (ModeRun& r : runs) {
       std::fill(e.model().op_tiers().begin(), e.model().op_tiers().end(),
-                static_cast<uint8_t>(plain_tier));
+                static_cast<uint8_t>(r.plain_tier));
       auto s = e.NewSession(a.ctx);
       std::vector<int32_t> gen;
-      auto st = e.Generate(**s, prompts[pi], go, [&](int32_t t, const std::string&) {
+      const uint64_t read0 = e.runtime()->stats().stream_bytes_read;
+      auto st = e.Generate(**s, prompts[pi], r.go, [&](int32_t t, const std::string&) {
         if (t >= 0) gen.push_back(t);
         return true;
       });
       if (!st.ok()) {
-        std::fprintf(stderr, "%s: %s\n", mode.c_str(), st.status().ToString().c_str());
+        std::fprintf(stderr, "%s: %s\n", r.mode.c_str(), st.status().ToString().c_str());
         return 1;
       }
-      seconds += st->decode_seconds + st->prompt_seconds;
-      decode_seconds += st->decode_seconds;
-      ttft += st->first_token_seconds;
-      sum.n_generated += st->n_generated;
-      sum.n_drafted += st->n_drafted;
-      sum.n_verified += st->n_verified;
-      sum.n_verify_passes += st->n_verify_passes;
-      sum.n_rollbacks += st->n_rollbacks;
-      sum.n_rollback_lost += st->n_rollback_lost;
-      sum.verify_bytes += st->verify_bytes;
-      if (mode == "a") reference.push_back(gen);
-      if (pi < reference.size()) {
-        for (size_t i = 0; i < gen.size() && i < reference[pi].size(); ++i)
-          equal += gen[i] == reference[pi][i];
-        total += static_cast<int64_t>(reference[pi].size());
+      r.read_bytes += e.runtime()->stats().stream_bytes_read - read0;
+      r.seconds += st->decode_seconds + st->prompt_seconds;
+      r.sum.decode_seconds += st->decode_seconds;
+      r.ttft += st->first_token_seconds;
+      r.sum.n_generated += st->n_generated;
+      r.sum.n_drafted += st->n_drafted;
+      r.sum.n_verified += st->n_verified;
+      r.sum.n_verify_passes += st->n_verify_passes;
+      r.sum.n_rollbacks += st->n_rollbacks;
+      r.sum.n_rollback_lost += st->n_rollback_lost;
+      r.sum.verify_bytes += st->verify_bytes;
+      r.sum.verify_seconds += st->verify_seconds;
+      if (r.mode == "a") reference = gen;
+      if (!reference.empty()) {
+        for (size_t i = 0; i < gen.size() && i < reference.size(); ++i)
+          r.equal += gen[i] == reference[i];
+        r.total += static_cast<int64_t>(reference.size());
       }
       // The judge's own pass reads the top tier too: not the mode's bytes.
-      const uint64_t judge0 = e.runtime()->stats().stream_bytes_read;
-      judge += JudgeLogProb(e, prompts[pi], gen);
-      judge_bytes += e.runtime()->stats().stream_bytes_read - judge0;
+      r.judge += JudgeLogProb(e, prompts[pi], gen);
     }
-    const double n = static_cast<double>(std::max<int64_t>(sum.n_generated, 1));
-    out.push_back({{"mode", mode},
-                   {"tokens", sum.n_generated},
-                   {"tokens_per_s", sum.n_generated / seconds},
-                   {"decode_tokens_per_s", sum.n_generated / decode_seconds},
-                   {"first_token_seconds", ttft / prompts.size()},
-                   {"drafted", sum.n_drafted},
-                   {"verified", sum.n_verified},
-                   {"verify_passes", sum.n_verify_passes},
-                   {"rollbacks", sum.n_rollbacks},
-                   {"rollback_lost", sum.n_rollback_lost},
-                   {"verify_bytes_per_token", sum.verify_bytes / n},
-                   {"read_bytes_per_token",
-                    (e.runtime()->stats().stream_bytes_read - read0 - judge_bytes) / n},
-                   {"equal_to_top_tier", total ? static_cast<double>(equal) / total : 1.0},
-                   {"judge_mean_logprob", judge / prompts.size()}});
-    std::fprintf(stderr, "%s done\n", mode.c_str());
+    std::fprintf(stderr, "prompt %zu of %zu done\n", pi + 1, prompts.size());
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (const ModeRun& r : runs) {
+    const double n = static_cast<double>(std::max<int64_t>(r.sum.n_generated, 1));
+    out.push_back({{"mode", r.mode},
+                   {"tokens", r.sum.n_generated},
+                   {"tokens_per_s", r.sum.n_generated / r.seconds},
+                   {"decode_tokens_per_s", r.sum.n_generated / r.sum.decode_seconds},
+                   {"decode_seconds", r.sum.decode_seconds},
+                   {"first_token_seconds", r.ttft / prompts.size()},
+                   {"drafted", r.sum.n_drafted},
+                   {"verified", r.sum.n_verified},
+                   {"verify_passes", r.sum.n_verify_passes},
+                   {"verify_seconds", r.sum.verify_seconds},
+                   {"rollbacks", r.sum.n_rollbacks},
+                   {"rollback_lost", r.sum.n_rollback_lost},
+                   {"verify_bytes_per_token", r.sum.verify_bytes / n},
+                   {"read_bytes_per_token", r.read_bytes / n},
+                   {"equal_to_top_tier", r.total ? static_cast<double>(r.equal) / r.total : 1.0},
+                   {"judge_mean_logprob", r.judge / prompts.size()}});
   }
   nlohmann::json j = {{"store", a.store},
                       {"max_ram", a.max_ram},
