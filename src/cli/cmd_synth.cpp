@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -374,6 +375,12 @@ Status LoadCarried(const std::string& path, Preset* p, Carried* c) {
                static_cast<double>(p->n_embd);
   p->qkv_bias = c->weights.count("blk.0.attn_q.bias") != 0;
   p->qk_norm = false;
+  // A tensor the preset has no place for (an output bias, rope factors...) would be dropped
+  // and the file would compute something else.
+  std::set<std::string> names;
+  for (const SynthTensor& t : BuildTensors(*p)) names.insert(t.name);
+  for (const auto& [name, w] : c->weights)
+    if (!names.count(name)) return refuse("tensor '" + name + "' has no place in the preset");
   return Status::Ok();
 }
 
