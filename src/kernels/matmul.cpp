@@ -169,9 +169,8 @@ struct BatchState {
   int64_t act_rows = 0;              // sum of the sets' n_tokens
   uint8_t* act_buf = nullptr;
   ScratchBuffer act_scratch;         // quantized rows (and block sums) of every set
-  // Per pool thread, one 16-row group in plain rows (Path::kDeinterleaved). Reserved for every
-  // interleaved product, not only those with residuals: an op's first escalation after warm-up
-  // then finds it ready, and a token loop that is warm allocates nothing.
+  // Per pool thread, one 16-row group in plain rows (Path::kDeinterleaved only: residual tiers
+  // of an interleaved skeleton are added to its own kernel's products and need none).
   uint8_t* plain_buf = nullptr;
   size_t plain_stride = 0;
   ScratchBuffer plain_scratch;
@@ -464,7 +463,7 @@ void MatMulBatch(const MatMulJob* jobs, int n_jobs, ThreadPool& pool) {
   st.plain_stride = 0;
   for (int j : st.shared) {
     const JobPlan& p = st.plans[static_cast<size_t>(j)];
-    if (p.path == Path::kInterleaved || p.path == Path::kDeinterleaved)
+    if (p.path == Path::kDeinterleaved)
       st.plain_stride = std::max(st.plain_stride, kInterleavedRows * p.parts[0].row_bytes);
   }
   st.plain_buf = st.plain_stride
