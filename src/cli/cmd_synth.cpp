@@ -296,8 +296,11 @@ struct Carried {
   ModelHParams hp;
   Metadata tokenizer;  // the small model's tokenizer.* keys
   std::string arch, display;  // the preset's, pointing here
-  std::map<std::string, std::vector<float>> weights;  // dequantized, rows of ne[0]
-  std::map<std::string, std::vector<uint64_t>> shapes;
+  struct Weight {
+    std::vector<float> values;  // dequantized
+    uint64_t cols = 0;          // ne[0]: the row length
+  };
+  std::map<std::string, Weight> weights;
   // Preset index -> small model's index, or -1 (padding), per kind of dimension.
   std::vector<int64_t> embd, q, kv, ff;
   float q_scale = 1, norm_scale = 1;
@@ -330,13 +333,13 @@ Status LoadCarried(const std::string& path, Preset* p, Carried* c) {
     RETURN_IF_ERROR(file->ReadTensor(t, raw.data()));
     uint64_t n = 1;
     for (uint64_t x : t.ne) n *= x;
-    std::vector<float>& w = c->weights[t.name];
-    w.resize(n);
-    const uint64_t row = t.ne[0], row_bytes = *RowBytes(t.type, static_cast<int64_t>(row));
-    for (uint64_t r = 0; r < n / row; ++r)
-      DequantizeRow(t.type, raw.data() + r * row_bytes, w.data() + r * row,
-                    static_cast<int64_t>(row));
-    c->shapes[t.name] = t.ne;
+    Carried::Weight& w = c->weights[t.name];
+    w.cols = t.ne[0];
+    w.values.resize(n);
+    const uint64_t row_bytes = *RowBytes(t.type, static_cast<int64_t>(w.cols));
+    for (uint64_t r = 0; r < n / w.cols; ++r)
+      DequantizeRow(t.type, raw.data() + r * row_bytes, w.values.data() + r * w.cols,
+                    static_cast<int64_t>(w.cols));
   }
 
   const int64_t h = hp.head_dim_k, h2 = p->head_dim;
@@ -384,68 +387,78 @@ Status LoadCarried(const std::string& path, Preset* p, Carried* c) {
   return Status::Ok();
 }
 
-// Row r of tensor t (cols = t.ne[0]) from the carried model: false when the row is all zero.
-bool CarriedRow(const Carried& c, const SynthTensor& t, uint64_t r, float* out) {
-  const uint64_t cols = t.ne[0];
-  std::string name = t.name, src = t.name;
+// Where a tensor's rows come from: row r is the source's row rows[r] (rows null: row r itself,
+// as the vocabulary's and the 1-D tensors' single row; -1: a zero row), element i its element
+// cols[i] times scale (-1: pad). No source: every row is pad.
+struct CarriedSource {
+  const Carried::Weight* w = nullptr;
+  const std::vector<int64_t>* rows = nullptr;
+  const std::vector<int64_t>* cols = nullptr;
+  float scale = 1, pad = 0;
+};
+
+CarriedSource SourceOf(const Carried& c, const std::string& tensor) {
+  std::string name = tensor, src = tensor;
   int layer = -1;
   if (name.rfind("blk.", 0) == 0) {
     layer = std::stoi(name.substr(4));
     name = name.substr(name.find('.', 4) + 1);
   }
+  CarriedSource s;
+  // Norm weights over padding meet only zeros; ones keep them plain norms.
   const bool norm = name.find("norm.weight") != std::string::npos;
-  if (layer >= c.hp.n_layer) {  // a layer past the small model's: zero, its norms ones
-    if (!norm) return false;
-    std::fill(out, out + cols, 1.0f);
-    return true;
-  }
-  const std::vector<int64_t>* rows = nullptr;  // nullptr: a 1-D tensor
-  const std::vector<int64_t>* colmap = &c.embd;
-  float scale = 1;
+  if (norm) s.pad = 1;
+  if (layer >= c.hp.n_layer) return s;  // a layer past the small model's: zero, its norms ones
+  s.cols = &c.embd;
   if (name == "token_embd.weight" || name == "output.weight") {
     if (!c.weights.count(src)) src = "token_embd.weight";  // tied
-  } else if (name == "attn_q.weight" || name == "attn_q.bias") {
-    rows = &c.q, scale = c.q_scale;
-  } else if (name == "attn_k.weight" || name == "attn_v.weight" || name == "attn_k.bias" ||
-             name == "attn_v.bias") {
-    rows = &c.kv;
+  } else if (name == "attn_q.weight") {
+    s.rows = &c.q, s.scale = c.q_scale;
+  } else if (name == "attn_q.bias") {
+    s.cols = &c.q, s.scale = c.q_scale;
+  } else if (name == "attn_k.weight" || name == "attn_v.weight") {
+    s.rows = &c.kv;
+  } else if (name == "attn_k.bias" || name == "attn_v.bias") {
+    s.cols = &c.kv;
   } else if (name == "attn_output.weight") {
-    rows = &c.embd, colmap = &c.q;
+    s.rows = &c.embd, s.cols = &c.q;
   } else if (name == "ffn_gate.weight" || name == "ffn_up.weight") {
-    rows = &c.ff;
+    s.rows = &c.ff;
   } else if (name == "ffn_down.weight") {
-    rows = &c.embd, colmap = &c.ff;
+    s.rows = &c.embd, s.cols = &c.ff;
   } else if (norm) {
-    scale = c.norm_scale;
+    s.scale = c.norm_scale;
   }
-  const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-  if (is_bias) colmap = rows, rows = nullptr;
   const auto w = c.weights.find(src);
-  if (w == c.weights.end()) return false;
-  const uint64_t src_cols = c.shapes.at(src)[0];
-  int64_t src_row = 0;
-  if (name == "token_embd.weight" || name == "output.weight") {
-    src_row = static_cast<int64_t>(r);  // the same vocabulary
-  } else if (rows) {
-    src_row = (*rows)[static_cast<size_t>(r)];
-    if (src_row < 0) return false;
+  if (w == c.weights.end()) s.pad = 0;  // a tensor the small model lacks: zero
+  else s.w = &w->second;
+  return s;
+}
+
+// Row r (cols elements) from its source: false when it is all zero.
+bool CarriedRow(const CarriedSource& s, uint64_t r, uint64_t cols, float* out) {
+  const int64_t src_row = s.rows ? (*s.rows)[static_cast<size_t>(r)] : static_cast<int64_t>(r);
+  if (!s.w || src_row < 0) {
+    if (s.pad == 0) return false;
+    std::fill(out, out + cols, s.pad);
+    return true;
   }
-  const float* in = w->second.data() + static_cast<uint64_t>(src_row) * src_cols;
+  const float* in = s.w->values.data() + static_cast<uint64_t>(src_row) * s.w->cols;
   for (uint64_t i = 0; i < cols; ++i) {
-    const int64_t j = (*colmap)[static_cast<size_t>(i)];
-    out[i] = j >= 0 ? scale * in[j] : (norm ? 1.0f : 0.0f);
+    const int64_t j = (*s.cols)[static_cast<size_t>(i)];
+    out[i] = j >= 0 ? s.scale * in[j] : s.pad;
   }
   return true;
 }
 
-// Rows [r0, r1) of t from the carried model, in t's type; zero rows copied from `zero`.
-void FillCarriedRows(const Carried& c, const SynthTensor& t, const std::vector<uint8_t>& zero,
-                     uint64_t r0, uint64_t r1, uint8_t* out) {
+// Rows [r0, r1) of t from its source, in t's type; zero rows copied from `zero`.
+void FillCarriedRows(const CarriedSource& src, const SynthTensor& t,
+                     const std::vector<uint8_t>& zero, uint64_t r0, uint64_t r1, uint8_t* out) {
   const uint64_t cols = t.ne[0], rb = *RowBytes(t.type, static_cast<int64_t>(cols));
   std::vector<float> f(cols);
   for (uint64_t r = r0; r < r1; ++r) {
     uint8_t* dst = out + (r - r0) * rb;
-    if (!CarriedRow(c, t, r, f.data())) {
+    if (!CarriedRow(src, r, cols, f.data())) {
       std::memcpy(dst, zero.data(), rb);
       continue;
     }
@@ -504,7 +517,9 @@ Status Synth(const Preset& preset, const FileType& ftype, const std::string& out
     const SynthTensor& t = tensors[i];
     const BlockPool* bp = nullptr;
     std::vector<uint8_t> zero;  // a carried tensor's zero row
+    CarriedSource source;
     if (carried) {
+      source = SourceOf(*carried, t.name);
       const std::vector<float> z(t.ne[0], 0.0f);
       zero.resize(*RowBytes(t.type, t.ne[0]));
       if (t.type == DType::kF32) std::memset(zero.data(), 0, zero.size());
@@ -524,7 +539,7 @@ Status Synth(const Preset& preset, const FileType& ftype, const std::string& out
       uint64_t tseed = seed * 0x9E3779B97F4A7C15ull + i;
       pool.ParallelFor(static_cast<int64_t>(r1 - r0), 64, [&](int64_t a, int64_t b, int) {
         if (carried)
-          FillCarriedRows(*carried, t, zero, r0 + a, r0 + b, chunk.data() + a * rb);
+          FillCarriedRows(source, t, zero, r0 + a, r0 + b, chunk.data() + a * rb);
         else
           FillRows(t, bp, tseed, r0 + a, r0 + b, chunk.data() + a * rb);
       });
