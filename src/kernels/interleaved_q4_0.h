@@ -13,7 +13,7 @@
 //                                          high nibble: element j + 16 of the block)
 //   [2 blocks][16 rows]                    the rows' fp16 scales d
 // Nibbles meet activations as unsigned values 0..15 and the -8 offset comes back exactly as
-// -8 * sum(a) of the block (ActBlockSums / 16), so integer sums equal the row kernels'.
+// -8 * sum(a) of the block, so integer sums equal the row kernels'.
 // Per token the float operations do not depend on how many tokens share a pass: a row of a
 // prefill pass has exactly the bits decode gives it.
 #pragma once
@@ -47,12 +47,10 @@ void DeinterleaveQ4_0Row(const uint8_t* data, int64_t cols, int64_t r, uint8_t* 
 namespace avx512 {
 // One group's interleaved bytes from its 16 plain rows (plain: 16 rows of RowBytes(Q4_0, cols)).
 void InterleaveGroupQ4_0(const uint8_t* plain, int64_t cols, uint8_t* group);
-// For groups [g0, g1) and tokens t < nt (1 <= nt <= 8): y[t * y_stride + 16 * g + i] =
-// dot(row 16 g + i, activation row t). act holds Q8_0 activation rows act_stride bytes apart
-// (ActRowBytes); sums holds ActBlockSums of each token, cols / 32 apart.
+// For groups [g0, g1) and the nt tokens of an nt-token activation tile (interleaved_q8_0.h;
+// 1 <= nt <= 8): y[t * y_stride + 16 * g + i] = dot(row 16 g + i, token t).
 void GemvQ4_0Interleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t g1,
-                         const uint8_t* act, size_t act_stride, const int32_t* sums, int nt,
-                         float* y, int64_t y_stride);
+                         const uint8_t* tile, int nt, float* y, int64_t y_stride);
 }  // namespace avx512
 
 }  // namespace substrate

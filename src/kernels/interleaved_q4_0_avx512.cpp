@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu_features.h"
 #include "kernels/interleaved_pairs_avx512.h"
@@ -20,12 +21,16 @@ namespace {
 constexpr int kPairBytes = kQ4Interleaved_PairBytes;
 constexpr int kQuant = kQ4Interleaved_QuantBytes;
 
-// C pairs of blocks (blocks b .. b + 2C - 1) of one group against NT tokens, into acc. Per block:
+// C pairs of blocks (blocks b .. b + 2C - 1) of R groups against NT tokens, into acc. Per block:
 // the 4 64-byte words give 8 vectors of 16 rows x 4 nibbles (low nibbles: elements 4k..4k+3,
-// high: 16+4k..), each meeting one broadcast activation word in a dpbusd; the sum starts from the
-// block's -8 * sum(a). Two chains per block (low and high) hide dpbusd's latency. Then one fp16
-// scale vector for the 16 rows times the token's activation scale. Token t's float operations
-// are the same for every NT and C.
+// high: 16+4k..), each meeting one broadcast activation word in a dpbusd. Both nibbles enter as
+// 16 times their value (moved to the byte's high half), so the chain starts from the tile's
+// -128 * sum(a), which is 16 times the -8 offset's sum, and ends at 16 times the block's integer
+// sum; the scale vector carries the 1/16, which is exact, so the products and their bits are
+// those of unscaled sums. Per block and token that leaves three operations beside the 8 dpbusd
+// (convert, scale, add). Few chains in flight (decode) split each block's into its low and high
+// halves to hide dpbusd's latency. Token t's float operations are the same for every R, NT, P
+// and C.
 //
 // The C pairs' scales (the last line of each pair) are read before their quants, and each line
 // is requested ahead beside the load that uses it. Decode streams at the core's limit this way
@@ -33,40 +38,56 @@ constexpr int kQuant = kQ4Interleaved_QuantBytes;
 // block; 19-26 GB/s reading pair by pair with the requests in one burst; even a plain loop of
 // loads over the same bytes reaches only 14-18).
 struct Q4_0Pairs {
-  template <int NT, int C>
-  static void Run(const uint8_t* p, int64_t b, const BlockQ8_0* const* y, const float* const* yd,
-                  const int32_t* const* sums, const PrefetchDistances& ahead, __m512* acc) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    // Few tokens: the high nibbles stay in place (16 times their value) and each token's chain is
-    // shifted down once, instead of shifting every weight word; with more tokens sharing the
-    // words, shifting the words once is cheaper (as in the Q4_K kernel). The sums are the same.
-    constexpr bool kHighInPlace = NT <= 2;
+  template <int R, int NT, int P, int C>
+  static void Run(const uint8_t* p, size_t group_bytes, int64_t b, const uint8_t* tile,
+                  const PrefetchDistances& ahead, __m512* acc) {
+    constexpr bool kSplit = R * NT < 8;
+    const __m512i high_half = _mm512_set1_epi8(static_cast<char>(0xF0));
     const char* pc = reinterpret_cast<const char*>(p);
-    __m512 d[2 * C];
-    PairScales<C>(pc, kPairBytes, kQ4Interleaved_Scales, ahead, d);
+    __m512 d[R][2 * C];
+    for (int r = 0; r < R; ++r)
+      PairScales<C>(pc + r * group_bytes, kPairBytes, kQ4Interleaved_Scales, ahead, 1.0f / 16,
+                    d[r]);
     for (int i = 0; i < 2 * C; ++i) {  // block b + i: quants at pair i / 2, half i % 2
       const char* q = pc + (i / 2) * kPairBytes + (i % 2) * kQuant;
-      __m512i lo[4], hi[4];
-      for (int k = 0; k < 4; ++k) {
-        _mm_prefetch(q + 64 * k + ahead.l1, _MM_HINT_T0);
-        if (ahead.l2) _mm_prefetch(q + 64 * k + ahead.l2, _MM_HINT_T1);
-        const __m512i w = _mm512_loadu_si512(q + 64 * k);
-        lo[k] = _mm512_and_si512(w, m4);
-        hi[k] = kHighInPlace ? _mm512_andnot_si512(m4, w)
-                             : _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
-      }
-      for (int t = 0; t < NT; ++t) {
-        const int8_t* a = y[t][b + i].qs;
-        // ActBlockSums holds -128 * sum(a), a multiple of 16: the shift is exact.
-        __m512i s = _mm512_set1_epi32(sums[t][b + i] >> 4), u = _mm512_setzero_si512();
-        for (int k = 0; k < 4; ++k) {
-          s = _mm512_dpbusd_epi32(s, lo[k], Word(a + 4 * k));
-          u = _mm512_dpbusd_epi32(u, hi[k], Word(a + 16 + 4 * k));
+      const TileBlock<P> a{tile + (b + i) * 40 * P};
+      __m512i s[R][NT], u[R][NT];
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < NT; ++t) {
+          s[r][t] = a.Sum(t);
+          u[r][t] = _mm512_setzero_si512();
         }
-        if constexpr (kHighInPlace) u = _mm512_srai_epi32(u, 4);  // exact: each product is 16x
-        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d[i], _mm512_set1_ps(yd[t][b + i])),
-                                 _mm512_cvtepi32_ps(_mm512_add_epi32(s, u)), acc[t]);
+      // The low nibbles (words 0..3 of the activations), then the high (words 4..7).
+      auto half = [&](auto high, __m512i(&chain)[R][NT]) {
+        for (int k = 0; k < 4; ++k) {
+          __m512i w[R];
+          for (int r = 0; r < R; ++r) {
+            const char* line = q + r * group_bytes + 64 * k;
+            if constexpr (!high) {
+              _mm_prefetch(line + ahead.l1, _MM_HINT_T0);
+              if (ahead.l2) _mm_prefetch(line + ahead.l2, _MM_HINT_T1);
+            }
+            const __m512i x = _mm512_loadu_si512(line);
+            w[r] = _mm512_and_si512(high ? x : _mm512_slli_epi16(x, 4), high_half);
+          }
+          for (int t = 0; t < NT; ++t) {
+            const __m512i word = a.Word(4 * high + k, t);
+            for (int r = 0; r < R; ++r) chain[r][t] = _mm512_dpbusd_epi32(chain[r][t], w[r], word);
+          }
+        }
+      };
+      half(std::false_type(), s);
+      if constexpr (kSplit) {
+        half(std::true_type(), u);
+      } else {
+        half(std::true_type(), s);
       }
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < NT; ++t) {
+          const __m512i sum = kSplit ? _mm512_add_epi32(s[r][t], u[r][t]) : s[r][t];
+          acc[r * NT + t] = _mm512_fmadd_ps(_mm512_mul_ps(d[r][i], a.Scale(t)),
+                                            _mm512_cvtepi32_ps(sum), acc[r * NT + t]);
+        }
     }
   }
 };
@@ -107,27 +128,13 @@ void InterleaveGroupQ4_0(const uint8_t* plain, int64_t cols, uint8_t* group) {
 }
 
 void GemvQ4_0Interleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t g1,
-                         const uint8_t* act, size_t act_stride, const int32_t* sums, int nt,
-                         float* y, int64_t y_stride) {
-  constexpr int kMaxTokens = 8;
+                         const uint8_t* tile, int nt, float* y, int64_t y_stride) {
   const int64_t nb = cols / kQK4_0;
   const size_t group_bytes = static_cast<size_t>(nb) * kPairBytes / 2;
-  const BlockQ8_0* ys[kMaxTokens];
-  const float* yds[kMaxTokens];
-  const int32_t* ss[kMaxTokens];
-  float* outs[kMaxTokens];
-  for (int t = 0; t < nt; ++t) {
-    ys[t] = reinterpret_cast<const BlockQ8_0*>(act + static_cast<size_t>(t) * act_stride);
-    yds[t] = reinterpret_cast<const float*>(ys[t] + nb);  // float scales (ActRowBytes)
-    ss[t] = sums + t * nb;
-  }
-  for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* group = data + static_cast<size_t>(g) * group_bytes;
-    for (int t = 0; t < nt; ++t) outs[t] = y + t * y_stride + g * kInterleavedRows;
-    WithTokenTile(nt, [&](auto tile) {
-      GroupDot<decltype(tile)::value, Q4_0Pairs>(group, nb, kPairBytes, ys, yds, ss, outs);
-    });
-  }
+  WithTokenTile(nt, [&](auto n) {
+    TileDot<decltype(n)::value, Q4_0Pairs>(data, group_bytes, nb, kPairBytes, g0, g1, tile, y,
+                                           y_stride);
+  });
 }
 
 }  // namespace substrate::avx512

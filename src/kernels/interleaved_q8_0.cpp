@@ -113,12 +113,22 @@ void DeinterleaveQ8_0Row(const uint8_t* data, int64_t cols, int64_t r, uint8_t* 
             reinterpret_cast<BlockQ8_0*>(out));
 }
 
-void ActBlockSums(const uint8_t* act, int64_t cols, int32_t* sums) {
-  const auto* y = reinterpret_cast<const BlockQ8_0*>(act);
-  for (int64_t b = 0; b < cols / kQK8_0; ++b) {
+size_t ActTileBytes(int64_t cols, int n) {
+  return static_cast<size_t>(cols / kQK8_0) * 40 * static_cast<size_t>(n);
+}
+
+void PackActTileToken(const uint8_t* act_row, int64_t cols, int tt, int n, uint8_t* tile) {
+  const int64_t nb = cols / kQK8_0;
+  const auto* y = reinterpret_cast<const BlockQ8_0*>(act_row);
+  const auto* yd = reinterpret_cast<const float*>(y + nb);  // the float scales (ActRowBytes)
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* p = tile + static_cast<size_t>(b) * 40 * n;
     int32_t s = 0;
     for (int j = 0; j < kQK8_0; ++j) s += y[b].qs[j];
-    sums[b] = -128 * s;
+    s *= -128;
+    for (int j = 0; j < 8; ++j) std::memcpy(p + 4 * (j * n + tt), y[b].qs + 4 * j, 4);
+    std::memcpy(p + 4 * (8 * n + tt), &s, 4);
+    std::memcpy(p + 4 * (9 * n + tt), &yd[b], 4);
   }
 }
 

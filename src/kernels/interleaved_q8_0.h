@@ -44,20 +44,26 @@ void DeinterleaveQ8_0Group(const uint8_t* data, int64_t cols, int64_t g, uint8_t
 // Plain Q8_0 bytes of row r.
 void DeinterleaveQ8_0Row(const uint8_t* data, int64_t cols, int64_t r, uint8_t* out);
 
-// sums[b] = -128 * (sum of block b's quants) for one Q8_0 activation row of cols elements.
-void ActBlockSums(const uint8_t* act, int64_t cols, int32_t* sums);
+// Q8_0 activations of a tile of up to kActTileTokens tokens as the interleaved Q8_0 and Q4_0
+// kernels read them. Block b (32 columns) of an n-token tile holds 40 * n bytes at
+// tile + b * 40 * n: [8 words][n tokens] the quants, 4 per word; [n] -128 * the sum of the
+// block's quants (int32: the +128 of the weights taken back); [n] the block's scale (float).
+// One pointer and constant offsets reach every token of a block, so a register tile of
+// tokens needs no pointer of its own per token (with one per token the compiler ran out of
+// registers and reloaded them inside the loop).
+constexpr int kActTileTokens = 8;
+size_t ActTileBytes(int64_t cols, int n);
+// Writes token tt of an n-token tile from that token's Q8_0 activation row (ActRowBytes).
+void PackActTileToken(const uint8_t* act_row, int64_t cols, int tt, int n, uint8_t* tile);
 
-// The product (AVX-512 VNNI, decode and prefill): for groups [g0, g1) and tokens t < nt
-// (1 <= nt <= 8; token t's float operations do not depend on nt),
-// y[t * y_stride + 16 * g + i] = dot(row 16 g + i, activation row t). act holds Q8_0
-// activation rows act_stride bytes apart (ActRowBytes); sums holds ActBlockSums of each token,
-// cols / 32 apart.
+// The product (AVX-512 VNNI, decode and prefill): for groups [g0, g1) and the nt tokens of an
+// nt-token activation tile (1 <= nt <= 8; token t's float operations do not depend on nt),
+// y[t * y_stride + 16 * g + i] = dot(row 16 g + i, token t).
 namespace avx512 {
 // One group's interleaved bytes from its 16 plain rows (plain: 16 rows of RowBytes(Q8_0, cols)).
 void InterleaveGroupQ8_0(const uint8_t* plain, int64_t cols, uint8_t* group);
 void GemvQ8_0Interleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t g1,
-                         const uint8_t* act, size_t act_stride, const int32_t* sums, int nt,
-                         float* y, int64_t y_stride);
+                         const uint8_t* tile, int nt, float* y, int64_t y_stride);
 }  // namespace avx512
 
 }  // namespace substrate

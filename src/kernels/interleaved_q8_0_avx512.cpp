@@ -20,38 +20,59 @@ namespace {
 constexpr int kPairBytes = kInterleavedPairBytes;
 constexpr int kQuant = kInterleavedQuantBytes;  // the second block's quants
 
-// C pairs of blocks (blocks b .. b + 2C - 1) of one group against NT tokens, into acc. Per
+// C pairs of blocks (blocks b .. b + 2C - 1) of R groups against NT tokens, into acc. Per
 // block: 8 dpbusd of 16 rows x 4 quants each with a broadcast activation word, started from the
 // block's -128 * sum(a); then one fp16 scale vector for the 16 rows times the token's activation
-// scale. Two chains per block (even and odd words) keep dpbusd's latency hidden. Token t's float
-// operations are the same for every NT and C.
+// scale. Few chains in flight (decode) split each block's into even and odd words to keep
+// dpbusd's latency hidden. Token t's float operations are the same for every R, NT, P and C.
 //
 // As in the Q4_0 kernel: the C pairs' scales (the last line of each pair) are read before their
 // quants, and each line is requested ahead beside its first load, not in one burst per pair.
 struct Q8_0Pairs {
-  template <int NT, int C>
-  static void Run(const uint8_t* p, int64_t b, const BlockQ8_0* const* y, const float* const* yd,
-                  const int32_t* const* sums, const PrefetchDistances& ahead, __m512* acc) {
+  template <int R, int NT, int P, int C>
+  static void Run(const uint8_t* p, size_t group_bytes, int64_t b, const uint8_t* tile,
+                  const PrefetchDistances& ahead, __m512* acc) {
+    constexpr bool kSplit = R * NT < 8;
     const char* pc = reinterpret_cast<const char*>(p);
-    __m512 d[2 * C];
-    PairScales<C>(pc, kPairBytes, kInterleavedScales, ahead, d);
+    __m512 d[R][2 * C];
+    for (int r = 0; r < R; ++r)
+      PairScales<C>(pc + r * group_bytes, kPairBytes, kInterleavedScales, ahead, 1.0f, d[r]);
     for (int i = 0; i < 2 * C; ++i) {  // block b + i: quants at pair i / 2, half i % 2
-      const uint8_t* q = p + (i / 2) * kPairBytes + (i % 2) * kQuant;
-      for (int k = 0; k < 8; ++k) {
-        _mm_prefetch(reinterpret_cast<const char*>(q) + 64 * k + ahead.l1, _MM_HINT_T0);
-        if (ahead.l2)
-          _mm_prefetch(reinterpret_cast<const char*>(q) + 64 * k + ahead.l2, _MM_HINT_T1);
-      }
-      for (int t = 0; t < NT; ++t) {
-        const int8_t* a = y[t][b + i].qs;
-        __m512i s = _mm512_set1_epi32(sums[t][b + i]), u = _mm512_setzero_si512();
-        for (int k = 0; k < 8; k += 2) {
-          s = _mm512_dpbusd_epi32(s, _mm512_loadu_si512(q + 64 * k), Word(a + 4 * k));
-          u = _mm512_dpbusd_epi32(u, _mm512_loadu_si512(q + 64 * k + 64), Word(a + 4 * k + 4));
+      const char* q = pc + (i / 2) * kPairBytes + (i % 2) * kQuant;
+      const TileBlock<P> a{tile + (b + i) * 40 * P};
+      __m512i s[R][NT], u[R][NT];
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < NT; ++t) {
+          s[r][t] = a.Sum(t);
+          u[r][t] = _mm512_setzero_si512();
         }
-        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d[i], _mm512_set1_ps(yd[t][b + i])),
-                                 _mm512_cvtepi32_ps(_mm512_add_epi32(s, u)), acc[t]);
+      auto word_k = [&](int k, __m512i(&chain)[R][NT]) {
+        __m512i w[R];
+        for (int r = 0; r < R; ++r) {
+          const char* line = q + r * group_bytes + 64 * k;
+          _mm_prefetch(line + ahead.l1, _MM_HINT_T0);
+          if (ahead.l2) _mm_prefetch(line + ahead.l2, _MM_HINT_T1);
+          w[r] = _mm512_loadu_si512(line);
+        }
+        for (int t = 0; t < NT; ++t) {
+          const __m512i word = a.Word(k, t);
+          for (int r = 0; r < R; ++r) chain[r][t] = _mm512_dpbusd_epi32(chain[r][t], w[r], word);
+        }
+      };
+      for (int k = 0; k < 8; k += 2) {  // even words into s, odd into u when split
+        word_k(k, s);
+        if constexpr (kSplit) {
+          word_k(k + 1, u);
+        } else {
+          word_k(k + 1, s);
+        }
       }
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < NT; ++t) {
+          const __m512i sum = kSplit ? _mm512_add_epi32(s[r][t], u[r][t]) : s[r][t];
+          acc[r * NT + t] = _mm512_fmadd_ps(_mm512_mul_ps(d[r][i], a.Scale(t)),
+                                            _mm512_cvtepi32_ps(sum), acc[r * NT + t]);
+        }
     }
   }
 };
@@ -83,27 +104,13 @@ void InterleaveGroupQ8_0(const uint8_t* plain, int64_t cols, uint8_t* group) {
 }
 
 void GemvQ8_0Interleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t g1,
-                         const uint8_t* act, size_t act_stride, const int32_t* sums, int nt,
-                         float* y, int64_t y_stride) {
-  constexpr int kMaxTokens = 8;
+                         const uint8_t* tile, int nt, float* y, int64_t y_stride) {
   const int64_t nb = cols / kQK8_0;
   const size_t group_bytes = static_cast<size_t>(nb) * kPairBytes / 2;
-  const BlockQ8_0* ys[kMaxTokens];
-  const float* yds[kMaxTokens];
-  const int32_t* ss[kMaxTokens];
-  float* outs[kMaxTokens];
-  for (int t = 0; t < nt; ++t) {
-    ys[t] = reinterpret_cast<const BlockQ8_0*>(act + static_cast<size_t>(t) * act_stride);
-    yds[t] = reinterpret_cast<const float*>(ys[t] + nb);  // float scales (ActRowBytes)
-    ss[t] = sums + t * nb;
-  }
-  for (int64_t g = g0; g < g1; ++g) {
-    const uint8_t* group = data + static_cast<size_t>(g) * group_bytes;
-    for (int t = 0; t < nt; ++t) outs[t] = y + t * y_stride + g * kInterleavedRows;
-    WithTokenTile(nt, [&](auto tile) {
-      GroupDot<decltype(tile)::value, Q8_0Pairs>(group, nb, kPairBytes, ys, yds, ss, outs);
-    });
-  }
+  WithTokenTile(nt, [&](auto n) {
+    TileDot<decltype(n)::value, Q8_0Pairs>(data, group_bytes, nb, kPairBytes, g0, g1, tile, y,
+                                           y_stride);
+  });
 }
 
 }  // namespace substrate::avx512

@@ -144,7 +144,7 @@ struct JobPlan {
   Part parts[kMaxParts];
   int n_parts;
   int64_t items;         // work items of kItemRows rows (interleaved: one group each)
-  const int32_t* sums;   // kInterleaved: ActBlockSums of each token, cols / 32 apart
+  const uint8_t* tiles;  // kInterleaved Q8_0 / Q4_0: the activations' tiles (ActTileBytes apart)
 };
 
 // One distinct set of quantized activation rows: (x, n_tokens, cols, format).
@@ -153,8 +153,8 @@ struct ActSet {
   int64_t n_tokens, cols;
   DType type;
   QuantizeActFn quantize;
-  bool sums;             // also ActBlockSums per row (read by an interleaved job)
-  size_t stride, offset, sums_offset;  // offsets into the batch's activation buffer
+  bool tiles;            // also packed in tiles of kActTileTokens (read by an interleaved job)
+  size_t stride, offset, tiles_offset;  // offsets into the batch's activation buffer
 };
 
 // Bookkeeping of the calling thread's batch, grown once: a steady decode step allocates
@@ -168,7 +168,7 @@ struct BatchState {
   std::vector<int64_t> first_item;   // [shared.size() + 1]: first item of each
   int64_t act_rows = 0;              // sum of the sets' n_tokens
   uint8_t* act_buf = nullptr;
-  ScratchBuffer act_scratch;         // quantized rows (and block sums) of every set
+  ScratchBuffer act_scratch;         // quantized rows (and their tiles) of every set
   // Per pool thread, one 16-row group in plain rows (Path::kDeinterleaved only: residual tiers
   // of an interleaved skeleton are added to its own kernel's products and need none).
   uint8_t* plain_buf = nullptr;
@@ -176,15 +176,15 @@ struct BatchState {
   ScratchBuffer plain_scratch;
 };
 
-int FindOrAddSet(BatchState& st, const MatMulJob& job, int64_t cols, DType type, bool sums) {
+int FindOrAddSet(BatchState& st, const MatMulJob& job, int64_t cols, DType type, bool tiles) {
   for (size_t i = 0; i < st.sets.size(); ++i) {
     ActSet& s = st.sets[i];
     if (s.x == job.x && s.n_tokens == job.n_tokens && s.cols == cols && s.type == type) {
-      s.sums = s.sums || sums;
+      s.tiles = s.tiles || tiles;
       return static_cast<int>(i);
     }
   }
-  st.sets.push_back({job.x, job.n_tokens, cols, type, FindQuantizeAct(type, st.isa), sums, 0, 0,
+  st.sets.push_back({job.x, job.n_tokens, cols, type, FindQuantizeAct(type, st.isa), tiles, 0, 0,
                      0});
   return static_cast<int>(st.sets.size()) - 1;
 }
@@ -230,9 +230,13 @@ void QuantizeSetRows(const BatchState& st, int64_t a, int64_t b) {
       const int64_t t = r - base;
       uint8_t* row = st.act_buf + s.offset + static_cast<size_t>(t) * s.stride;
       s.quantize(s.x + t * s.cols, row, s.cols);
-      if (s.sums)
-        ActBlockSums(row, s.cols,
-                     reinterpret_cast<int32_t*>(st.act_buf + s.sums_offset) + t * (s.cols / kQK8_0));
+      if (s.tiles) {
+        const int64_t first = t - t % kActTileTokens;
+        const int n = static_cast<int>(std::min<int64_t>(kActTileTokens, s.n_tokens - first));
+        PackActTileToken(row, s.cols, static_cast<int>(t - first), n,
+                         st.act_buf + s.tiles_offset +
+                             ActTileBytes(s.cols, kActTileTokens) * (first / kActTileTokens));
+      }
     }
     base += s.n_tokens;
     if (base >= b) break;
@@ -249,9 +253,10 @@ void QuantizeSets(BatchState& st, ThreadPool& pool) {
     s.stride = ActRowBytes(s.type, s.cols);
     s.offset = total;
     total += align(s.stride * static_cast<size_t>(s.n_tokens));
-    s.sums_offset = total;
-    if (s.sums)
-      total += align(static_cast<size_t>(s.n_tokens * (s.cols / kQK8_0)) * sizeof(int32_t));
+    s.tiles_offset = total;
+    if (s.tiles)
+      total += align(ActTileBytes(s.cols, kActTileTokens) *
+                     static_cast<size_t>((s.n_tokens + kActTileTokens - 1) / kActTileTokens));
     st.act_rows += s.n_tokens;
   }
   st.act_buf = st.act_scratch.Reserve(std::max<size_t>(total, 64));
@@ -269,7 +274,7 @@ void QuantizeSets(BatchState& st, ThreadPool& pool) {
       const ActSet& s = st.sets[static_cast<size_t>(p.parts[k].act_set)];
       p.parts[k].act = st.act_buf + s.offset;
       p.parts[k].act_stride = s.stride;
-      if (k == 0 && s.sums) p.sums = reinterpret_cast<const int32_t*>(st.act_buf + s.sums_offset);
+      if (k == 0 && s.tiles) p.tiles = st.act_buf + s.tiles_offset;
     }
   }
 }
@@ -288,45 +293,52 @@ void RunItems(const JobPlan& p, int64_t a, int64_t b, uint8_t* plain) {
     case Path::kInterleaved: {
       // Panels of groups that stay in L2 while blocks of tokens (their activations in L2 too)
       // pass over them in register tiles: each weight byte comes from DRAM once per token
-      // block, each activation byte from L3 once per panel.
+      // block, each activation byte from L3 once per panel. The Q8_0 and Q4_0 kernels take a
+      // whole tile of activations (kActTileTokens, packed) over the panel's groups at once.
       const Part& part = p.parts[0];
-      const int64_t nb = w.cols / kQK8_0;  // Q8_0 activation blocks (ActBlockSums per token)
       constexpr int tile = 8;  // tokens per register tile (every kernel takes 1..8)
-      auto gemv = [&](int64_t g, int64_t t0, int nt) {
+      static_assert(tile == kActTileTokens);
+      const size_t tile_bytes = ActTileBytes(w.cols, kActTileTokens);
+      auto gemv = [&](int64_t g0, int64_t g1, int64_t t0, int nt) {
         const uint8_t* act = part.act + t0 * part.act_stride;
         float* yt = y + t0 * w.rows;
         switch (w.layout) {
           case WeightLayout::kQ4_KInterleaved:
-            avx512::GemvQ4_KInterleaved(w.data, w.cols, g, g + 1, act, part.act_stride, nt, yt,
+            avx512::GemvQ4_KInterleaved(w.data, w.cols, g0, g1, act, part.act_stride, nt, yt,
                                         w.rows);
             break;
           case WeightLayout::kQ5_KInterleaved:
-            avx512::GemvQ5_KInterleaved(w.data, w.cols, g, g + 1, act, part.act_stride, nt, yt,
+            avx512::GemvQ5_KInterleaved(w.data, w.cols, g0, g1, act, part.act_stride, nt, yt,
                                         w.rows);
             break;
           case WeightLayout::kQ6_KInterleaved:
-            avx512::GemvQ6_KInterleaved(w.data, w.cols, g, g + 1, act, part.act_stride, nt, yt,
+            avx512::GemvQ6_KInterleaved(w.data, w.cols, g0, g1, act, part.act_stride, nt, yt,
                                         w.rows);
             break;
           case WeightLayout::kQ4_0Interleaved:
-            avx512::GemvQ4_0Interleaved(w.data, w.cols, g, g + 1, act, part.act_stride,
-                                        p.sums + t0 * nb, nt, yt, w.rows);
+            avx512::GemvQ4_0Interleaved(w.data, w.cols, g0, g1, p.tiles + t0 / tile * tile_bytes,
+                                        nt, yt, w.rows);
             break;
           default:
-            avx512::GemvQ8_0Interleaved(w.data, w.cols, g, g + 1, act, part.act_stride,
-                                        p.sums + t0 * nb, nt, yt, w.rows);
+            avx512::GemvQ8_0Interleaved(w.data, w.cols, g0, g1, p.tiles + t0 / tile * tile_bytes,
+                                        nt, yt, w.rows);
             break;
         }
       };
+      const bool whole_panel = p.tiles != nullptr;
       const int64_t group_bytes = kInterleavedRows * static_cast<int64_t>(part.row_bytes);
       const int64_t panel = std::max<int64_t>(1, kPanelBytes / group_bytes);
       for (int64_t g0 = a; g0 < b; g0 += panel) {
         const int64_t g1 = std::min(b, g0 + panel);
         for (int64_t tb = 0; tb < n_tokens; tb += kPanelTokens) {
           const int64_t te = std::min(n_tokens, tb + kPanelTokens);
-          for (int64_t g = g0; g < g1; ++g)
-            for (int64_t t0 = tb; t0 < te; t0 += tile)
-              gemv(g, t0, static_cast<int>(std::min<int64_t>(tile, te - t0)));
+          auto nt = [&](int64_t t0) { return static_cast<int>(std::min<int64_t>(tile, te - t0)); };
+          if (whole_panel) {
+            for (int64_t t0 = tb; t0 < te; t0 += tile) gemv(g0, g1, t0, nt(t0));
+          } else {
+            for (int64_t g = g0; g < g1; ++g)
+              for (int64_t t0 = tb; t0 < te; t0 += tile) gemv(g, g + 1, t0, nt(t0));
+          }
         }
         // Residual tiers (plain rows) added to the panel's skeleton products.
         if (p.n_parts > 1)
