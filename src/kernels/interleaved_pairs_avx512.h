@@ -44,8 +44,8 @@ inline void PairScales(const char* p, int pair_bytes, int scales, const Prefetch
     if (ahead.l2) _mm_prefetch(s + ahead.l2, _MM_HINT_T1);
     for (int h = 0; h < 2; ++h)
       d[2 * i + h] = _mm512_mul_ps(
-          _mm512_cvtph_ps(_mm256_loadu_si256(
-              reinterpret_cast<const __m256i*>(s + h * kInterleavedScaleBytes))),
+          _mm512_cvtph_ps(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + h * kInterleavedScaleBytes))),
           _mm512_set1_ps(factor));
   }
 }
@@ -69,8 +69,8 @@ void GroupDot(const uint8_t* group, size_t group_bytes, int64_t nb, int pair_byt
   for (int i = 0; i < R * NT; ++i) acc[i] = _mm512_setzero_ps();
   int64_t b = 0;
   for (; b + 2 * kChunk <= nb; b += 2 * kChunk)
-    Pairs::template Run<R, NT, P, kChunk>(group + (b / 2) * pair_bytes, group_bytes, b, tile,
-                                          ahead, acc);
+    Pairs::template Run<R, NT, P, kChunk>(group + (b / 2) * pair_bytes, group_bytes, b, tile, ahead,
+                                          acc);
   for (; b < nb; b += 2)
     Pairs::template Run<R, NT, P, 1>(group + (b / 2) * pair_bytes, group_bytes, b, tile, ahead,
                                      acc);
@@ -101,8 +101,8 @@ void TileDot(const uint8_t* data, size_t group_bytes, int64_t nb, int pair_bytes
     if (g < g1) groups.template operator()<1>(g);
   } else {
     for (int64_t g = g0; g < g1; ++g)
-      GroupDot<1, P, P, Pairs>(at(g), group_bytes, nb, pair_bytes, tile,
-                               y + g * kInterleavedRows, y_stride);
+      GroupDot<1, P, P, Pairs>(at(g), group_bytes, nb, pair_bytes, tile, y + g * kInterleavedRows,
+                               y_stride);
   }
 }
 

@@ -3,8 +3,10 @@
 // nibbles) of each of the 16 rows. A dpbusd then multiplies 16 rows x 4 nibbles with one
 // broadcast activation word: no horizontal sum per row, one scale conversion per 16 rows, and
 // every int8 lane of every dpbusd does useful work (the row kernel spends a dpbusd per block on
-// the -8 offset and a cvt/fmadd per 8 lanes). Tokens share each unpacked weight vector (a
-// register tile of up to 8), so prefill runs near the dpbusd ceiling.
+// the -8 offset and a cvt/fmadd per 8 lanes). Tokens share each unpacked weight vector and two
+// groups share each activation word (register tiles of 2 groups x up to 4 tokens), so prefill
+// runs near the ceiling the block's scale multiply and FMA leave beside dpbusd on their shared
+// pipes (~80 % of dpbusd's peak).
 //
 // Same bytes as the plain rows, rearranged in place when the resident weights are loaded, so
 // no second copy of the weights exists. Layout of group g (16 * row_bytes bytes, at

@@ -11,8 +11,8 @@
 //   [2 blocks][8 words][16 rows][4 bytes]  quants as unsigned bytes, q + 128 (q ^ 0x80)
 //   [2 blocks][16 rows]                    the rows' fp16 scales d
 // The +128 is taken back exactly through the activations: dpbusd starts from -128 * sum(a) of
-// the block (ActBlockSums), so integer sums equal the plain kernels' and results match them
-// up to float summation order.
+// the block (the activation tile carries it), so integer sums equal the plain kernels' and
+// results match them up to float summation order.
 #pragma once
 
 #include <cstddef>
