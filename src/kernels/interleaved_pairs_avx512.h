@@ -16,7 +16,8 @@
 namespace substrate::avx512 {
 
 // Block b of a P-token activation tile (interleaved_q8_0.h), seen from its first token of a
-// register tile: p = tile + b * 40 * P + 4 * (that token's index in the tile).
+// register tile: p = tile + b * kActTileBytesPerToken * P + 4 * (that token's index in the
+// tile).
 template <int P>
 struct TileBlock {
   const uint8_t* p;

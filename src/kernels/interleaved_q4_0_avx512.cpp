@@ -50,7 +50,7 @@ struct Q4_0Pairs {
                     d[r]);
     for (int i = 0; i < 2 * C; ++i) {  // block b + i: quants at pair i / 2, half i % 2
       const char* q = pc + (i / 2) * kPairBytes + (i % 2) * kQuant;
-      const TileBlock<P> a{tile + (b + i) * 40 * P};
+      const TileBlock<P> a{tile + (b + i) * kActTileBytesPerToken * P};
       __m512i s[R][NT], u[R][NT];
       for (int r = 0; r < R; ++r)
         for (int t = 0; t < NT; ++t) {

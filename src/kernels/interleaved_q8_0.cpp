@@ -114,7 +114,7 @@ void DeinterleaveQ8_0Row(const uint8_t* data, int64_t cols, int64_t r, uint8_t* 
 }
 
 size_t ActTileBytes(int64_t cols, int n) {
-  return static_cast<size_t>(cols / kQK8_0) * 40 * static_cast<size_t>(n);
+  return static_cast<size_t>(cols / kQK8_0) * kActTileBytesPerToken * static_cast<size_t>(n);
 }
 
 void PackActTileToken(const uint8_t* act_row, int64_t cols, int tt, int n, uint8_t* tile) {
@@ -122,7 +122,7 @@ void PackActTileToken(const uint8_t* act_row, int64_t cols, int tt, int n, uint8
   const auto* y = reinterpret_cast<const BlockQ8_0*>(act_row);
   const auto* yd = reinterpret_cast<const float*>(y + nb);  // the float scales (ActRowBytes)
   for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* p = tile + static_cast<size_t>(b) * 40 * n;
+    uint8_t* p = tile + static_cast<size_t>(b) * kActTileBytesPerToken * n;
     int32_t s = 0;
     for (int j = 0; j < kQK8_0; ++j) s += y[b].qs[j];
     s *= -128;

@@ -52,6 +52,7 @@ void DeinterleaveQ8_0Row(const uint8_t* data, int64_t cols, int64_t r, uint8_t* 
 // tokens needs no pointer of its own per token (with one per token the compiler ran out of
 // registers and reloaded them inside the loop).
 constexpr int kActTileTokens = 8;
+constexpr int kActTileBytesPerToken = 40;  // a block's: 8 words, the sum, the scale
 size_t ActTileBytes(int64_t cols, int n);
 // Writes token tt of an n-token tile from that token's Q8_0 activation row (ActRowBytes).
 void PackActTileToken(const uint8_t* act_row, int64_t cols, int tt, int n, uint8_t* tile);
