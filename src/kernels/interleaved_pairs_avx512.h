@@ -1,7 +1,7 @@
 // What the interleaved Q4_0 and Q8_0 products in AVX-512 VNNI share (interleaved_q4_0.h,
-// interleaved_q8_0.h: 16 rows a group, blocks in pairs): the broadcast activation word, the
-// pairs' scales, and the walk over one group's pairs. Included by those two kernels' translation
-// units only.
+// interleaved_q8_0.h: 16 rows a group, blocks in pairs): the activation tile's blocks, the
+// pairs' scales, the walk over the pairs and over the groups. Included by those two kernels'
+// translation units only.
 #pragma once
 
 #include <immintrin.h>
@@ -50,6 +50,53 @@ inline void PairScales(const char* p, int pair_bytes, int scales, const Prefetch
           _mm512_set1_ps(factor));
   }
 }
+
+// Adds word j of each of NT tokens times the R groups' weight vectors w to the chains.
+template <int R, int NT, int P>
+inline void DotWord(const __m512i (&w)[R], const TileBlock<P>& a, int j, __m512i (&chain)[R][NT]) {
+  for (int t = 0; t < NT; ++t) {
+    const __m512i word = a.Word(j, t);
+    for (int r = 0; r < R; ++r) chain[r][t] = _mm512_dpbusd_epi32(chain[r][t], w[r], word);
+  }
+}
+
+// The walk over C pairs of blocks (blocks b .. b + 2C - 1) of R groups against NT tokens, into
+// acc, that the Q8_0 and Q4_0 kernels share. Per block the chains start from the tile's
+// -128 * sum(a) (s) and zero (u); `Layout::Feed<R, NT, P, kSplit>(q, group_bytes, ahead, a, s,
+// u)` adds the block's products (at q in group 0) to them, into u as well only when kSplit: few
+// chains in flight (decode) need two per block to hide dpbusd's latency. Then one fp16 scale
+// vector for the 16 rows (times Layout::kScaleFactor, a power of two) times the token's
+// activation scale. Token t's float operations are the same for every R, NT, P and C.
+template <class Layout>
+struct PairsOf {
+  template <int R, int NT, int P, int C>
+  static void Run(const uint8_t* p, size_t group_bytes, int64_t b, const uint8_t* tile,
+                  const PrefetchDistances& ahead, __m512* acc) {
+    constexpr bool kSplit = R * NT < 8;
+    const char* pc = reinterpret_cast<const char*>(p);
+    __m512 d[R][2 * C];
+    for (int r = 0; r < R; ++r)
+      PairScales<C>(pc + r * group_bytes, Layout::kPairBytes, Layout::kScales, ahead,
+                    Layout::kScaleFactor, d[r]);
+    for (int i = 0; i < 2 * C; ++i) {  // block b + i: quants at pair i / 2, half i % 2
+      const char* q = pc + (i / 2) * Layout::kPairBytes + (i % 2) * Layout::kQuantBytes;
+      const TileBlock<P> a{tile + (b + i) * kActTileBytesPerToken * P};
+      __m512i s[R][NT], u[R][NT];
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < NT; ++t) {
+          s[r][t] = a.Sum(t);
+          u[r][t] = _mm512_setzero_si512();
+        }
+      Layout::template Feed<R, NT, P, kSplit>(q, group_bytes, ahead, a, s, u);
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < NT; ++t) {
+          const __m512i sum = kSplit ? _mm512_add_epi32(s[r][t], u[r][t]) : s[r][t];
+          acc[r * NT + t] = _mm512_fmadd_ps(_mm512_mul_ps(d[r][i], a.Scale(t)),
+                                            _mm512_cvtepi32_ps(sum), acc[r * NT + t]);
+        }
+    }
+  }
+};
 
 // R consecutive groups (16 rows each, group_bytes apart) against NT tokens of a P-token tile
 // (tile: already at the first of them), into out[t * y_stride + 16 * r + i].

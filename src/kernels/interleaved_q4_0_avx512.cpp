@@ -21,76 +21,55 @@ namespace {
 constexpr int kPairBytes = kQ4Interleaved_PairBytes;
 constexpr int kQuant = kQ4Interleaved_QuantBytes;
 
-// C pairs of blocks (blocks b .. b + 2C - 1) of R groups against NT tokens, into acc. Per block:
-// the 4 64-byte words give 8 vectors of 16 rows x 4 nibbles (low nibbles: elements 4k..4k+3,
-// high: 16+4k..), each meeting one broadcast activation word in a dpbusd. Both nibbles enter as
-// 16 times their value (moved to the byte's high half), so the chain starts from the tile's
-// -128 * sum(a), which is 16 times the -8 offset's sum, and ends at 16 times the block's integer
-// sum; the scale vector carries the 1/16, which is exact, so the products and their bits are
-// those of unscaled sums. Per block and token that leaves three operations beside the 8 dpbusd
-// (convert, scale, add). Few chains in flight (decode) split each block's into its low and high
-// halves to hide dpbusd's latency. Token t's float operations are the same for every R, NT, P
-// and C.
+// A block's products (PairsOf): the 4 64-byte words give 8 vectors of 16 rows x 4 nibbles (low
+// nibbles: elements 4k..4k+3, high: 16+4k..), each meeting one broadcast activation word in a
+// dpbusd. Both nibbles enter as 16 times their value (moved to the byte's high half), so the
+// chain starts from the tile's -128 * sum(a), which is 16 times the -8 offset's sum, and ends at
+// 16 times the block's integer sum; the scale vector carries the 1/16, which is exact, so the
+// products and their bits are those of unscaled sums. Per block and token that leaves three
+// operations beside the 8 dpbusd (convert, scale, add). Split chains take the low and high
+// halves.
 //
 // The C pairs' scales (the last line of each pair) are read before their quants, and each line
 // is requested ahead beside the load that uses it. Decode streams at the core's limit this way
 // (Zen 5, one thread: 35 GB/s with C = 4, as the Q4_K kernel, whose scales lead each 2304-byte
 // block; 19-26 GB/s reading pair by pair with the requests in one burst; even a plain loop of
 // loads over the same bytes reaches only 14-18).
-struct Q4_0Pairs {
-  template <int R, int NT, int P, int C>
-  static void Run(const uint8_t* p, size_t group_bytes, int64_t b, const uint8_t* tile,
-                  const PrefetchDistances& ahead, __m512* acc) {
-    constexpr bool kSplit = R * NT < 8;
+struct Q4_0Layout {
+  static constexpr int kPairBytes = kQ4Interleaved_PairBytes;
+  static constexpr int kQuantBytes = kQ4Interleaved_QuantBytes;
+  static constexpr int kScales = kQ4Interleaved_Scales;
+  static constexpr float kScaleFactor = 1.0f / 16;
+
+  template <int R, int NT, int P, bool kSplit>
+  static void Feed(const char* q, size_t group_bytes, const PrefetchDistances& ahead,
+                   const TileBlock<P>& a, __m512i (&s)[R][NT], __m512i (&u)[R][NT]) {
     const __m512i high_half = _mm512_set1_epi8(static_cast<char>(0xF0));
-    const char* pc = reinterpret_cast<const char*>(p);
-    __m512 d[R][2 * C];
-    for (int r = 0; r < R; ++r)
-      PairScales<C>(pc + r * group_bytes, kPairBytes, kQ4Interleaved_Scales, ahead, 1.0f / 16,
-                    d[r]);
-    for (int i = 0; i < 2 * C; ++i) {  // block b + i: quants at pair i / 2, half i % 2
-      const char* q = pc + (i / 2) * kPairBytes + (i % 2) * kQuant;
-      const TileBlock<P> a{tile + (b + i) * kActTileBytesPerToken * P};
-      __m512i s[R][NT], u[R][NT];
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < NT; ++t) {
-          s[r][t] = a.Sum(t);
-          u[r][t] = _mm512_setzero_si512();
-        }
-      // The low nibbles (words 0..3 of the activations), then the high (words 4..7).
-      auto half = [&](auto high, __m512i(&chain)[R][NT]) {
-        for (int k = 0; k < 4; ++k) {
-          __m512i w[R];
-          for (int r = 0; r < R; ++r) {
-            const char* line = q + r * group_bytes + 64 * k;
-            if constexpr (!high) {
-              _mm_prefetch(line + ahead.l1, _MM_HINT_T0);
-              if (ahead.l2) _mm_prefetch(line + ahead.l2, _MM_HINT_T1);
-            }
-            const __m512i x = _mm512_loadu_si512(line);
-            w[r] = _mm512_and_si512(high ? x : _mm512_slli_epi16(x, 4), high_half);
+    // The low nibbles (words 0..3 of the activations), then the high (words 4..7).
+    auto half = [&](auto high, __m512i(&chain)[R][NT]) {
+      for (int k = 0; k < 4; ++k) {
+        __m512i w[R];
+        for (int r = 0; r < R; ++r) {
+          const char* line = q + r * group_bytes + 64 * k;
+          if constexpr (!high) {
+            _mm_prefetch(line + ahead.l1, _MM_HINT_T0);
+            if (ahead.l2) _mm_prefetch(line + ahead.l2, _MM_HINT_T1);
           }
-          for (int t = 0; t < NT; ++t) {
-            const __m512i word = a.Word(4 * high + k, t);
-            for (int r = 0; r < R; ++r) chain[r][t] = _mm512_dpbusd_epi32(chain[r][t], w[r], word);
-          }
+          const __m512i x = _mm512_loadu_si512(line);
+          w[r] = _mm512_and_si512(high ? x : _mm512_slli_epi16(x, 4), high_half);
         }
-      };
-      half(std::false_type(), s);
-      if constexpr (kSplit) {
-        half(std::true_type(), u);
-      } else {
-        half(std::true_type(), s);
+        DotWord(w, a, 4 * high + k, chain);
       }
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < NT; ++t) {
-          const __m512i sum = kSplit ? _mm512_add_epi32(s[r][t], u[r][t]) : s[r][t];
-          acc[r * NT + t] = _mm512_fmadd_ps(_mm512_mul_ps(d[r][i], a.Scale(t)),
-                                            _mm512_cvtepi32_ps(sum), acc[r * NT + t]);
-        }
+    };
+    half(std::false_type(), s);
+    if constexpr (kSplit) {
+      half(std::true_type(), u);
+    } else {
+      half(std::true_type(), s);
     }
   }
 };
+using Q4_0Pairs = PairsOf<Q4_0Layout>;
 
 }  // namespace
 

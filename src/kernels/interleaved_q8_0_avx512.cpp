@@ -20,62 +20,41 @@ namespace {
 constexpr int kPairBytes = kInterleavedPairBytes;
 constexpr int kQuant = kInterleavedQuantBytes;  // the second block's quants
 
-// C pairs of blocks (blocks b .. b + 2C - 1) of R groups against NT tokens, into acc. Per
-// block: 8 dpbusd of 16 rows x 4 quants each with a broadcast activation word, started from the
-// block's -128 * sum(a); then one fp16 scale vector for the 16 rows times the token's activation
-// scale. Few chains in flight (decode) split each block's into even and odd words to keep
-// dpbusd's latency hidden. Token t's float operations are the same for every R, NT, P and C.
+// A block's products (PairsOf): 8 dpbusd of 16 rows x 4 quants each with a broadcast
+// activation word; split chains take the even and odd words.
 //
 // As in the Q4_0 kernel: the C pairs' scales (the last line of each pair) are read before their
 // quants, and each line is requested ahead beside its first load, not in one burst per pair.
-struct Q8_0Pairs {
-  template <int R, int NT, int P, int C>
-  static void Run(const uint8_t* p, size_t group_bytes, int64_t b, const uint8_t* tile,
-                  const PrefetchDistances& ahead, __m512* acc) {
-    constexpr bool kSplit = R * NT < 8;
-    const char* pc = reinterpret_cast<const char*>(p);
-    __m512 d[R][2 * C];
-    for (int r = 0; r < R; ++r)
-      PairScales<C>(pc + r * group_bytes, kPairBytes, kInterleavedScales, ahead, 1.0f, d[r]);
-    for (int i = 0; i < 2 * C; ++i) {  // block b + i: quants at pair i / 2, half i % 2
-      const char* q = pc + (i / 2) * kPairBytes + (i % 2) * kQuant;
-      const TileBlock<P> a{tile + (b + i) * kActTileBytesPerToken * P};
-      __m512i s[R][NT], u[R][NT];
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < NT; ++t) {
-          s[r][t] = a.Sum(t);
-          u[r][t] = _mm512_setzero_si512();
-        }
-      auto word_k = [&](int k, __m512i(&chain)[R][NT]) {
-        __m512i w[R];
-        for (int r = 0; r < R; ++r) {
-          const char* line = q + r * group_bytes + 64 * k;
-          _mm_prefetch(line + ahead.l1, _MM_HINT_T0);
-          if (ahead.l2) _mm_prefetch(line + ahead.l2, _MM_HINT_T1);
-          w[r] = _mm512_loadu_si512(line);
-        }
-        for (int t = 0; t < NT; ++t) {
-          const __m512i word = a.Word(k, t);
-          for (int r = 0; r < R; ++r) chain[r][t] = _mm512_dpbusd_epi32(chain[r][t], w[r], word);
-        }
-      };
-      for (int k = 0; k < 8; k += 2) {  // even words into s, odd into u when split
-        word_k(k, s);
-        if constexpr (kSplit) {
-          word_k(k + 1, u);
-        } else {
-          word_k(k + 1, s);
-        }
+struct Q8_0Layout {
+  static constexpr int kPairBytes = kInterleavedPairBytes;
+  static constexpr int kQuantBytes = kInterleavedQuantBytes;
+  static constexpr int kScales = kInterleavedScales;
+  static constexpr float kScaleFactor = 1.0f;
+
+  template <int R, int NT, int P, bool kSplit>
+  static void Feed(const char* q, size_t group_bytes, const PrefetchDistances& ahead,
+                   const TileBlock<P>& a, __m512i (&s)[R][NT], __m512i (&u)[R][NT]) {
+    auto word_k = [&](int k, __m512i(&chain)[R][NT]) {
+      __m512i w[R];
+      for (int r = 0; r < R; ++r) {
+        const char* line = q + r * group_bytes + 64 * k;
+        _mm_prefetch(line + ahead.l1, _MM_HINT_T0);
+        if (ahead.l2) _mm_prefetch(line + ahead.l2, _MM_HINT_T1);
+        w[r] = _mm512_loadu_si512(line);
       }
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < NT; ++t) {
-          const __m512i sum = kSplit ? _mm512_add_epi32(s[r][t], u[r][t]) : s[r][t];
-          acc[r * NT + t] = _mm512_fmadd_ps(_mm512_mul_ps(d[r][i], a.Scale(t)),
-                                            _mm512_cvtepi32_ps(sum), acc[r * NT + t]);
-        }
+      DotWord(w, a, k, chain);
+    };
+    for (int k = 0; k < 8; k += 2) {  // even words into s, odd into u when split
+      word_k(k, s);
+      if constexpr (kSplit) {
+        word_k(k + 1, u);
+      } else {
+        word_k(k + 1, s);
+      }
     }
   }
 };
+using Q8_0Pairs = PairsOf<Q8_0Layout>;
 
 }  // namespace
 
