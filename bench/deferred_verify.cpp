@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
     GenerateOptions go;
     int plain_tier = 0;
     GenerateStats sum;
-    double seconds = 0, ttft = 0, judge = 0;
+    double ttft = 0, judge = 0;
     int64_t equal = 0, total = 0;
     uint64_t read_bytes = 0;  // runtime reads during its generations (the judge's excluded)
   };
@@ -159,17 +159,8 @@ int main(int argc, char** argv) {
         return 1;
       }
       r.read_bytes += e.runtime()->stats().stream_bytes_read - read0;
-      r.seconds += st->decode_seconds + st->prompt_seconds;
-      r.sum.decode_seconds += st->decode_seconds;
+      r.sum.Add(*st);
       r.ttft += st->first_token_seconds;
-      r.sum.n_generated += st->n_generated;
-      r.sum.n_drafted += st->n_drafted;
-      r.sum.n_verified += st->n_verified;
-      r.sum.n_verify_passes += st->n_verify_passes;
-      r.sum.n_rollbacks += st->n_rollbacks;
-      r.sum.n_rollback_lost += st->n_rollback_lost;
-      r.sum.verify_bytes += st->verify_bytes;
-      r.sum.verify_seconds += st->verify_seconds;
       if (r.mode == "a") reference = gen;
       if (!reference.empty()) {
         for (size_t i = 0; i < gen.size() && i < reference.size(); ++i)
@@ -184,9 +175,10 @@ int main(int argc, char** argv) {
   nlohmann::json out = nlohmann::json::array();
   for (const ModeRun& r : runs) {
     const double n = static_cast<double>(std::max<int64_t>(r.sum.n_generated, 1));
+    const double seconds = r.sum.prompt_seconds + r.sum.decode_seconds;
     out.push_back({{"mode", r.mode},
                    {"tokens", r.sum.n_generated},
-                   {"tokens_per_s", r.sum.n_generated / r.seconds},
+                   {"tokens_per_s", r.sum.n_generated / seconds},
                    {"decode_tokens_per_s", r.sum.n_generated / r.sum.decode_seconds},
                    {"decode_seconds", r.sum.decode_seconds},
                    {"first_token_seconds", r.ttft / prompts.size()},

@@ -447,15 +447,7 @@ int RunBench(const std::vector<std::string>& args) {
         if (!st.ok()) return PrintError("bench", st.status());
         start = Clock::now() - std::chrono::duration_cast<Clock::duration>(
                                    std::chrono::duration<double>(st->decode_seconds));
-        verified.n_generated += st->n_generated;
-        verified.n_drafted += st->n_drafted;
-        verified.n_verified += st->n_verified;
-        verified.n_verify_passes += st->n_verify_passes;
-        verified.n_rollbacks += st->n_rollbacks;
-        verified.n_rollback_lost += st->n_rollback_lost;
-        verified.verify_bytes += st->verify_bytes;
-        verified.verify_seconds += st->verify_seconds;
-        verified.decode_seconds += st->decode_seconds;
+        verified.Add(*st);
       } else if (!seq_caches.empty()) {
         // Each step one token of every sequence, rows exact as serve's batched steps run.
         const auto seq_tokens =

@@ -216,6 +216,27 @@ struct GenerateStats {
   int64_t n_rollback_lost = 0;  // drafted tokens discarded by rollbacks
   uint64_t verify_bytes = 0;    // bytes the runtime read during verify passes
   double verify_seconds = 0;    // spent in verify passes (part of decode_seconds)
+
+  // Adds another generation's counts and seconds (a sum over several; first_token_seconds and
+  // stop_reason are per generation and stay as they are).
+  void Add(const GenerateStats& o) {
+    n_prompt += o.n_prompt;
+    n_reused += o.n_reused;
+    n_generated += o.n_generated;
+    prompt_seconds += o.prompt_seconds;
+    decode_seconds += o.decode_seconds;
+    n_forwards += o.n_forwards;
+    n_drafted += o.n_drafted;
+    n_accepted += o.n_accepted;
+    n_draft_passes += o.n_draft_passes;
+    draft_seconds += o.draft_seconds;
+    n_verify_passes += o.n_verify_passes;
+    n_verified += o.n_verified;
+    n_rollbacks += o.n_rollbacks;
+    n_rollback_lost += o.n_rollback_lost;
+    verify_bytes += o.verify_bytes;
+    verify_seconds += o.verify_seconds;
+  }
 };
 
 // Called per generated token with the text that became complete (may be empty); return false to
