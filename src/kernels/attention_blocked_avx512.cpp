@@ -102,15 +102,44 @@ void DotLanes16(const float* const* q, int dk, const T* const* key, __m512* lane
   for (int j0 = 0; j0 < 16; j0 += J) DotLanes<R, J>(q, dk, key + j0, lanes + j0);
 }
 
+// Requests the cache lines of `bytes` bytes from p into the level `hint` names.
+template <int kHint>
+inline void PrefetchBytes(const void* p, int bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int b = 0; b < bytes; b += 64) _mm_prefetch(c + b, static_cast<_mm_hint>(kHint));
+  _mm_prefetch(c + bytes - 1, static_cast<_mm_hint>(kHint));  // a row that straddles a line
+}
+
+// Keys requested this far ahead of the ones being scored. A head's rows of the cache lie a whole
+// position's row apart (all KV heads' elements), 2-8 KiB, so the hardware's stream prefetchers,
+// which follow sequential lines within a page, fetch none of them ahead: without requests each
+// key waited for memory (decode at a long history read 6-12 GB/s of a 30-60 GB/s machine).
+constexpr int kKeysAhead = 32;
+
+// Requests keys [0, n) from k (dk elements each, k_stride apart) into L1.
+template <typename T>
+void RequestKeys(const T* k, int64_t k_stride, int dk, int64_t n) {
+  for (int64_t j = 0; j < n; ++j)
+    PrefetchBytes<_MM_HINT_T0>(k + j * k_stride, dk * static_cast<int>(sizeof(T)));
+}
+
 // Scores of `rows` rows against n keys (key j's dk elements at k + j * k_stride):
 // s[r * kKeyBlock + j] = q_r . key_j * scale, for j up to n rounded up to 16 (zeros past n).
+// Beside each 16 keys it requests the keys kKeysAhead further (those of the `avail` from k that
+// exist; RequestKeys made the first ones') into L1 and the same keys' values (dv elements at
+// v + j * v_stride, which the mix reads next) into L2.
 template <typename T>
 void Scores(int rows, const float* const* q, int dk, float scale, const T* k, int64_t k_stride,
-            int n, float* s) {
+            int n, int64_t avail, const T* v, int64_t v_stride, int dv, float* s) {
   __m512 lanes[kMaxRows * 16];
   const __m512 sc = _mm512_set1_ps(scale);
+  const int v_bytes = dv * static_cast<int>(sizeof(T));
   for (int j0 = 0; j0 < n; j0 += 16) {
     const int nk = std::min(16, n - j0);
+    if (j0 + kKeysAhead < avail)
+      RequestKeys(k + (j0 + kKeysAhead) * k_stride, k_stride, dk,
+                  std::min<int64_t>(16, avail - j0 - kKeysAhead));
+    for (int j = j0; j < j0 + nk; ++j) PrefetchBytes<_MM_HINT_T1>(v + j * v_stride, v_bytes);
     const T* key[16];
     for (int j = 0; j < 16; ++j) key[j] = k + (j0 + std::min(j, nk - 1)) * k_stride;
     for (int r0 = 0; r0 < rows; r0 += kScoreRows) {
@@ -205,9 +234,11 @@ void RunItem(const AttentionShape& s, const float* q, int64_t pos0, const T* kh,
     last[r] = pos0 + t[r];
     end = std::max(end, last[r] + 1);
   }
+  RequestKeys(kh, k_stride, s.dk, std::min<int64_t>(kKeysAhead, end));
   for (int64_t b0 = 0; b0 < end; b0 += kKeyBlock) {
     const int nb = static_cast<int>(std::min<int64_t>(kKeyBlock, end - b0));
-    Scores(rows, qrow, s.dk, s.scale, kh + b0 * k_stride, k_stride, nb, p);
+    Scores(rows, qrow, s.dk, s.scale, kh + b0 * k_stride, k_stride, nb, end - b0,
+           vh + b0 * v_stride, v_stride, s.dv, p);
     for (int r = 0; r < rows; ++r) {
       float* pr = p + r * kKeyBlock;
       // Keys of this block the row sees: [b0, b0 + n).
