@@ -1,5 +1,6 @@
 // The CPU attention kernels alone on llama3-8b's shape (32 query heads, 8 KV heads of 128): a
-// pass of --tokens tokens on top of a --context - tokens history, per kernel the best of three
+// pass of --tokens tokens on top of a --context - tokens history (--heads Q,KV for another
+// head count), per kernel the best of three
 // timings of --reps calls, as JSON. The K/V bytes a call must read against the bandwidth
 // measured in the same run give each kernel's ratio to the memory limit (a long history does
 // not fit in cache).
@@ -8,7 +9,7 @@
 // --small-pages reads it from plain heap memory instead (4 KiB pages: a TLB miss per key).
 //
 //   bench_attention_kernels [--tokens 1] [--context 512,2048,8192] [--threads 2] [--f16] [--reps
-//   50] [--small-pages]
+//   50] [--small-pages] [--heads 32,8]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> contexts = {512, 2048, 8192};
   int threads = 2, reps = 50;
   bool f16 = false, small_pages = false;
+  std::vector<int64_t> heads = {32, 8};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -67,6 +69,8 @@ int main(int argc, char** argv) {
       f16 = true;
     else if (a == "--small-pages")
       small_pages = true;
+    else if (a == "--heads")
+      heads = ParseList(next());
     else {
       std::fprintf(stderr, "bench_attention_kernels: unknown argument %s\n", a.c_str());
       return 2;
@@ -77,7 +81,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   ThreadPool pool(threads);
-  const AttentionShape s{32, 8, 128, 128, 1.0f / std::sqrt(128.0f)};
+  if (heads.size() != 2 || heads[1] <= 0 || heads[0] % heads[1] != 0) {
+    std::fprintf(stderr, "bench_attention_kernels: --heads takes Q,KV with KV dividing Q\n");
+    return 2;
+  }
+  const AttentionShape s{static_cast<int>(heads[0]), static_cast<int>(heads[1]), 128, 128,
+                         1.0f / std::sqrt(128.0f)};
   auto measured = MeasureReadBandwidth(pool, uint64_t{1} << 30);
   if (!measured.ok()) {
     std::fprintf(stderr, "bench_attention_kernels: %s\n", measured.status().ToString().c_str());
@@ -85,9 +94,10 @@ int main(int argc, char** argv) {
   }
   const double bw = measured->bytes_per_second;
   std::printf(
-      "{\n  \"isa\": \"%s\",\n  \"threads\": %d,\n  \"tokens\": %lld,\n  \"kv_type\": \"%s\",\n"
-      "  \"mem_bw_bytes_per_s\": %.0f,\n  \"runs\": [\n",
-      IsaName(ActiveIsa()), threads, static_cast<long long>(n_tokens), f16 ? "f16" : "f32", bw);
+      "{\n  \"isa\": \"%s\",\n  \"threads\": %d,\n  \"tokens\": %lld,\n  \"heads\": [%d, %d],\n"
+      "  \"kv_type\": \"%s\",\n  \"mem_bw_bytes_per_s\": %.0f,\n  \"runs\": [\n",
+      IsaName(ActiveIsa()), threads, static_cast<long long>(n_tokens), s.n_head, s.n_head_kv,
+      f16 ? "f16" : "f32", bw);
   for (size_t ci = 0; ci < contexts.size(); ++ci) {
     const int64_t ctx = std::max(contexts[ci], n_tokens);
     const int64_t stride = int64_t{s.n_head_kv} * s.dk;
