@@ -78,9 +78,10 @@ void Attention(const AttentionShape& s, const float* q, int64_t n_tokens, int64_
     AttentionReference(s, q, n_tokens, pos0, kv, out, pool);
   }
   if (profile) {
-    // K/V bytes touched: every (token, query head) reads its causal history of K and V rows.
+    // K/V bytes touched: every token reads its causal history of K and V rows, whose KV heads
+    // the query heads of a group share (the bench's KV bytes a token count the same).
     const uint64_t rows = static_cast<uint64_t>(n_tokens * pos0 + n_tokens * (n_tokens + 1) / 2);
-    const uint64_t bytes = rows * static_cast<uint64_t>(s.n_head) * (s.dk + s.dv) *
+    const uint64_t bytes = rows * static_cast<uint64_t>(s.n_head_kv) * (s.dk + s.dv) *
                            (kv.type == DType::kF16 ? 2 : 4);
     AddKernelProfile(kProfileAttention,
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
