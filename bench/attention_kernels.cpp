@@ -1,9 +1,8 @@
-// The CPU attention kernels alone on llama3-8b's shape (32 query heads, 8 KV heads of 128): a
-// pass of --tokens tokens on top of a --context - tokens history (--heads Q,KV for another
-// head count), per kernel the best of three
-// timings of --reps calls, as JSON. The K/V bytes a call must read against the bandwidth
-// measured in the same run give each kernel's ratio to the memory limit (a long history does
-// not fit in cache).
+// The CPU attention kernels alone on llama3-8b's shape (32 query heads, 8 KV heads of 128; --heads
+// Q,KV for other counts): a pass of --tokens tokens on top of a --context - tokens history, per
+// kernel the best of three timings of --reps calls, as JSON. The K/V bytes a call must read
+// against the bandwidth measured in the same run give each kernel's ratio to the memory limit (a
+// long history does not fit in cache).
 //
 // The cache lies in buffers allocated as the engine's (2 MiB pages where the kernel allows);
 // --small-pages reads it from plain heap memory instead (4 KiB pages: a TLB miss per key).

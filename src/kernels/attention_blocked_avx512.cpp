@@ -102,7 +102,7 @@ void DotLanes16(const float* const* q, int dk, const T* const* key, __m512* lane
   for (int j0 = 0; j0 < 16; j0 += J) DotLanes<R, J>(q, dk, key + j0, lanes + j0);
 }
 
-// Requests the cache lines of `bytes` bytes from p into the level `hint` names.
+// Requests the cache lines of `bytes` bytes from p into the cache level kHint names.
 template <int kHint>
 inline void PrefetchBytes(const void* p, int bytes) {
   const char* c = static_cast<const char*>(p);
