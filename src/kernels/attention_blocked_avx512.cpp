@@ -102,12 +102,14 @@ void DotLanes16(const float* const* q, int dk, const T* const* key, __m512* lane
   for (int j0 = 0; j0 < 16; j0 += J) DotLanes<R, J>(q, dk, key + j0, lanes + j0);
 }
 
-// Requests the cache lines of `bytes` bytes from p into the cache level kHint names.
+// Requests the cache lines holding `bytes` bytes from p (each once, whatever p's alignment) into
+// the cache level kHint names.
 template <int kHint>
 inline void PrefetchBytes(const void* p, int bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int b = 0; b < bytes; b += 64) _mm_prefetch(c + b, static_cast<_mm_hint>(kHint));
-  _mm_prefetch(c + bytes - 1, static_cast<_mm_hint>(kHint));  // a row that straddles a line
+  const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const auto last = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes) - 1;
+  for (uintptr_t line = first; line <= last; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(line), static_cast<_mm_hint>(kHint));
 }
 
 // Keys requested this far ahead of the ones being scored. A head's rows of the cache lie a whole
