@@ -9,7 +9,9 @@
 # Each out-of-core run is `memcap --evict MODEL CAP substrate bench -m MODEL --max-ram MAX_RAM
 # -r 1 --json ARGS` (the file evicted first, the cap kept by memcap: the expert cache starts
 # empty and the reads of the first tokens' experts are timed); each resident run is the same
-# bench without a budget. Prints one JSON line per pair, then a summary line.
+# bench without a budget. With OOC_STORE=DIR set, the out-of-core runs read the packed store DIR
+# (`bench --store DIR`, every file of it evicted) instead of MODEL in place. Prints one JSON line
+# per pair, then a summary line.
 set -euo pipefail
 if [ $# -lt 6 ]; then
   sed -n '2,12p' "$0" >&2
@@ -19,8 +21,14 @@ SUB=$1 MEMCAP=$2 MODEL=$3 CAP=$4 MAX_RAM=$5 PAIRS=$6
 shift 6
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+if [ -n "${OOC_STORE:-}" ]; then
+  evict=() && for f in "$OOC_STORE"/*; do evict+=(--evict "$f"); done
+  source=(--store "$OOC_STORE")
+else
+  evict=(--evict "$MODEL") source=(-m "$MODEL")
+fi
 for i in $(seq 1 "$PAIRS"); do
-  "$MEMCAP" --evict "$MODEL" "$CAP" "$SUB" bench -m "$MODEL" --max-ram "$MAX_RAM" -r 1 --json "$@" \
+  "$MEMCAP" "${evict[@]}" "$CAP" "$SUB" bench "${source[@]}" --max-ram "$MAX_RAM" -r 1 --json "$@" \
     > "$tmp/ooc.json" 2> "$tmp/ooc.err" || { cat "$tmp/ooc.err" >&2; exit 1; }
   "$SUB" bench -m "$MODEL" -r 1 --json "$@" > "$tmp/res.json" 2> "$tmp/res.err" \
     || { cat "$tmp/res.err" >&2; exit 1; }

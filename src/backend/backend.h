@@ -63,6 +63,12 @@ class Backend {
                                            bool reading_thread) {
     return WeightLayout::kRows;
   }
+  // The layout the two calls above give a matrix of this type and shape: one stored in it
+  // already (a store packed in the CPU's layout) is handed over as it is, any other layout is
+  // put back into rows first. Default: kRows.
+  virtual WeightLayout AdoptedLayout(DType type, int64_t rows, int64_t cols) const {
+    return WeightLayout::kRows;
+  }
   // A resident tensor's bytes that stay as they are (vectors: whatever is neither a matrix nor
   // a stack of expert matrices), once: a backend with memory of its own may keep a copy, so
   // that views into them need no upload per op. The bytes must stay valid and unchanged while

@@ -1,9 +1,12 @@
 // substrate pack -m MODEL -o STORE/ [--skeleton Q4_K|keep] [--residual Q8_0] [--residual2 F16]
-//                [--tiers N] [--plan plan.json] [--threads N]
+//                [--tiers N] [--plan plan.json] [--cpu-layout] [--threads N]
 // Writes the tiered store (store/pack.h): per op id a skeleton file and residual files, with a
 // checksummed manifest. --residual none / --tiers 1 writes skeletons only. --skeleton keep
 // stores each tensor's own bytes as tier 0 (no requantization; no residual tiers unless
 // --residual is given). --plan takes tier-0 types and residual ladders from a compiled plan.
+// --cpu-layout stores each expert's tier 0 in the layout the CPU's AVX-512 kernels read, so
+// that an expert streamed out of core needs no rearranging (the CUDA backend does not read such
+// a store).
 #include <cstdio>
 
 #include "cli/command.h"
@@ -22,11 +25,13 @@ Expected<DType> TypeFlag(const std::string& name) {
 
 constexpr const char* kUsage =
     "usage: substrate pack -m MODEL -o STORE/ [--skeleton Q4_K|keep --residual Q8_0\n"
-    "                      --residual2 F16 --tiers N] [--plan plan.json] [--threads N]\n";
+    "                      --residual2 F16 --tiers N] [--plan plan.json] [--cpu-layout]\n"
+    "                      [--threads N]\n";
 
 int RunPack(const std::vector<std::string>& args) {
   Flags f(args, {{"-m", "--model", "-o", "--out", "--skeleton", "--residual", "--residual2",
-                  "--tiers", "--plan", "-t", "--threads"}});
+                  "--tiers", "--plan", "-t", "--threads"},
+               {"--cpu-layout"}});
   if (!f.status().ok()) return UsageError("pack", f.status(), kUsage);
   if (f.help()) return std::fputs(kUsage, stdout), 0;
   const std::string model = f.Get({"-m", "--model"});
@@ -35,6 +40,7 @@ int RunPack(const std::vector<std::string>& args) {
     return UsageError("pack", InvalidArgument("need -m MODEL and -o STORE/"), kUsage);
   PackOptions o;
   o.progress = true;
+  o.cpu_layout = f.Has("--cpu-layout");
   const std::string skeleton = f.Get({"--skeleton"}, "Q4_K");
   o.keep_skeleton = skeleton == "keep";
   if (!o.keep_skeleton) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/thread_pool.h"
 #include "format/dtype.h"
@@ -12,10 +13,24 @@
 
 namespace substrate {
 
-// Rearranges a resident rows x cols matrix of `type` in place into the interleaved layout its
-// type and shape take, and returns that layout (kRows: left as it is).
+// The interleaved layout a rows x cols matrix of `type` takes (kRows: none). It depends on the
+// type and shape alone, so a store can hold a matrix in it (store/pack.h) for any CPU that
+// chooses it.
+WeightLayout DecodeLayoutFor(DType type, int64_t rows, int64_t cols);
+
+// Rearranges a resident rows x cols matrix of `type` in place into DecodeLayoutFor's layout, and
+// returns that layout (kRows: left as it is). Groups of 16 rows are independent: rearranging a
+// matrix in pieces of whole groups gives the bytes of rearranging it whole.
 WeightLayout InterleaveForDecode(DType type, int64_t rows, int64_t cols, uint8_t* data,
                                  ThreadPool* pool);
+
+// Puts a rows x cols matrix in `layout` back into plain rows, in place.
+void DeinterleaveInPlace(WeightLayout layout, DType type, int64_t rows, int64_t cols,
+                         uint8_t* data);
+
+// A layout's name in a store's manifest ("q4_0_x16", ...; "rows" for kRows), and back.
+const char* WeightLayoutName(WeightLayout layout);
+bool WeightLayoutFromName(const std::string& name, WeightLayout* layout);
 
 // Plain rows of 16-row group g of an interleaved matrix (16 rows of its row bytes).
 void DeinterleaveGroup(WeightLayout layout, const uint8_t* data, int64_t cols, int64_t g,

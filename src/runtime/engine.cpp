@@ -253,6 +253,10 @@ Expected<std::unique_ptr<Engine>> Engine::Open(const std::string& path_in, const
     auto m = in_place ? ResidencyManager::OpenGguf(path, e->ledger_, ro)
                       : ResidencyManager::Open(opt.store, e->ledger_, ro);
     if (!m.ok()) return m.status().WithContext(path);
+    if (!ro.backend && (*m)->index().has_interleaved())
+      return InvalidArgument("store '" + opt.store + "' holds experts in the CPU kernels' layout "
+                             "(packed with --cpu-layout), which the " + e->backend_->name() +
+                             " backend does not read: pack it again without --cpu-layout");
     e->runtime_ = m->get();
     e->weights_ = std::move(m).value();
     if (in_place && !plan_only) e->in_place_path_ = path;

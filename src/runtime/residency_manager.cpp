@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "compiler/plan_bundle.h"
+#include "kernels/interleaved.h"
 #include "model/op_id.h"
 
 namespace substrate {
@@ -274,6 +275,7 @@ void ResidencyManager::AdoptMatrices(int o, uint8_t* tier0, Adopter by,
                                      std::vector<WeightLayout>* layout) {
   const StoreOp& op = index_->ops()[o];
   layout->assign(op.units.size(), WeightLayout::kRows);
+  bool rearranged = false;
   for (size_t i = 0; i < op.units.size(); ++i) {
     const auto [id, slice] = op.units[i];
     uint64_t offset_el = 0;
@@ -286,20 +288,23 @@ void ResidencyManager::AdoptMatrices(int o, uint8_t* tier0, Adopter by,
     // stack is a whole matrix in the layout (as ResidentWeightSource does).
     const uint64_t n = t.ne.size() == 3 && slice < 0 ? t.ne[2] : 1;
     const auto rows = static_cast<int64_t>(t.ne[1]), cols = static_cast<int64_t>(t.ne[0]);
+    // Stored in the layout the backend computes on (a store packed in it): nothing to do.
+    if (r.layout != WeightLayout::kRows &&
+        options_.backend->AdoptedLayout(r.type, rows, cols) == r.layout) {
+      (*layout)[i] = r.layout;
+      continue;
+    }
     for (uint64_t e = 0; e < n; ++e) {
       uint8_t* m = bytes + e * (r.bytes / n);
+      DeinterleaveInPlace(r.layout, r.type, rows, cols, m);
       (*layout)[i] = by == Adopter::kLoad
                          ? options_.backend->AdoptResidentWeight(r.type, rows, cols, m)
                          : options_.backend->AdoptStreamedWeight(r.type, rows, cols, m,
                                                                  by == Adopter::kReadingThread);
+      rearranged |= r.layout != (*layout)[i];
     }
   }
-  if (by == Adopter::kLoad) return;
-  for (WeightLayout l : *layout)
-    if (l != WeightLayout::kRows) {
-      ++relayouts_;
-      break;
-    }
+  if (by != Adopter::kLoad && rearranged) ++relayouts_;
 }
 
 // Without a plan: the largest ops first (each one kept resident also shrinks the slabs), as

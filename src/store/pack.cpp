@@ -12,6 +12,8 @@
 #include "core/progress.h"
 #include "format/gguf_writer.h"
 #include "format/model_file.h"
+#include "kernels/interleaved.h"
+#include "kernels/interleaved_q8_0.h"
 #include "model/hparams.h"
 #include "model/op_id.h"
 #include "quant/quant.h"
@@ -340,19 +342,36 @@ Expected<PackStats> PackStore(const ModelFile& model, const std::string& out_dir
       RETURN_IF_ERROR(reader.Open(model, u).WithContext("pack: reading tensor '" + t.name + "'"));
       for (int k = 0; k < n_tiers; ++k) RETURN_IF_ERROR(writers[k].Begin());
 
-      // Chunks of whole rows when converting; of bytes when only copying.
+      // An expert's tier 0 in the CPU kernels' layout (groups of 16 rows: chunks of whole groups
+      // give the bytes of the whole matrix rearranged).
+      const auto cols = static_cast<int64_t>(t.ne[0]);
+      const auto unit_rows = static_cast<int64_t>(n_bytes / *RowBytes(t.type, t.ne[0]));
+      const WeightLayout stored = options.cpu_layout && u.slice >= 0 && IsMatrix(t)
+                                      ? DecodeLayoutFor(ut.tier0, unit_rows, cols)
+                                      : WeightLayout::kRows;
+      // Chunks of whole rows when converting or rearranging; of bytes when only copying.
       const bool convert = !(ut.copy && ut.residuals.empty());
-      const uint64_t row_bytes = convert ? *RowBytes(t.type, t.ne[0]) : 1;
+      const uint64_t row_bytes =
+          convert || stored != WeightLayout::kRows ? *RowBytes(t.type, t.ne[0]) : 1;
       const uint64_t rows = n_bytes / row_bytes;
-      const uint64_t chunk_rows = std::max<uint64_t>(1, kChunkBytes / row_bytes);
+      uint64_t chunk_rows = std::max<uint64_t>(1, kChunkBytes / row_bytes);
+      if (stored != WeightLayout::kRows)
+        chunk_rows = std::max<uint64_t>(kInterleavedRows,
+                                        chunk_rows / kInterleavedRows * kInterleavedRows);
       for (uint64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
         const uint64_t nr = std::min(chunk_rows, rows - r0);
         raw.resize(nr * row_bytes);
         RETURN_IF_ERROR(reader.Read(r0 * row_bytes, nr * row_bytes, raw.data()));
+        uint8_t* tier0 = raw.data();
+        if (convert) {
+          ConvertRows(t, ut, raw.data(), static_cast<int64_t>(nr), out, pool);
+          tier0 = out[0].data();
+        }
+        if (stored != WeightLayout::kRows)
+          InterleaveForDecode(ut.tier0, static_cast<int64_t>(nr), cols, tier0, &pool);
         if (!convert) {
           RETURN_IF_ERROR(writers[0].Append(raw.data(), raw.size()));
         } else {
-          ConvertRows(t, ut, raw.data(), static_cast<int64_t>(nr), out, pool);
           for (int k = 0; k < n_tiers; ++k)
             RETURN_IF_ERROR(writers[k].Append(out[k].data(), out[k].size()));
         }
@@ -367,6 +386,7 @@ Expected<PackStats> PackStore(const ModelFile& model, const std::string& out_dir
         e["op"] = op;
         e["tier"] = k;
         e["type"] = DTypeName(k == 0 ? ut.tier0 : ut.residuals[k - 1]);
+        if (k == 0 && stored != WeightLayout::kRows) e["layout"] = WeightLayoutName(stored);
         entries.push_back(std::move(e));
       }
       ++stats.n_units;

@@ -5,7 +5,7 @@
 // Layout of STORE/:
 //   manifest.json       schema version, tier names, model.gguf's size and CRC32C, per tensor
 //                       unit (tensor, expert slice): op id, tier, file, offset, bytes, type,
-//                       CRC32C
+//                       CRC32C, and the layout where it is not plain rows ("q4_0_x16", ...)
 //   model.gguf          the model's metadata (tokenizer, hparams) and no tensors
 //   <op_id>.t<k>.bin    data of op <op_id> at tier k, every range aligned to 4096 (O_DIRECT)
 // A tensor unit is a whole tensor, or one expert slice of a 3-D expert tensor (stored in its
@@ -63,6 +63,10 @@ struct PackOptions {
   // When set, tier-0 types and residual ladders come from the plan (skeleton, keep_skeleton and
   // residuals are ignored); a model op with matrices that the plan does not name is an error.
   const PackPlan* plan = nullptr;
+  // Each expert's tier 0 in the layout the CPU kernels read on AVX-512 (kernels/interleaved.h)
+  // where its type and shape take one, so that an expert read into the cache needs no
+  // rearranging before its products. Only the CPU backend reads such a store.
+  bool cpu_layout = false;
   // Quantization runs over this pool (nullptr: ThreadPool::Default()).
   ThreadPool* pool = nullptr;
   // A progress bar on stderr (shown only when stderr is a terminal).

@@ -9,6 +9,7 @@
 
 #include "core/log.h"
 #include "format/model_fingerprint.h"
+#include "kernels/interleaved.h"
 #include "model/hparams.h"
 #include "model/op_id.h"
 #include "store/crc32c.h"
@@ -130,6 +131,19 @@ Status StoreIndex::Parse(const std::string& text) {
     if (!want || *want != bytes)
       return Corruption(mpath + ": " + what + ": " + std::to_string(bytes) +
                         " bytes do not fit its shape and type " + DTypeName(*type));
+    WeightLayout layout = WeightLayout::kRows;
+    if (e.contains("layout")) {
+      // Only a matrix's tier 0, and only the layout its type and shape take (its kernels read
+      // nothing else).
+      const int64_t cols = static_cast<int64_t>(t.info.ne[0]);
+      if (!WeightLayoutFromName(e.at("layout").get<std::string>(), &layout) ||
+          (layout != WeightLayout::kRows &&
+           (tier != 0 || t.info.ne.size() < 2 ||
+            DecodeLayoutFor(*type, static_cast<int64_t>(n_el) / cols, cols) != layout)))
+        return Corruption(mpath + ": " + what + ": layout '" + e.at("layout").get<std::string>() +
+                          "' does not fit its tier, shape and type " + DTypeName(*type));
+      has_interleaved_ |= layout != WeightLayout::kRows;
+    }
     StoreUnit& u = t.units[slice >= 0 ? slice : 0];
     if (tier != u.n_tiers) return Corruption(mpath + ": " + what + ": tiers out of order");
     u.n_tiers = tier + 1;
@@ -153,6 +167,7 @@ Status StoreIndex::Parse(const std::string& text) {
     r.offset = offset;
     r.crc = crc;
     r.what = what;
+    r.layout = layout;
     if (tier > options_.max_tier) continue;
 
     auto& fi = files[file];
@@ -353,6 +368,7 @@ WeightView StoreIndex::MakeView(TensorId id, int slice, const StoreUnit& u, uint
   v.rows = rows;
   v.type = u.tier[0].type;
   v.data = tier_data[0] + (offset_el ? *RowBytes(u.tier[0].type, offset_el) : 0);
+  v.layout = u.tier[0].layout;
   v.bytes = *RowBytes(u.tier[0].type, n);
   v.n_residuals = use;
   for (int k = 1; k <= use; ++k) {

@@ -13,6 +13,7 @@
 #include "core/file_io.h"
 #include "format/model_file.h"
 #include "model/weight_source.h"
+#include "quant/weight_view.h"
 
 namespace substrate {
 
@@ -24,6 +25,9 @@ struct StoreRange {
   uint32_t crc = 0;
   int file = -1;     // index into StoreIndex files; -1 for a tier above max_tier (not opened)
   uint64_t slab_pos = 0;  // where its bytes start in its op's tier area of a slab (StoreOp)
+  // How its rows lie (tier 0 of a matrix only): a store packed in the CPU kernels' layout
+  // (PackOptions::cpu_layout) holds them interleaved already.
+  WeightLayout layout = WeightLayout::kRows;
   std::string what;  // "FILE: tensor 'x' slice s tier k", for errors
 };
 
@@ -104,6 +108,9 @@ class StoreIndex {
   // The ladder as the manifest names it, for messages: "tiers 0..2 (Q4_K, + Q8_0, + F16)".
   std::string LadderText() const;
   int max_tier() const { return options_.max_tier; }
+  // Whether some range is stored in an interleaved layout (a backend must compute on it, or put
+  // it back into rows once read).
+  bool has_interleaved() const { return has_interleaved_; }
 
   TensorId Resolve(const std::string& name) const;
   const std::vector<StoreTensor>& tensors() const { return tensors_; }
@@ -148,6 +155,7 @@ class StoreIndex {
   std::unordered_map<std::string, TensorId> ids_;
   std::vector<StoreOp> ops_;
   std::unordered_map<std::string, int> op_ids_;
+  bool has_interleaved_ = false;
   int n_tiers_ = 1;
   std::vector<std::string> tier_names_;  // manifest "tiers": a type per tier, or "plan"/"keep"
   std::string gguf_path_;

@@ -83,6 +83,32 @@ TEST_P(Interleaved, RoundTripsToThePlainRows) {
     }
 }
 
+// What a store packed in the CPU layout relies on: DecodeLayoutFor names the layout the
+// rearrangement gives, pieces of whole 16-row groups rearranged one by one give the bytes of the
+// whole matrix rearranged, DeinterleaveInPlace restores the rows, and the manifest's names
+// round-trip.
+TEST_P(Interleaved, RearrangedInPiecesAsWholeAndBackInPlace) {
+  const Layout l = GetParam();
+  std::mt19937 rng(5);
+  const int64_t rows = 64, cols = 2 * l.cols_step;
+  const size_t rb = *RowBytes(l.type, cols);
+  const auto plain = RandomMatrix(l.type, rows, cols, rng);
+  EXPECT_EQ(DecodeLayoutFor(l.type, rows, cols), l.layout);
+  EXPECT_EQ(DecodeLayoutFor(l.type, rows + 8, cols), WeightLayout::kRows);
+  auto whole = plain;
+  ASSERT_EQ(InterleaveForDecode(l.type, rows, cols, whole.data(), nullptr), l.layout);
+  auto pieces = plain;
+  for (int64_t r0 : {0, 16, 48})  // pieces of 16, 32 and 16 rows
+    InterleaveForDecode(l.type, r0 == 16 ? 32 : 16, cols, pieces.data() + r0 * rb, nullptr);
+  EXPECT_EQ(pieces, whole);
+  DeinterleaveInPlace(l.layout, l.type, rows, cols, pieces.data());
+  EXPECT_EQ(pieces, plain);
+  WeightLayout named = WeightLayout::kRows;
+  ASSERT_TRUE(WeightLayoutFromName(WeightLayoutName(l.layout), &named));
+  EXPECT_EQ(named, l.layout);
+  EXPECT_FALSE(WeightLayoutFromName("q4_0", &named));
+}
+
 TEST_P(Interleaved, MatMulEqualsPlainRowsAtEveryTier) {
   const Layout l = GetParam();
   std::mt19937 rng(11);

@@ -18,6 +18,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "compiler/plan_bundle.h"
 #include "core/fault_env.h"
+#include "core/file_io.h"
 #include "core/memory_ledger.h"
 #include "core/thread_pool.h"
 #include "format/model_file.h"
@@ -264,6 +265,107 @@ TEST(Runtime, ExpertsRearrangedAsReadGiveTheGoldenTokens) {
     } else {
       EXPECT_EQ(s.expert_relayouts, 0u);
     }
+  }
+}
+
+// tiny-coder-moe packed with each expert's tier 0 in the CPU kernels' layout (--cpu-layout).
+const std::string& PackedCpuLayoutStore() {
+  static const std::string dir = [] {
+    const std::string path = Shared() + "/gguf/tiny-coder-moe-bf16.gguf";
+    if (!fs::exists(path)) return std::string();
+    auto file = ModelFile::Open(path);
+    PackOptions po;
+    po.cpu_layout = true;
+    const std::string out = StoreTestPath("packed_cpu_layout");
+    auto st = file.ok() ? PackStore(**file, out, po) : file.status();
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+    return st.ok() ? out : std::string();
+  }();
+  static const RemoveAtExit cleanup{dir};
+  return dir;
+}
+
+// A store holding the experts in the CPU kernels' layout: the manifest names it on the experts'
+// skeletons only; their reads need no rearranging where the backend computes on that layout
+// (AVX-512), are put back into rows where it does not (decode layout off), and are computed on
+// as stored without a backend; the golden tokens every way. A mislabelled range (rows read as
+// interleaved) gives other tokens, so the layout is what the kernels read.
+TEST(Runtime, ExpertsStoredInTheCpuLayoutGiveTheGoldenTokens) {
+  if (PackedCpuLayoutStore().empty()) GTEST_SKIP() << "no fixture";
+  std::ifstream in(PackedCpuLayoutStore() + "/manifest.json");
+  const json manifest = json::parse(in);
+  int interleaved = 0;
+  for (const json& e : manifest["entries"]) {
+    if (!e.contains("layout")) continue;
+    ++interleaved;
+    EXPECT_GE(e["slice"].get<int>(), 0) << e.dump();
+    EXPECT_EQ(e["tier"].get<int>(), 0) << e.dump();
+  }
+  EXPECT_GT(interleaved, 0) << "no expert stored in the CPU layout";
+  for (int mode = 0; mode < 4; ++mode) {
+    SCOPED_TRACE(mode);
+    MemoryLedger ledger(StoreDataBytes(PackedCpuLayoutStore()) * 3 / 5);
+    CpuBackendOptions bo;
+    bo.decode_layout = mode != 2;
+    CpuBackend backend(&StoreTestPool(), &ledger, bo);
+    ResidencyOptions o = SmallRun();
+    o.expert_slots = 6;
+    o.backend = mode == 3 ? nullptr : &backend;
+    o.adopt_expert_reads = mode == 0;
+    auto m = ResidencyManager::Open(PackedCpuLayoutStore(), &ledger, o);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_TRUE((*m)->index().has_interleaved());
+    ExpectGoldenStart(m->get(), &ledger, 8);
+    const ResidencyStats s = (*m)->stats();
+    EXPECT_GT(s.expert_misses + s.expert_late, 0u);
+    if (mode == 2 || (mode < 2 && ActiveIsa() < Isa::kAvx512)) {
+      EXPECT_GT(s.expert_relayouts, 0u) << "experts put back into rows";
+    } else {
+      EXPECT_EQ(s.expert_relayouts, 0u) << "experts rearranged although stored in the layout";
+    }
+  }
+  // The rows store's manifest with its experts' skeletons labelled interleaved.
+  const std::string d = CopyPackedStore("mislabelled");
+  {
+    std::ifstream rin(d + "/manifest.json");
+    json m = json::parse(rin);
+    for (json& e : m["entries"])
+      if (e["slice"].get<int>() >= 0 && e["tier"].get<int>() == 0) {
+        const std::string type = e["type"];
+        if (type == "Q4_K") e["layout"] = "q4_k_x16";
+      }
+    ASSERT_TRUE(WriteFileAtomic(d + "/manifest.json", m.dump(1)).ok());
+  }
+  MemoryLedger ledger(StoreDataBytes(d) * 3 / 5);
+  ResidencyOptions o = SmallRun();
+  o.expert_slots = 6;
+  auto m = ResidencyManager::Open(d, &ledger, o);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const json g = Golden();
+  Status err;
+  const auto prompt = g["greedy"]["prompt"].get<std::vector<int32_t>>();
+  const auto want = g["greedy"]["continuation"].get<std::vector<int32_t>>();
+  EXPECT_NE(GreedyThrough(m->get(), (*m)->metadata(), &ledger, prompt, 8, &err),
+            std::vector<int32_t>(want.begin(), want.begin() + 8));
+  m->reset();
+  fs::remove_all(d);
+}
+
+// A layout the manifest names for a range that cannot take it is a corrupt manifest.
+TEST(Runtime, LayoutThatDoesNotFitItsRangeIsCorruption) {
+  if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
+  for (const std::string& bad : {"q4_0_x16", "sideways"}) {
+    const std::string d = CopyPackedStore("badlayout");
+    std::ifstream rin(d + "/manifest.json");
+    json m = json::parse(rin);
+    m["entries"][0]["layout"] = bad;
+    ASSERT_TRUE(WriteFileAtomic(d + "/manifest.json", m.dump(1)).ok());
+    auto idx = StoreIndex::Open(d);
+    ASSERT_FALSE(idx.ok()) << bad;
+    EXPECT_EQ(idx.status().code(), StatusCode::kCorruption);
+    EXPECT_NE(idx.status().ToString().find("layout '" + bad + "'"), std::string::npos)
+        << idx.status().ToString();
+    fs::remove_all(d);
   }
 }
 

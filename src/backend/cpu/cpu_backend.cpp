@@ -61,15 +61,20 @@ void CpuBackend::Upload(const float* host, const Tensor& dst) {
   std::memcpy(dst.data, host, static_cast<size_t>(dst.size()) * sizeof(float));
 }
 
+WeightLayout CpuBackend::AdoptedLayout(DType type, int64_t rows, int64_t cols) const {
+  if (!options_.decode_layout || ActiveIsa() < Isa::kAvx512) return WeightLayout::kRows;
+  return DecodeLayoutFor(type, rows, cols);
+}
+
 WeightLayout CpuBackend::AdoptResidentWeight(DType type, int64_t rows, int64_t cols,
                                              uint8_t* bytes) {
-  if (!options_.decode_layout || ActiveIsa() < Isa::kAvx512) return WeightLayout::kRows;
+  if (AdoptedLayout(type, rows, cols) == WeightLayout::kRows) return WeightLayout::kRows;
   return InterleaveForDecode(type, rows, cols, bytes, pool_);
 }
 
 WeightLayout CpuBackend::AdoptStreamedWeight(DType type, int64_t rows, int64_t cols,
                                              uint8_t* bytes, bool reading_thread) {
-  if (!options_.decode_layout || ActiveIsa() < Isa::kAvx512) return WeightLayout::kRows;
+  if (AdoptedLayout(type, rows, cols) == WeightLayout::kRows) return WeightLayout::kRows;
   return InterleaveForDecode(type, rows, cols, bytes, reading_thread ? nullptr : pool_);
 }
 

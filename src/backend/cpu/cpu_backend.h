@@ -34,6 +34,7 @@ class CpuBackend : public Backend {
                                    uint8_t* bytes) override;
   WeightLayout AdoptStreamedWeight(DType type, int64_t rows, int64_t cols, uint8_t* bytes,
                                    bool reading_thread) override;
+  WeightLayout AdoptedLayout(DType type, int64_t rows, int64_t cols) const override;
 
   void EmbedRows(const WeightView& table, const int32_t* ids, int64_t n,
                  const Tensor& out) override;
