@@ -354,7 +354,7 @@ TEST(Runtime, ExpertsStoredInTheCpuLayoutGiveTheGoldenTokens) {
 // A layout the manifest names for a range that cannot take it is a corrupt manifest.
 TEST(Runtime, LayoutThatDoesNotFitItsRangeIsCorruption) {
   if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
-  for (const std::string& bad : {"q4_0_x16", "sideways"}) {
+  for (const std::string bad : {"q4_0_x16", "sideways"}) {
     const std::string d = CopyPackedStore("badlayout");
     std::ifstream rin(d + "/manifest.json");
     json m = json::parse(rin);
