@@ -279,16 +279,38 @@ __global__ void CopyColumnsKernel(const __grid_constant__ CopyColumnsParams p) {
 
 // One thread per (row, head, pair): the angle in double as the reference computes it.
 __global__ void RopeKernel(const __grid_constant__ RopeParamsDev p) {
-  PdlStart();
   const int half = p.n_rot / 2;
   const int heads = p.n_heads + p.n_heads2;
   int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= p.rows * heads * half) {
+  const bool rotates = idx < p.rows * heads * half;
+  // The angle (double pow, cos and sin: microseconds of latency) before the wait: positions and
+  // frequencies come from the argument copy that precedes the whole chain, never from the
+  // kernel before, so they are there already while the q/k product that feeds x still runs.
+  const int i = static_cast<int>(idx % half);
+  const int64_t t = idx / (static_cast<int64_t>(half) * heads);
+  float c = 0.0f, s = 0.0f;
+  if (rotates) {
+    const double position = p.pos[t];
+    const double inv_freq = pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
+    double theta = position * inv_freq;
+    if (p.yarn) {
+      const double interp = theta / p.yarn_factor;
+      const float y = (static_cast<float>(i) - p.corr_lo) / fmaxf(0.001f, p.corr_hi - p.corr_lo);
+      const float ramp = 1.0f - fminf(1.0f, fmaxf(0.0f, y));
+      theta = interp * (1.0 - ramp) + theta * ramp;
+    } else {
+      theta *= p.freq_scale;
+    }
+    c = static_cast<float>(cos(theta)) * p.attn_factor;
+    s = static_cast<float>(sin(theta)) * p.attn_factor;
+  }
+  PdlStart();
+  if (!rotates) {
     // The threads past the rotation copy v into the cache (a joined StoreKv).
     idx -= p.rows * heads * half;
     if (!p.kc || idx >= p.rows * p.v_cols) return;
-    const int64_t t = idx / p.v_cols, c = idx % p.v_cols;
-    const int64_t o = (*p.pos0 + t) * p.v_stride + c;
+    const int64_t tv = idx / p.v_cols, cv = idx % p.v_cols;
+    const int64_t o = (*p.pos0 + tv) * p.v_stride + cv;
     const float v = p.v[idx];
     if (p.f16) {
       static_cast<__half*>(p.vc)[o] = __float2half_rn(v);
@@ -297,22 +319,7 @@ __global__ void RopeKernel(const __grid_constant__ RopeParamsDev p) {
     }
     return;
   }
-  const int i = static_cast<int>(idx % half);
   const int h = static_cast<int>((idx / half) % heads);
-  const int64_t t = idx / (static_cast<int64_t>(half) * heads);
-  const double position = p.pos[t];
-  const double inv_freq = pow(static_cast<double>(p.freq_base), -2.0 * i / p.n_rot);
-  double theta = position * inv_freq;
-  if (p.yarn) {
-    const double interp = theta / p.yarn_factor;
-    const float y = (static_cast<float>(i) - p.corr_lo) / fmaxf(0.001f, p.corr_hi - p.corr_lo);
-    const float ramp = 1.0f - fminf(1.0f, fmaxf(0.0f, y));
-    theta = interp * (1.0 - ramp) + theta * ramp;
-  } else {
-    theta *= p.freq_scale;
-  }
-  const float c = static_cast<float>(cos(theta)) * p.attn_factor;
-  const float s = static_cast<float>(sin(theta)) * p.attn_factor;
   const int a = p.neox ? i : 2 * i, b = p.neox ? i + half : 2 * i + 1;
   float* xh = h < p.n_heads ? p.x + (t * p.n_heads + h) * p.head_dim
                             : p.x2 + (t * p.n_heads2 + (h - p.n_heads)) * p.head_dim;
