@@ -49,9 +49,12 @@ constexpr struct {
   WeightLayout layout;
   const char* name;
 } kLayoutNames[] = {
-    {WeightLayout::kRows, "rows"},           {WeightLayout::kQ8_0Interleaved, "q8_0_x16"},
-    {WeightLayout::kQ4_0Interleaved, "q4_0_x16"}, {WeightLayout::kQ4_KInterleaved, "q4_k_x16"},
-    {WeightLayout::kQ5_KInterleaved, "q5_k_x16"}, {WeightLayout::kQ6_KInterleaved, "q6_k_x16"},
+    {WeightLayout::kRows, "rows"},
+    {WeightLayout::kQ8_0Interleaved, "q8_0_x16"},
+    {WeightLayout::kQ4_0Interleaved, "q4_0_x16"},
+    {WeightLayout::kQ4_KInterleaved, "q4_k_x16"},
+    {WeightLayout::kQ5_KInterleaved, "q5_k_x16"},
+    {WeightLayout::kQ6_KInterleaved, "q6_k_x16"},
 };
 }  // namespace
 
