@@ -138,7 +138,10 @@ test("Anthropic: streamed input_json_delta reassembles into the same tool_use", 
   const use = final.content.find((b) => b.type === "tool_use");
   assert.deepEqual(use.input, whole.input);
   assert.deepEqual(JSON.parse(partial), whole.input);
-  assert.ok(deltas > 1, `input came in ${deltas} delta(s)`);
+  // How many deltas depends on timing: tokens generated while the stream was writing go out
+  // together. That arguments stream piece by piece is checked token by token in
+  // tool_format_test.cpp.
+  assert.ok(deltas >= 1, `input came in ${deltas} delta(s)`);
 });
 
 // Random schemas of the documented subset (strings bounded, so a small model ends them).
