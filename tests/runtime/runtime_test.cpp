@@ -271,15 +271,9 @@ TEST(Runtime, ExpertsRearrangedAsReadGiveTheGoldenTokens) {
 // tiny-coder-moe packed with each expert's tier 0 in the CPU kernels' layout (--cpu-layout).
 const std::string& PackedCpuLayoutStore() {
   static const std::string dir = [] {
-    const std::string path = Shared() + "/gguf/tiny-coder-moe-bf16.gguf";
-    if (!fs::exists(path)) return std::string();
-    auto file = ModelFile::Open(path);
     PackOptions po;
     po.cpu_layout = true;
-    const std::string out = StoreTestPath("packed_cpu_layout");
-    auto st = file.ok() ? PackStore(**file, out, po) : file.status();
-    EXPECT_TRUE(st.ok()) << st.status().ToString();
-    return st.ok() ? out : std::string();
+    return PackOnce("tiny-coder-moe-bf16", "packed_cpu_layout", po);
   }();
   static const RemoveAtExit cleanup{dir};
   return dir;

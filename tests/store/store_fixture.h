@@ -28,15 +28,16 @@ inline std::string StoreTestPath(const std::string& name) {
       .string();
 }
 
-// ../shared/gguf/<model>.gguf packed once per test process into a temp store with the default
-// ladder (Q4_K + Q8_0 + F16), removed at exit; "" when the fixture is absent.
-inline std::string PackOnce(const std::string& model, const std::string& name) {
+// ../shared/gguf/<model>.gguf packed into a temp store (by default with the default ladder,
+// Q4_K + Q8_0 + F16); "" when the fixture is absent.
+inline std::string PackOnce(const std::string& model, const std::string& name,
+                            const PackOptions& options = {}) {
   const std::string path = std::string(SUBSTRATE_SHARED_DIR) + "/gguf/" + model + ".gguf";
   if (!std::filesystem::exists(path)) return std::string();
   const std::string out = StoreTestPath(name);
   auto file = ModelFile::Open(path);
   if (!file.ok()) return std::string();
-  auto st = PackStore(**file, out, PackOptions{});
+  auto st = PackStore(**file, out, options);
   if (!st.ok()) {
     ADD_FAILURE() << st.status().ToString();
     return std::string();
