@@ -127,7 +127,9 @@ void ExpectCall(ToolFormat f, const std::string& text, const ojson& args) {
   // Arguments stream as they are generated, not once the call is complete (what a server's
   // stream shows whenever it takes tokens one at a time). Llama 3's bare JSON call may name the
   // function after its parameters, so they are held until the object closes.
-  if (f != ToolFormat::kLlama3) EXPECT_GT(s.arg_fragments, 1);
+  if (f != ToolFormat::kLlama3) {
+    EXPECT_GT(s.arg_fragments, 1);
+  }
   EXPECT_EQ(s.content, whole.content());
 }
 
