@@ -10,27 +10,51 @@
 
 namespace substrate {
 
+namespace {
+
+// Every interleaved layout: its manifest name, the shapes it takes, and its rearrangements. One
+// entry a layout; kRows has a name only.
+struct LayoutEntry {
+  WeightLayout layout;
+  const char* name;
+  bool (*can)(DType, int64_t, int64_t);
+  void (*interleave)(uint8_t*, int64_t, int64_t, ThreadPool*);
+  void (*group)(const uint8_t*, int64_t, int64_t, uint8_t*);
+  void (*row)(const uint8_t*, int64_t, int64_t, uint8_t*);
+};
+constexpr LayoutEntry kLayouts[] = {
+    {WeightLayout::kRows, "rows", nullptr, nullptr, nullptr, nullptr},
+    {WeightLayout::kQ8_0Interleaved, "q8_0_x16", CanInterleaveQ8_0, InterleaveQ8_0,
+     DeinterleaveQ8_0Group, DeinterleaveQ8_0Row},
+    {WeightLayout::kQ4_0Interleaved, "q4_0_x16", CanInterleaveQ4_0, InterleaveQ4_0,
+     DeinterleaveQ4_0Group, DeinterleaveQ4_0Row},
+    {WeightLayout::kQ4_KInterleaved, "q4_k_x16", CanInterleaveQ4_K, InterleaveQ4_K,
+     DeinterleaveQ4_KGroup, DeinterleaveQ4_KRow},
+    {WeightLayout::kQ5_KInterleaved, "q5_k_x16", CanInterleaveQ5_K, InterleaveQ5_K,
+     DeinterleaveQ5_KGroup, DeinterleaveQ5_KRow},
+    {WeightLayout::kQ6_KInterleaved, "q6_k_x16", CanInterleaveQ6_K, InterleaveQ6_K,
+     DeinterleaveQ6_KGroup, DeinterleaveQ6_KRow},
+};
+
+const LayoutEntry& Entry(WeightLayout layout) {
+  for (const LayoutEntry& e : kLayouts)
+    if (e.layout == layout) return e;
+  return kLayouts[0];
+}
+
+}  // namespace
+
 WeightLayout DecodeLayoutFor(DType type, int64_t rows, int64_t cols) {
-  if (CanInterleaveQ8_0(type, rows, cols)) return WeightLayout::kQ8_0Interleaved;
-  if (CanInterleaveQ4_0(type, rows, cols)) return WeightLayout::kQ4_0Interleaved;
-  if (CanInterleaveQ4_K(type, rows, cols)) return WeightLayout::kQ4_KInterleaved;
-  if (CanInterleaveQ5_K(type, rows, cols)) return WeightLayout::kQ5_KInterleaved;
-  if (CanInterleaveQ6_K(type, rows, cols)) return WeightLayout::kQ6_KInterleaved;
+  for (const LayoutEntry& e : kLayouts)
+    if (e.can && e.can(type, rows, cols)) return e.layout;
   return WeightLayout::kRows;
 }
 
 WeightLayout InterleaveForDecode(DType type, int64_t rows, int64_t cols, uint8_t* data,
                                  ThreadPool* pool) {
-  const WeightLayout layout = DecodeLayoutFor(type, rows, cols);
-  switch (layout) {
-    case WeightLayout::kQ8_0Interleaved: InterleaveQ8_0(data, rows, cols, pool); break;
-    case WeightLayout::kQ4_0Interleaved: InterleaveQ4_0(data, rows, cols, pool); break;
-    case WeightLayout::kQ4_KInterleaved: InterleaveQ4_K(data, rows, cols, pool); break;
-    case WeightLayout::kQ5_KInterleaved: InterleaveQ5_K(data, rows, cols, pool); break;
-    case WeightLayout::kQ6_KInterleaved: InterleaveQ6_K(data, rows, cols, pool); break;
-    case WeightLayout::kRows: break;
-  }
-  return layout;
+  const LayoutEntry& e = Entry(DecodeLayoutFor(type, rows, cols));
+  if (e.interleave) e.interleave(data, rows, cols, pool);
+  return e.layout;
 }
 
 void DeinterleaveInPlace(WeightLayout layout, DType type, int64_t rows, int64_t cols,
@@ -44,30 +68,12 @@ void DeinterleaveInPlace(WeightLayout layout, DType type, int64_t rows, int64_t 
   }
 }
 
-namespace {
-constexpr struct {
-  WeightLayout layout;
-  const char* name;
-} kLayoutNames[] = {
-    {WeightLayout::kRows, "rows"},
-    {WeightLayout::kQ8_0Interleaved, "q8_0_x16"},
-    {WeightLayout::kQ4_0Interleaved, "q4_0_x16"},
-    {WeightLayout::kQ4_KInterleaved, "q4_k_x16"},
-    {WeightLayout::kQ5_KInterleaved, "q5_k_x16"},
-    {WeightLayout::kQ6_KInterleaved, "q6_k_x16"},
-};
-}  // namespace
-
-const char* WeightLayoutName(WeightLayout layout) {
-  for (const auto& n : kLayoutNames)
-    if (n.layout == layout) return n.name;
-  return "?";
-}
+const char* WeightLayoutName(WeightLayout layout) { return Entry(layout).name; }
 
 bool WeightLayoutFromName(const std::string& name, WeightLayout* layout) {
-  for (const auto& n : kLayoutNames)
-    if (name == n.name) {
-      *layout = n.layout;
+  for (const LayoutEntry& e : kLayouts)
+    if (name == e.name) {
+      *layout = e.layout;
       return true;
     }
   return false;
@@ -75,26 +81,12 @@ bool WeightLayoutFromName(const std::string& name, WeightLayout* layout) {
 
 void DeinterleaveGroup(WeightLayout layout, const uint8_t* data, int64_t cols, int64_t g,
                        uint8_t* out) {
-  switch (layout) {
-    case WeightLayout::kQ8_0Interleaved: DeinterleaveQ8_0Group(data, cols, g, out); break;
-    case WeightLayout::kQ4_0Interleaved: DeinterleaveQ4_0Group(data, cols, g, out); break;
-    case WeightLayout::kQ4_KInterleaved: DeinterleaveQ4_KGroup(data, cols, g, out); break;
-    case WeightLayout::kQ5_KInterleaved: DeinterleaveQ5_KGroup(data, cols, g, out); break;
-    case WeightLayout::kQ6_KInterleaved: DeinterleaveQ6_KGroup(data, cols, g, out); break;
-    case WeightLayout::kRows: break;
-  }
+  if (const LayoutEntry& e = Entry(layout); e.group) e.group(data, cols, g, out);
 }
 
 void DeinterleaveRow(WeightLayout layout, const uint8_t* data, int64_t cols, int64_t r,
                      uint8_t* out) {
-  switch (layout) {
-    case WeightLayout::kQ8_0Interleaved: DeinterleaveQ8_0Row(data, cols, r, out); break;
-    case WeightLayout::kQ4_0Interleaved: DeinterleaveQ4_0Row(data, cols, r, out); break;
-    case WeightLayout::kQ4_KInterleaved: DeinterleaveQ4_KRow(data, cols, r, out); break;
-    case WeightLayout::kQ5_KInterleaved: DeinterleaveQ5_KRow(data, cols, r, out); break;
-    case WeightLayout::kQ6_KInterleaved: DeinterleaveQ6_KRow(data, cols, r, out); break;
-    case WeightLayout::kRows: break;
-  }
+  if (const LayoutEntry& e = Entry(layout); e.row) e.row(data, cols, r, out);
 }
 
 }  // namespace substrate

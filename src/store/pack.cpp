@@ -345,14 +345,14 @@ Expected<PackStats> PackStore(const ModelFile& model, const std::string& out_dir
       // An expert's tier 0 in the CPU kernels' layout (groups of 16 rows: chunks of whole groups
       // give the bytes of the whole matrix rearranged).
       const auto cols = static_cast<int64_t>(t.ne[0]);
-      const auto unit_rows = static_cast<int64_t>(n_bytes / *RowBytes(t.type, t.ne[0]));
-      const WeightLayout stored = options.cpu_layout && u.slice >= 0 && IsMatrix(t)
-                                      ? DecodeLayoutFor(ut.tier0, unit_rows, cols)
-                                      : WeightLayout::kRows;
+      const uint64_t src_row = *RowBytes(t.type, t.ne[0]);
+      const WeightLayout stored =
+          options.cpu_layout && u.slice >= 0 && IsMatrix(t)
+              ? DecodeLayoutFor(ut.tier0, static_cast<int64_t>(n_bytes / src_row), cols)
+              : WeightLayout::kRows;
       // Chunks of whole rows when converting or rearranging; of bytes when only copying.
       const bool convert = !(ut.copy && ut.residuals.empty());
-      const uint64_t row_bytes =
-          convert || stored != WeightLayout::kRows ? *RowBytes(t.type, t.ne[0]) : 1;
+      const uint64_t row_bytes = convert || stored != WeightLayout::kRows ? src_row : 1;
       const uint64_t rows = n_bytes / row_bytes;
       uint64_t chunk_rows = std::max<uint64_t>(1, kChunkBytes / row_bytes);
       if (stored != WeightLayout::kRows)
