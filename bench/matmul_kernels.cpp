@@ -5,6 +5,7 @@
 // a matrix small enough for L2 (--rows 256) shows the kernels' compute speed without memory.
 //
 //   bench_matmul_kernels [--threads N] [--rows 14336] [--cols 4096] [--tokens 64] [--matrices N]
+//     [--batch B]
 //     [--prefetch L1:L2,...]
 //     [--isa best|all|scalar|avx2|avx512|prefill (avx512 dot kernels vs the amx GEMM)]
 //     [--types Q4_K,Q6_K,Q8_0,Q4_0] [--seconds S] [--layout rows|decode]
@@ -15,6 +16,8 @@
 // then the mean call's). --prefetch L1:L2,L1:L2,... compares the decode kernels' prefetch
 // distances (cpu_features.h) on those cold matrices, alternating per call so that every setting
 // meets the same neighbours on a shared machine: "prefetch" has each one's weight bytes/s.
+// --batch B (decode) makes each call one MatMulBatch over B of those copies, as a MoE layer's
+// selected experts run in decode (its weight bytes are then B matrices').
 // "vnni_peak_gops_per_core": one core issuing nothing but independent 512-bit dpbusd
 // (64 multiply-adds each, 2 operations per multiply-add), the ceiling of any int8 kernel here.
 // GCC 12's 512-bit reduce intrinsics pass an "undefined" vector that its own -Wuninitialized
@@ -119,7 +122,7 @@ int main(int argc, char** argv) {
   int64_t rows = 14336, cols = 4096, tokens = 64;
   std::string types = "Q4_K,Q6_K,Q8_0,Q4_0,Q5_K,Q3_K,Q2_K,IQ4_XS,F16,BF16", isa_arg = "best";
   std::string layout = "rows";
-  int64_t matrices = 1;
+  int64_t matrices = 1, batch = 1;
   std::vector<PrefetchDistances> prefetch;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i], v = argv[i + 1];
@@ -132,6 +135,7 @@ int main(int argc, char** argv) {
     else if (a == "--seconds") seconds = std::stod(v);
     else if (a == "--layout") layout = v;
     else if (a == "--matrices") matrices = std::max<int64_t>(1, std::stoll(v));
+    else if (a == "--batch") batch = std::max<int64_t>(1, std::stoll(v));
     else if (a == "--prefetch")
       for (const auto& d : Split(v)) {
         const size_t colon = d.find(':');
@@ -195,12 +199,19 @@ int main(int argc, char** argv) {
       copies.push_back(std::move(b).value());
     }
     size_t next = 0;
+    std::vector<WeightView> views(static_cast<size_t>(batch), view);
+    std::vector<MatMulJob> jobs(static_cast<size_t>(batch));
+    std::vector<float> ys(static_cast<size_t>(rows * batch));
     auto gemv_one = [&] {
-      WeightView v = view;
-      if (next > 0) v.data = copies[next - 1].data();
-      next = (next + 1) % static_cast<size_t>(matrices);
-      MatMul(v, x.data(), 1, y.data(), pool);
+      for (int64_t b = 0; b < batch; ++b) {
+        WeightView& v = views[static_cast<size_t>(b)];
+        v.data = next > 0 ? copies[next - 1].data() : w.data();
+        next = (next + 1) % static_cast<size_t>(matrices);
+        jobs[static_cast<size_t>(b)] = {&v, x.data(), 1, ys.data() + b * rows};
+      }
+      MatMulBatch(jobs.data(), static_cast<int>(batch), pool);
     };
+    const double call_bytes = static_cast<double>(w.size()) * static_cast<double>(batch);
     for (Isa isa : tiers) {
       if (isa > DetectedIsa()) continue;
       Isa prev = SetIsaForTesting(isa);
@@ -225,15 +236,15 @@ int main(int argc, char** argv) {
         for (size_t k = 0; k < prefetch.size(); ++k)
           by_distance.push_back({{"l1", prefetch[k].l1}, {"l2", prefetch[k].l2},
                                  {"gemv_weight_bytes_per_s",
-                                  static_cast<double>(w.size()) * static_cast<double>(rounds) / secs[k]}});
+                                  call_bytes * static_cast<double>(rounds) / secs[k]}});
       }
       SetIsaForTesting(prev);
       double ops = 2.0 * static_cast<double>(rows) * static_cast<double>(cols);
       out["results"].push_back({{"type", tn}, {"isa", IsaName(isa)},
                                 {"layout", view.layout == WeightLayout::kRows ? "rows" : "interleaved"},
                                 {"gemv_ms", gemv * 1e3},
-                                {"gemv_weight_bytes_per_s", static_cast<double>(w.size()) / gemv},
-                                {"gemv_bw_ratio", bw.ok() ? static_cast<double>(w.size()) / gemv /
+                                {"gemv_weight_bytes_per_s", call_bytes / gemv},
+                                {"gemv_bw_ratio", bw.ok() ? call_bytes / gemv /
                                                                 bw->bytes_per_second
                                                           : 0.0},
                                 {"gemm_tokens", tokens},

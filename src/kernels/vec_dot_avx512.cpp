@@ -452,6 +452,61 @@ void DotIQ4_XSWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride
   for (int t = 0; t < NT; ++t) out[t] = HsumPs(acc[t]);
 }
 
+// Float weights (F32, or F16/BF16 widened exactly) against float activations, 16 at a time:
+// the 256-bit version's two chains per token, each twice as wide (decode needs more than two
+// 8-wide FMAs per FMA latency to keep up with memory).
+template <int NT, typename T, bool kBf16 = false>
+void DotFloatWideT(int64_t n, const T* w, const uint8_t* act, size_t stride, float* out) {
+  auto load = [&](int64_t i, __mmask16 m) {
+    if constexpr (sizeof(T) == 4) {
+      return _mm512_maskz_loadu_ps(m, w + i);
+    } else {
+      const __m256i h = _mm256_maskz_loadu_epi16(m, w + i);
+      return kBf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                   : _mm512_cvtph_ps(h);
+    }
+  };
+  constexpr int kStepBytes = 32 * static_cast<int>(sizeof(T));
+  __m512 acc[NT][2];
+  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    PrefetchWeights<NT>(w + i, kStepBytes);
+    const __m512 w0 = load(i, 0xFFFF), w1 = load(i + 16, 0xFFFF);
+    for (int t = 0; t < NT; ++t) {
+      const float* a = Act<float>(act, stride, t) + i;
+      acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a), acc[t][0]);
+      acc[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(a + 16), acc[t][1]);
+    }
+  }
+  // The rest (under 32): a chunk of up to 16 into each chain, the lanes past n zero.
+  for (int c = 0; i < n; ++c, i += 16) {
+    const int64_t left = n - i;
+    const auto m = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+    const __m512 wc = load(i, m);
+    for (int t = 0; t < NT; ++t)
+      acc[t][c] = _mm512_fmadd_ps(wc, _mm512_maskz_loadu_ps(m, Act<float>(act, stride, t) + i),
+                                  acc[t][c]);
+  }
+  for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+}
+
+template <int NT>
+void DotF32WideT(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
+  DotFloatWideT<NT>(n, static_cast<const float*>(w), act, stride, out);
+}
+template <int NT>
+void DotF16WideT(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
+  DotFloatWideT<NT>(n, static_cast<const uint16_t*>(w), act, stride, out);
+}
+template <int NT>
+void DotBF16WideT(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
+  DotFloatWideT<NT, uint16_t, true>(n, static_cast<const uint16_t*>(w), act, stride, out);
+}
+
+SUBSTRATE_DEFINE_MULTI(DotF32Wide)
+SUBSTRATE_DEFINE_MULTI(DotF16Wide)
+SUBSTRATE_DEFINE_MULTI(DotBF16Wide)
 SUBSTRATE_DEFINE_MULTI(DotQ8_0Wide)
 SUBSTRATE_DEFINE_MULTI(DotQ4_0Wide)
 SUBSTRATE_DEFINE_MULTI(DotQ6_KWide)
@@ -469,7 +524,13 @@ const DotKernel* FindWide(DType type) {
   static const DotKernel kQ3_K{DType::kQ8_K, DotQ3_KWide, kMaxNT};
   static const DotKernel kQ2_K{DType::kQ8_K, DotQ2_KWide, kMaxNT};
   static const DotKernel kIQ4_XS{DType::kQ8_K, DotIQ4_XSWide, kMaxNT};
+  static const DotKernel kF32{DType::kF32, DotF32Wide, kMaxNT};
+  static const DotKernel kF16{DType::kF32, DotF16Wide, kMaxNT};
+  static const DotKernel kBF16{DType::kF32, DotBF16Wide, kMaxNT};
   switch (type) {
+    case DType::kF32: return &kF32;
+    case DType::kF16: return &kF16;
+    case DType::kBF16: return &kBF16;
     case DType::kQ4_K: return &kQ4_K;
     case DType::kQ8_0: return &kQ8_0;
     case DType::kQ4_0: return &kQ4_0;

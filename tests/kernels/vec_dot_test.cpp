@@ -104,8 +104,9 @@ TEST(VecDot, SimdEqualsScalarOnRandomBlocks) {
   for (DType t : kAllTypes) {
     const DotKernel* ref = scalar::Find(t);
     int64_t bs = GetDTypeTraits(t).block_size;
-    // Awkward lengths: one block, odd counts, and for the float types non-multiples of 8/16.
-    std::vector<int64_t> lengths = bs == 1 ? std::vector<int64_t>{1, 7, 33, 100, 257, 1000}
+    // Awkward lengths: one block, odd counts, and for the float types non-multiples of 8/16
+    // (50 and 63: a rest past 16 after the 32-wide steps, which both chains take).
+    std::vector<int64_t> lengths = bs == 1 ? std::vector<int64_t>{1, 7, 33, 50, 63, 100, 257, 1000}
                                            : std::vector<int64_t>{bs, 3 * bs, 17 * bs};
     if (bs == 32)  // every remainder of the 4-block decode kernels
       for (int64_t k : {2, 6, 35, 128}) lengths.push_back(k * bs);
