@@ -242,6 +242,175 @@ void DotQ4_0WideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, 
     out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + HsumPs(tail[t]);
 }
 
+// ---------------------------------------------------------------- the other 32-element formats
+
+// Q5_0, IQ4_NL (Q8_0 activations), Q4_1 and Q5_1 (Q8_1), four blocks a step as the kernels
+// above: the 256-bit kernels spent ~15 instructions on each block and token, so decode ran at
+// ~22 GB/s on two cores where Q4_0's wide kernel streams at the memory's rate.
+
+// Blocks x and y's 4-bit quants as 64 unsigned bytes in the activations' order (SplitNibbles),
+// plus 16 where the block's qh bit is set (Q5_0, Q5_1: bit j is element j's fifth bit).
+template <typename W>
+inline __m512i LegacyQuants(const W& x, const W& y) {
+  __m512i q = SplitNibbles(_mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(y.qs)), 1));
+  if constexpr (requires { x.qh; }) {
+    uint32_t hx, hy;
+    std::memcpy(&hx, x.qh, 4);
+    std::memcpy(&hy, y.qh, 4);
+    const auto high = static_cast<__mmask64>(static_cast<uint64_t>(hy) << 32 | hx);
+    q = _mm512_mask_add_epi8(q, high, q, _mm512_set1_epi8(16));
+  }
+  return q;
+}
+
+// The scales of four blocks' products (weights' times activations' d) spread as Scales4 does.
+inline void Spread4(__m128 d4, __m512* s01, __m512* s23) {
+  const __m512 d = _mm512_castps128_ps512(d4);
+  *s01 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), d);
+  *s23 = _mm512_permutexvar_ps(_mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), d);
+}
+
+// The fp16 field at byte kOffset of blocks w[0..3] as floats: by Halves4's permute where its
+// loads stay within the four blocks, else four scalar loads.
+template <int kOffset, typename W>
+inline __m128 Field4(const W* w) {
+  constexpr size_t kStep = sizeof(W) / 2, kBytes = 4 * sizeof(W);
+  if constexpr (sizeof(W) % 2 == 0 &&
+                ((3 * kStep < 32 && kBytes >= 64 + kOffset) || kBytes >= 128 + kOffset)) {
+    return Halves4(reinterpret_cast<const W*>(reinterpret_cast<const char*>(w) + kOffset));
+  } else {
+    auto at = [&](int i) {
+      uint16_t h;
+      std::memcpy(&h, reinterpret_cast<const char*>(w + i) + kOffset, 2);
+      return static_cast<short>(h);
+    };
+    return _mm_cvtph_ps(_mm_setr_epi16(at(0), at(1), at(2), at(3), 0, 0, 0, 0));
+  }
+}
+
+// Signed formats against Q8_0: `quants(x, y)` gives blocks x, y as 64 bytes and `dot(q, a)` their
+// exact int32 products with 64 activations (lanes 0-7 block x, 8-15 block y). Blocks past the
+// last multiple of four run one at a time: the block twice, its copy's lanes scaled by zero.
+template <int NT, typename W, typename Quants, typename Dot>
+void DotSigned32WideT(int64_t n, const W* w, const uint8_t* act, size_t stride, float* out,
+                      Quants quants, Dot dot) {
+  const int64_t nb = n / 32;
+  __m512 acc0[NT], acc1[NT];
+  for (int t = 0; t < NT; ++t) acc0[t] = _mm512_setzero_ps(), acc1[t] = _mm512_setzero_ps();
+  int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    PrefetchRow<NT>(w + b, 4 * sizeof(W));
+    const __m128 dh = Field4<0>(w + b);
+    const __m512i q01 = quants(w[b], w[b + 1]), q23 = quants(w[b + 2], w[b + 3]);
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_0* y = Act<BlockQ8_0>(act, stride, t);
+      const float* yd = reinterpret_cast<const float*>(y + nb);  // float scales (ActRowBytes)
+      __m512 s01, s23;
+      Scales4(dh, yd + b, &s01, &s23);
+      const __m512i p01 = dot(q01, Load2x256(y[b].qs, y[b + 1].qs));
+      const __m512i p23 = dot(q23, Load2x256(y[b + 2].qs, y[b + 3].qs));
+      acc0[t] = _mm512_fmadd_ps(s01, _mm512_cvtepi32_ps(p01), acc0[t]);
+      acc1[t] = _mm512_fmadd_ps(s23, _mm512_cvtepi32_ps(p23), acc1[t]);
+    }
+  }
+  for (; b < nb; ++b) {
+    const __m512i q = quants(w[b], w[b]);
+    const float dw = H(w[b].d);
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_0* y = Act<BlockQ8_0>(act, stride, t);
+      const float* yd = reinterpret_cast<const float*>(y + nb);
+      const __m512 s = _mm512_maskz_mov_ps(0x00FF, _mm512_set1_ps(dw * yd[b]));
+      acc0[t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(dot(q, Load2x256(y[b].qs, y[b].qs))), acc0[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t]));
+}
+
+template <int NT>
+void DotQ5_0WideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, float* out) {
+  // Quants 0..31 stand for q - 16: 16 * sum(a) comes off, one dpbusd.
+  const __m512i sixteen = _mm512_set1_epi8(16);
+  DotSigned32WideT<NT>(
+      n, static_cast<const BlockQ5_0*>(wv), act, stride, out, LegacyQuants<BlockQ5_0>,
+      [&](__m512i q, __m512i a) {
+        const __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), sixteen, a);
+        return _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a), c);
+      });
+}
+
+template <int NT>
+void DotIQ4_NLWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, float* out) {
+  const __m512i table = _mm512_broadcast_i32x4(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4NlValues)));
+  // Signed values: |q| times a with q's sign, as Q8_0's kernel.
+  DotSigned32WideT<NT>(
+      n, static_cast<const BlockIQ4_NL*>(wv), act, stride, out,
+      [&](const BlockIQ4_NL& x, const BlockIQ4_NL& y) {
+        return _mm512_shuffle_epi8(table, LegacyQuants(x, y));
+      },
+      [](__m512i q, __m512i a) {
+        a = _mm512_mask_sub_epi8(a, _mm512_movepi8_mask(q), _mm512_setzero_si512(), a);
+        return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(q), a);
+      });
+}
+
+// Unsigned formats with a min (Q4_1, Q5_1) against Q8_1: d * dy * sum(q * a) + m * s_y, the
+// mins four blocks at a time in one more chain per token.
+template <int NT, typename W>
+void DotUnsigned32WideT(int64_t n, const void* wv, const uint8_t* act, size_t stride,
+                        float* out) {
+  auto* w = static_cast<const W*>(wv);
+  const int64_t nb = n / 32;
+  constexpr int kD = 0, kM = 2;  // byte offsets of d and m (BlockQ8_1: d and s)
+  __m512 acc0[NT], acc1[NT];
+  __m128 mins[NT];
+  for (int t = 0; t < NT; ++t)
+    acc0[t] = _mm512_setzero_ps(), acc1[t] = _mm512_setzero_ps(), mins[t] = _mm_setzero_ps();
+  int64_t b = 0;
+  for (; b + 4 <= nb; b += 4) {
+    PrefetchRow<NT>(w + b, 4 * sizeof(W));
+    const __m128 dw = Field4<kD>(w + b), mw = Field4<kM>(w + b);
+    const __m512i q01 = LegacyQuants(w[b], w[b + 1]), q23 = LegacyQuants(w[b + 2], w[b + 3]);
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_1* y = Act<BlockQ8_1>(act, stride, t) + b;
+      __m512 s01, s23;
+      Spread4(_mm_mul_ps(dw, Field4<kD>(y)), &s01, &s23);
+      const __m512i p01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q01, Load2x256(y[0].qs, y[1].qs));
+      const __m512i p23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q23, Load2x256(y[2].qs, y[3].qs));
+      acc0[t] = _mm512_fmadd_ps(s01, _mm512_cvtepi32_ps(p01), acc0[t]);
+      acc1[t] = _mm512_fmadd_ps(s23, _mm512_cvtepi32_ps(p23), acc1[t]);
+      mins[t] = _mm_fmadd_ps(mw, Field4<kM>(y), mins[t]);
+    }
+  }
+  for (; b < nb; ++b) {
+    const __m512i q = LegacyQuants(w[b], w[b]);
+    const float dw = H(w[b].d), mw = H(w[b].m);
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_1& y = Act<BlockQ8_1>(act, stride, t)[b];
+      const __m512 s = _mm512_maskz_mov_ps(0x00FF, _mm512_set1_ps(dw * H(y.d)));
+      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, Load2x256(y.qs, y.qs));
+      acc0[t] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc0[t]);
+      mins[t] = _mm_fmadd_ps(_mm_set_ss(mw), _mm_set_ss(H(y.s)), mins[t]);  // lane 0 only
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    __m128 m = _mm_add_ps(mins[t], _mm_movehl_ps(mins[t], mins[t]));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[t], acc1[t])) + _mm_cvtss_f32(m);
+  }
+}
+
+template <int NT>
+void DotQ4_1WideT(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
+  DotUnsigned32WideT<NT, BlockQ4_1>(n, w, act, stride, out);
+}
+template <int NT>
+void DotQ5_1WideT(int64_t n, const void* w, const uint8_t* act, size_t stride, float* out) {
+  DotUnsigned32WideT<NT, BlockQ5_1>(n, w, act, stride, out);
+}
+
 // A zmm whose low 256-bit lane repeats the 32-bit value lo and whose high lane repeats hi
 // (per-lane shift counts).
 inline __m512i LanePair32(int lo, int hi) {
@@ -504,6 +673,10 @@ void DotBF16WideT(int64_t n, const void* w, const uint8_t* act, size_t stride, f
   DotFloatWideT<NT, uint16_t, true>(n, static_cast<const uint16_t*>(w), act, stride, out);
 }
 
+SUBSTRATE_DEFINE_MULTI(DotQ5_0Wide)
+SUBSTRATE_DEFINE_MULTI(DotIQ4_NLWide)
+SUBSTRATE_DEFINE_MULTI(DotQ4_1Wide)
+SUBSTRATE_DEFINE_MULTI(DotQ5_1Wide)
 SUBSTRATE_DEFINE_MULTI(DotF32Wide)
 SUBSTRATE_DEFINE_MULTI(DotF16Wide)
 SUBSTRATE_DEFINE_MULTI(DotBF16Wide)
@@ -524,10 +697,18 @@ const DotKernel* FindWide(DType type) {
   static const DotKernel kQ3_K{DType::kQ8_K, DotQ3_KWide, kMaxNT};
   static const DotKernel kQ2_K{DType::kQ8_K, DotQ2_KWide, kMaxNT};
   static const DotKernel kIQ4_XS{DType::kQ8_K, DotIQ4_XSWide, kMaxNT};
+  static const DotKernel kQ5_0{DType::kQ8_0, DotQ5_0Wide, kMaxNT};
+  static const DotKernel kIQ4_NL{DType::kQ8_0, DotIQ4_NLWide, kMaxNT};
+  static const DotKernel kQ4_1{DType::kQ8_1, DotQ4_1Wide, kMaxNT};
+  static const DotKernel kQ5_1{DType::kQ8_1, DotQ5_1Wide, kMaxNT};
   static const DotKernel kF32{DType::kF32, DotF32Wide, kMaxNT};
   static const DotKernel kF16{DType::kF32, DotF16Wide, kMaxNT};
   static const DotKernel kBF16{DType::kF32, DotBF16Wide, kMaxNT};
   switch (type) {
+    case DType::kQ5_0: return &kQ5_0;
+    case DType::kIQ4_NL: return &kIQ4_NL;
+    case DType::kQ4_1: return &kQ4_1;
+    case DType::kQ5_1: return &kQ5_1;
     case DType::kF32: return &kF32;
     case DType::kF16: return &kF16;
     case DType::kBF16: return &kBF16;
