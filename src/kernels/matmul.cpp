@@ -101,13 +101,24 @@ void FastRows(int64_t cols, int64_t y_stride, const Part* parts, int n_parts, in
   int64_t row_block = std::max<int64_t>(1, static_cast<int64_t>(kRowBlockBytes / row_bytes));
   // One register tile of tokens per pass: its activation rows stay in L1 while the rows of the
   // block (in L2) stream past; larger token blocks would stream activations from L2 per row.
+  // A kernel with tiles of rows takes the whole block of tokens and tiles it itself (one
+  // weight row at a time, prefill of float weights loaded an activation per FMA).
+  const RowsDotFn rows = n_parts == 1 && !accumulate && n_tokens > 1 ? parts[0].kernel->rows
+                                                                     : nullptr;
   int64_t token_block = kTokenBlock;
-  for (int p = 0; p < n_parts; ++p)
+  for (int p = 0; p < n_parts && !rows; ++p)
     token_block = std::min<int64_t>(token_block, std::max(1, parts[p].kernel->max_nt));
   for (int64_t rb = r0; rb < r1; rb += row_block) {
     int64_t re = std::min(r1, rb + row_block);
     for (int64_t t0 = 0; t0 < n_tokens; t0 += token_block) {
       int nt = static_cast<int>(std::min(token_block, n_tokens - t0));
+      if (rows) {
+        const Part& part = parts[0];
+        rows(cols, part.data + rb * part.row_bytes, part.row_bytes, static_cast<int>(re - rb),
+             part.act + t0 * part.act_stride, part.act_stride, nt, y + t0 * y_stride + rb,
+             y_stride);
+        continue;
+      }
       for (int64_t r = rb; r < re; ++r) {
         if (accumulate)
           for (int t = 0; t < nt; ++t) tmp[t] = y[(t0 + t) * y_stride + r];

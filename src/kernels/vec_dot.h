@@ -22,6 +22,11 @@ namespace substrate {
 // weight type's block size); act rows are in the activation format, act_stride in bytes.
 using VecDotFn = void (*)(int64_t n, const void* w_row, const void* act, size_t act_stride,
                           int nt, float* out);
+// Several rows at once: out[t * out_stride + r] = dot(row r, act + t * act_stride) for r <
+// n_rows (row r at w + r * row_bytes) and t < nt, each value bit-identical to VecDotFn's.
+using RowsDotFn = void (*)(int64_t n, const void* w, size_t row_bytes, int n_rows,
+                           const void* act, size_t act_stride, int nt, float* out,
+                           int64_t out_stride);
 // Converts n floats to the activation format (n a multiple of its block size).
 using QuantizeActFn = void (*)(const float* x, void* out, int64_t n);
 
@@ -29,6 +34,9 @@ struct DotKernel {
   DType act_type = DType::kF32;  // the activation format this weight type pairs with
   VecDotFn dot = nullptr;
   int max_nt = 1;                // tokens per call the kernel handles best (larger nt is looped)
+  // Optional: register tiles of rows x tokens, where loading each activation for one row was
+  // what bound prefill (float weights: a load per FMA).
+  RowsDotFn rows = nullptr;
 };
 
 // The kernel for weight type `type` at tier `isa` (falls back to a lower tier where the higher

@@ -13,6 +13,10 @@
 #define SUBSTRATE_ISA_NS avx512
 #include "kernels/vec_dot_x86.inc"
 
+#include <algorithm>
+
+#include "kernels/token_tile.h"
+
 namespace substrate::avx512 {
 namespace {
 
@@ -649,15 +653,91 @@ void DotFloatWideT(int64_t n, const T* w, const uint8_t* act, size_t stride, flo
     }
   }
   // The rest (under 32): a chunk of up to 16 into each chain, the lanes past n zero.
-  for (int c = 0; i < n; ++c, i += 16) {
+#pragma GCC unroll 2
+  for (int h = 0; h < 2 && i < n; ++h, i += 16) {
     const int64_t left = n - i;
     const auto m = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
     const __m512 wc = load(i, m);
     for (int t = 0; t < NT; ++t)
-      acc[t][c] = _mm512_fmadd_ps(wc, _mm512_maskz_loadu_ps(m, Act<float>(act, stride, t) + i),
-                                  acc[t][c]);
+      acc[t][h] = _mm512_fmadd_ps(wc, _mm512_maskz_loadu_ps(m, Act<float>(act, stride, t) + i),
+                                  acc[t][h]);
   }
   for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
+}
+
+// R rows x NT tokens of DotFloatWideT at once (prefill): each loaded weight chunk serves NT
+// tokens and each activation chunk R rows. Every (row, token) pair runs DotFloatWideT's two
+// chains in its order, so each result has its bits.
+template <int R, int NT, typename T, bool kBf16>
+void DotFloatTile(int64_t n, const T* w, size_t row_bytes, const uint8_t* act, size_t stride,
+                  float* out, int64_t out_stride) {
+  auto row = [&](int r) {
+    return reinterpret_cast<const T*>(reinterpret_cast<const char*>(w) + r * row_bytes);
+  };
+  auto load = [&](int r, int64_t i, __mmask16 m) {
+    if constexpr (sizeof(T) == 4) {
+      return _mm512_maskz_loadu_ps(m, row(r) + i);
+    } else {
+      const __m256i h = _mm256_maskz_loadu_epi16(m, row(r) + i);
+      return kBf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                   : _mm512_cvtph_ps(h);
+    }
+  };
+  __m512 acc[R][NT][2];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m512 wr[R];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) wr[r] = load(r, i + 16 * h, 0xFFFF);
+#pragma GCC unroll 4
+      for (int t = 0; t < NT; ++t) {
+        const __m512 a = _mm512_loadu_ps(Act<float>(act, stride, t) + i + 16 * h);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) acc[r][t][h] = _mm512_fmadd_ps(wr[r], a, acc[r][t][h]);
+      }
+    }
+  }
+  // The rest (under 32), as DotFloatWideT takes it; chain indices stay constants (a variable
+  // one kept every accumulator in memory).
+#pragma GCC unroll 2
+  for (int h = 0; h < 2 && i < n; ++h, i += 16) {
+    const int64_t left = n - i;
+    const auto m = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+#pragma GCC unroll 4
+    for (int t = 0; t < NT; ++t) {
+      const __m512 a = _mm512_maskz_loadu_ps(m, Act<float>(act, stride, t) + i);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][t][h] = _mm512_fmadd_ps(load(r, i, m), a, acc[r][t][h]);
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < R; ++r)
+      out[t * out_stride + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][t][0], acc[r][t][1]));
+}
+
+// Tokens in pairs, each pair (their activations in L1) passing over every row in fours:
+// 16 accumulators, 4 weight and 1 activation registers.
+template <typename T, bool kBf16 = false>
+void DotFloatRows(int64_t n, const void* wv, size_t row_bytes, int n_rows, const void* actv,
+                  size_t stride, int nt, float* out, int64_t out_stride) {
+  constexpr int kRows = 4, kTokens = 2;
+  const auto* act = static_cast<const uint8_t*>(actv);
+  for (int t0 = 0; t0 < nt; t0 += kTokens) {
+    const uint8_t* a = act + static_cast<size_t>(t0) * stride;
+    for (int r0 = 0; r0 < n_rows; r0 += kRows) {
+      const T* w = reinterpret_cast<const T*>(static_cast<const char*>(wv) + r0 * row_bytes);
+      float* o = out + t0 * out_stride + r0;
+      WithTile<kRows>(std::min(kRows, n_rows - r0), [&](auto r) {
+        WithTile<kTokens>(std::min(kTokens, nt - t0), [&](auto t) {
+          DotFloatTile<r.value, t.value, T, kBf16>(n, w, row_bytes, a, stride, o, out_stride);
+        });
+      });
+    }
+  }
 }
 
 template <int NT>
@@ -701,9 +781,9 @@ const DotKernel* FindWide(DType type) {
   static const DotKernel kIQ4_NL{DType::kQ8_0, DotIQ4_NLWide, kMaxNT};
   static const DotKernel kQ4_1{DType::kQ8_1, DotQ4_1Wide, kMaxNT};
   static const DotKernel kQ5_1{DType::kQ8_1, DotQ5_1Wide, kMaxNT};
-  static const DotKernel kF32{DType::kF32, DotF32Wide, kMaxNT};
-  static const DotKernel kF16{DType::kF32, DotF16Wide, kMaxNT};
-  static const DotKernel kBF16{DType::kF32, DotBF16Wide, kMaxNT};
+  static const DotKernel kF32{DType::kF32, DotF32Wide, kMaxNT, DotFloatRows<float>};
+  static const DotKernel kF16{DType::kF32, DotF16Wide, kMaxNT, DotFloatRows<uint16_t>};
+  static const DotKernel kBF16{DType::kF32, DotBF16Wide, kMaxNT, DotFloatRows<uint16_t, true>};
   switch (type) {
     case DType::kQ5_0: return &kQ5_0;
     case DType::kIQ4_NL: return &kIQ4_NL;
