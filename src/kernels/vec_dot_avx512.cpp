@@ -13,10 +13,6 @@
 #define SUBSTRATE_ISA_NS avx512
 #include "kernels/vec_dot_x86.inc"
 
-#include <algorithm>
-
-#include "kernels/token_tile.h"
-
 namespace substrate::avx512 {
 namespace {
 
@@ -669,7 +665,7 @@ void DotFloatWideT(int64_t n, const T* w, const uint8_t* act, size_t stride, flo
 // tokens and each activation chunk R rows. Every (row, token) pair runs DotFloatWideT's two
 // chains in its order, so each result has its bits.
 template <int R, int NT, typename T, bool kBf16>
-void DotFloatTile(int64_t n, const T* w, size_t row_bytes, const uint8_t* act, size_t stride,
+void DotFloatTileWide(int64_t n, const T* w, size_t row_bytes, const uint8_t* act, size_t stride,
                   float* out, int64_t out_stride) {
   auto row = [&](int r) {
     return reinterpret_cast<const T*>(reinterpret_cast<const char*>(w) + r * row_bytes);
@@ -683,48 +679,51 @@ void DotFloatTile(int64_t n, const T* w, size_t row_bytes, const uint8_t* act, s
                    : _mm512_cvtph_ps(h);
     }
   };
-  __m512 acc[R][NT][2];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < NT; ++t) acc[r][t][0] = acc[r][t][1] = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
+  // The chains one after the other (the even 16-element chunks, then the odd ones), so only
+  // R x NT accumulators are live; each chain adds its chunks in the decode kernel's order.
+  const int64_t steps = n / 32, rest = n - 32 * steps;
+  __m512 first[R][NT];
 #pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < 2; ++h) {
+    __m512 acc[R][NT];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+    auto chunk = [&](int64_t i, __mmask16 m) {
       __m512 wr[R];
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) wr[r] = load(r, i + 16 * h, 0xFFFF);
-#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) wr[r] = load(r, i, m);
+#pragma GCC unroll 8
       for (int t = 0; t < NT; ++t) {
-        const __m512 a = _mm512_loadu_ps(Act<float>(act, stride, t) + i + 16 * h);
+        const __m512 a = _mm512_maskz_loadu_ps(m, Act<float>(act, stride, t) + i);
 #pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) acc[r][t][h] = _mm512_fmadd_ps(wr[r], a, acc[r][t][h]);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wr[r], a, acc[r][t]);
       }
-    }
-  }
-  // The rest (under 32), as DotFloatWideT takes it; chain indices stay constants (a variable
-  // one kept every accumulator in memory).
-#pragma GCC unroll 2
-  for (int h = 0; h < 2 && i < n; ++h, i += 16) {
-    const int64_t left = n - i;
-    const auto m = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
+    };
+    for (int64_t k = 0; k < steps; ++k) chunk(32 * k + 16 * h, 0xFFFF);
+    // The rest (under 32), as DotFloatWideT takes it: its first 16 to the even chain.
+    const int64_t left = rest - 16 * h;
+    if (left > 0) chunk(32 * steps + 16 * h, left >= 16 ? 0xFFFF : (1u << left) - 1);
 #pragma GCC unroll 4
-    for (int t = 0; t < NT; ++t) {
-      const __m512 a = _mm512_maskz_loadu_ps(m, Act<float>(act, stride, t) + i);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) acc[r][t][h] = _mm512_fmadd_ps(load(r, i, m), a, acc[r][t][h]);
-    }
-  }
-  for (int t = 0; t < NT; ++t)
     for (int r = 0; r < R; ++r)
-      out[t * out_stride + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][t][0], acc[r][t][1]));
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) {
+        if (h == 0) {
+          first[r][t] = acc[r][t];
+        } else {
+          out[t * out_stride + r] = _mm512_reduce_add_ps(_mm512_add_ps(first[r][t], acc[r][t]));
+        }
+      }
+  }
 }
 
-// Tokens in pairs, each pair (their activations in L1) passing over every row in fours:
-// 16 accumulators, 4 weight and 1 activation registers.
+// Tokens in fours, each four passing over every row in fours: 16 accumulators, 4 weight and 1
+// activation registers.
 template <typename T, bool kBf16 = false>
-void DotFloatRows(int64_t n, const void* wv, size_t row_bytes, int n_rows, const void* actv,
+void DotFloatRowsWide(int64_t n, const void* wv, size_t row_bytes, int n_rows, const void* actv,
                   size_t stride, int nt, float* out, int64_t out_stride) {
-  constexpr int kRows = 4, kTokens = 2;
+  constexpr int kRows = 4, kTokens = 4;
   const auto* act = static_cast<const uint8_t*>(actv);
   for (int t0 = 0; t0 < nt; t0 += kTokens) {
     const uint8_t* a = act + static_cast<size_t>(t0) * stride;
@@ -733,7 +732,7 @@ void DotFloatRows(int64_t n, const void* wv, size_t row_bytes, int n_rows, const
       float* o = out + t0 * out_stride + r0;
       WithTile<kRows>(std::min(kRows, n_rows - r0), [&](auto r) {
         WithTile<kTokens>(std::min(kTokens, nt - t0), [&](auto t) {
-          DotFloatTile<r.value, t.value, T, kBf16>(n, w, row_bytes, a, stride, o, out_stride);
+          DotFloatTileWide<r.value, t.value, T, kBf16>(n, w, row_bytes, a, stride, o, out_stride);
         });
       });
     }
@@ -781,9 +780,9 @@ const DotKernel* FindWide(DType type) {
   static const DotKernel kIQ4_NL{DType::kQ8_0, DotIQ4_NLWide, kMaxNT};
   static const DotKernel kQ4_1{DType::kQ8_1, DotQ4_1Wide, kMaxNT};
   static const DotKernel kQ5_1{DType::kQ8_1, DotQ5_1Wide, kMaxNT};
-  static const DotKernel kF32{DType::kF32, DotF32Wide, kMaxNT, DotFloatRows<float>};
-  static const DotKernel kF16{DType::kF32, DotF16Wide, kMaxNT, DotFloatRows<uint16_t>};
-  static const DotKernel kBF16{DType::kF32, DotBF16Wide, kMaxNT, DotFloatRows<uint16_t, true>};
+  static const DotKernel kF32{DType::kF32, DotF32Wide, kMaxNT, DotFloatRowsWide<float>};
+  static const DotKernel kF16{DType::kF32, DotF16Wide, kMaxNT, DotFloatRowsWide<uint16_t>};
+  static const DotKernel kBF16{DType::kF32, DotBF16Wide, kMaxNT, DotFloatRowsWide<uint16_t, true>};
   switch (type) {
     case DType::kQ5_0: return &kQ5_0;
     case DType::kIQ4_NL: return &kIQ4_NL;
