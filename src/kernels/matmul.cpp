@@ -70,6 +70,8 @@ constexpr int kMaxParts = 3;
 constexpr int64_t kTokenBlock = 64;
 // Rows per block: the block's weights stay in L2 while every token block passes over them.
 constexpr size_t kRowBlockBytes = 256 * 1024;
+// Rows per block at least, for kernels with tiles of rows (DotKernel::rows).
+constexpr int64_t kRowsTileBlock = 32;
 // Interleaved weights: groups per panel (this many bytes) and tokens per block passing over it.
 constexpr int64_t kPanelBytes = 512 * 1024;
 constexpr int64_t kPanelTokens = 64;
@@ -108,6 +110,9 @@ void FastRows(int64_t cols, int64_t y_stride, const Part* parts, int n_parts, in
   int64_t token_block = kTokenBlock;
   for (int p = 0; p < n_parts && !rows; ++p)
     token_block = std::min<int64_t>(token_block, std::max(1, parts[p].kernel->max_nt));
+  // (Such a kernel blocks the columns itself; rows of long columns would leave it blocks too
+  // thin for its tiles: 9 rows of 14,336 F16 columns.)
+  if (rows) row_block = std::max<int64_t>(row_block, kRowsTileBlock);
   for (int64_t rb = r0; rb < r1; rb += row_block) {
     int64_t re = std::min(r1, rb + row_block);
     for (int64_t t0 = 0; t0 < n_tokens; t0 += token_block) {

@@ -103,7 +103,11 @@ TEST(TokenRows, MultiTokenRowsEqualOneTokenRowsBitForBit) {
     if (k_format) cases.push_back({"plain", t, 19, 768, false, 0});
     // Float formats: a rest past the kernels' steps that every chain takes (445: 29 past the
     // 32-wide steps, 13 past the 16-wide ones), where prefill tiles rows and tokens.
-    if (GetDTypeTraits(t).block_size == 1) cases.push_back({"plain, a rest", t, 11, 445, false, 0});
+    // And 2,093: three of the prefill tiles' column blocks, carried from one to the next.
+    if (GetDTypeTraits(t).block_size == 1) {
+      cases.push_back({"plain, a rest", t, 11, 445, false, 0});
+      cases.push_back({"plain, column blocks", t, 9, 2093, false, 0});
+    }
   }
   cases.push_back({"interleaved", DType::kQ8_0, 48, 512, true, 0});
   cases.push_back({"interleaved+residual", DType::kQ8_0, 32, 256, true, 1});
