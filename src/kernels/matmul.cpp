@@ -103,8 +103,8 @@ void FastRows(int64_t cols, int64_t y_stride, const Part* parts, int n_parts, in
   int64_t row_block = std::max<int64_t>(1, static_cast<int64_t>(kRowBlockBytes / row_bytes));
   // One register tile of tokens per pass: its activation rows stay in L1 while the rows of the
   // block (in L2) stream past; larger token blocks would stream activations from L2 per row.
-  // A kernel with tiles of rows takes the whole block of tokens and tiles it itself (one
-  // weight row at a time, prefill of float weights loaded an activation per FMA).
+  // A kernel with tiles of rows (DotKernel::rows) takes the block's rows and tokens whole and
+  // tiles both itself: row by row, prefill over float weights loaded an activation per FMA.
   const RowsDotFn rows = n_parts == 1 && !accumulate && n_tokens > 1 ? parts[0].kernel->rows
                                                                      : nullptr;
   int64_t token_block = kTokenBlock;

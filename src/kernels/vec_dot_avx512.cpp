@@ -624,17 +624,21 @@ void DotIQ4_XSWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride
 // Float weights (F32, or F16/BF16 widened exactly) against float activations, 16 at a time:
 // the 256-bit version's two chains per token, each twice as wide (decode needs more than two
 // 8-wide FMAs per FMA latency to keep up with memory).
+// 16 float weights from p (F32, or F16/BF16 widened exactly), the lanes outside m zero.
+template <typename T, bool kBf16>
+inline __m512 LoadFloats16(const T* p, __mmask16 m) {
+  if constexpr (sizeof(T) == 4) {
+    return _mm512_maskz_loadu_ps(m, p);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return kBf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
+                 : _mm512_cvtph_ps(h);
+  }
+}
+
 template <int NT, typename T, bool kBf16 = false>
 void DotFloatWideT(int64_t n, const T* w, const uint8_t* act, size_t stride, float* out) {
-  auto load = [&](int64_t i, __mmask16 m) {
-    if constexpr (sizeof(T) == 4) {
-      return _mm512_maskz_loadu_ps(m, w + i);
-    } else {
-      const __m256i h = _mm256_maskz_loadu_epi16(m, w + i);
-      return kBf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
-                   : _mm512_cvtph_ps(h);
-    }
-  };
+  auto load = [&](int64_t i, __mmask16 m) { return LoadFloats16<T, kBf16>(w + i, m); };
   constexpr int kStepBytes = 32 * static_cast<int>(sizeof(T));
   __m512 acc[NT][2];
   for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
@@ -672,17 +676,9 @@ template <int R, int NT, typename T, bool kBf16>
 void DotFloatTileWide(int64_t n, int64_t c0, int64_t c1, const T* w, size_t row_bytes,
                       const uint8_t* act, size_t stride, __m512* state, float* out,
                       int64_t out_stride) {
-  auto row = [&](int r) {
-    return reinterpret_cast<const T*>(reinterpret_cast<const char*>(w) + r * row_bytes);
-  };
   auto load = [&](int r, int64_t i, __mmask16 m) {
-    if constexpr (sizeof(T) == 4) {
-      return _mm512_maskz_loadu_ps(m, row(r) + i);
-    } else {
-      const __m256i h = _mm256_maskz_loadu_epi16(m, row(r) + i);
-      return kBf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))
-                   : _mm512_cvtph_ps(h);
-    }
+    const T* row = reinterpret_cast<const T*>(reinterpret_cast<const char*>(w) + r * row_bytes);
+    return LoadFloats16<T, kBf16>(row + i, m);
   };
   const int64_t full = n / 32 * 32, k0 = c0 / 32, k1 = std::min(c1, full) / 32;
   const bool last = c1 == n;
