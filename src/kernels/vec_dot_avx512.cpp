@@ -114,13 +114,18 @@ inline __m128 Halves4(const W* w) {
   return _mm_cvtph_ps(_mm512_castsi512_si128(h));
 }
 
-// Scales of blocks b..b+3 (weight d times the activation's float d), spread so that lanes 0-7
-// of the first result carry block b, lanes 8-15 block b+1, and the second result b+2, b+3: one
-// fp16 conversion per 4 blocks (and per weight pass, whatever the token count).
+// Four blocks' scales (as floats, block b in lane 0) spread so that lanes 0-7 of the first
+// result carry block b, lanes 8-15 block b+1, and the second result b+2, b+3.
+inline void Spread4(__m128 d4, __m512* s01, __m512* s23) {
+  const __m512 d = _mm512_castps128_ps512(d4);
+  *s01 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), d);
+  *s23 = _mm512_permutexvar_ps(_mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), d);
+}
+
+// Scales of blocks b..b+3 (weight d times the activation's float d), spread as Spread4 does:
+// one fp16 conversion per 4 blocks (and per weight pass, whatever the token count).
 inline void Scales4(__m128 dh, const float* yd, __m512* s01, __m512* s23) {
-  __m512 d4 = _mm512_castps128_ps512(_mm_mul_ps(dh, _mm_loadu_ps(yd)));
-  *s01 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), d4);
-  *s23 = _mm512_permutexvar_ps(_mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), d4);
+  Spread4(_mm_mul_ps(dh, _mm_loadu_ps(yd)), s01, s23);
 }
 
 // Decode (NT = 1) keeps enough lines in flight to cover DRAM latency; prefill reuses each row.
@@ -263,13 +268,6 @@ inline __m512i LegacyQuants(const W& x, const W& y) {
     q = _mm512_mask_add_epi8(q, high, q, _mm512_set1_epi8(16));
   }
   return q;
-}
-
-// The scales of four blocks' products (weights' times activations' d) spread as Scales4 does.
-inline void Spread4(__m128 d4, __m512* s01, __m512* s23) {
-  const __m512 d = _mm512_castps128_ps512(d4);
-  *s01 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), d);
-  *s23 = _mm512_permutexvar_ps(_mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), d);
 }
 
 // The fp16 field at byte kOffset of blocks w[0..3] as floats: by Halves4's permute where its
@@ -621,9 +619,6 @@ void DotIQ4_XSWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride
   for (int t = 0; t < NT; ++t) out[t] = HsumPs(acc[t]);
 }
 
-// Float weights (F32, or F16/BF16 widened exactly) against float activations, 16 at a time:
-// the 256-bit version's two chains per token, each twice as wide (decode needs more than two
-// 8-wide FMAs per FMA latency to keep up with memory).
 // 16 float weights from p (F32, or F16/BF16 widened exactly), the lanes outside m zero.
 template <typename T, bool kBf16>
 inline __m512 LoadFloats16(const T* p, __mmask16 m) {
@@ -636,6 +631,9 @@ inline __m512 LoadFloats16(const T* p, __mmask16 m) {
   }
 }
 
+// Float weights (F32, or F16/BF16 widened exactly) against float activations, 16 at a time:
+// the 256-bit version's two chains per token, each twice as wide (decode needs more than two
+// 8-wide FMAs per FMA latency to keep up with memory).
 template <int NT, typename T, bool kBf16 = false>
 void DotFloatWideT(int64_t n, const T* w, const uint8_t* act, size_t stride, float* out) {
   auto load = [&](int64_t i, __mmask16 m) { return LoadFloats16<T, kBf16>(w + i, m); };
