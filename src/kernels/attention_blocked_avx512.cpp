@@ -166,30 +166,41 @@ inline __m512d Load8d(const uint16_t* p, __mmask8 m) {
 
 // o_r[d0 .. d0 + 8 * NV) += sum_k p[r * kKeyBlock + k] * v_k[d0 ..] over n keys, for R rows, in
 // double (as the one-token kernel: float value sums moved near-tied routing of the tiny MoE
-// fixtures); the last vector of the tile under `last`.
+// fixtures); the last vector of the tile under `last`. The weights come as doubles already, so
+// each is one broadcast load (converting them here cost two operations per row, key and tile).
 template <int R, int NV, typename T>
-void MixTile(const float* p, int n, const T* v, int64_t v_stride, double* const* o, int d0,
+void MixTile(const double* p, int n, const T* v, int64_t v_stride, double* const* o, int d0,
              __mmask8 last) {
+  // Every loop over the tile unrolled whole: GCC scalarizes acc into registers only if none of
+  // its indices is a variable (with the first and last loops rolled it kept acc on the stack
+  // and stored all 24 vectors on every key, which halved the mix's speed).
   __m512d acc[R][NV];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int j = 0; j < NV; ++j)
       acc[r][j] = _mm512_maskz_loadu_pd(j == NV - 1 ? last : 0xFF, o[r] + d0 + 8 * j);
   for (int k = 0; k < n; ++k) {
     const T* vk = v + k * v_stride + d0;
     __m512d vv[NV];
+#pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) vv[j] = Load8d(vk + 8 * j, j == NV - 1 ? last : 0xFF);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512d b = _mm512_set1_pd(static_cast<double>(p[r * kKeyBlock + k]));
+      const __m512d b = _mm512_set1_pd(p[r * kKeyBlock + k]);
+#pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) acc[r][j] = _mm512_fmadd_pd(b, vv[j], acc[r][j]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int j = 0; j < NV; ++j)
       _mm512_mask_storeu_pd(o[r] + d0 + 8 * j, j == NV - 1 ? last : 0xFF, acc[r][j]);
 }
 
 template <int R, typename T>
-void MixRows(const float* p, int n, const T* v, int64_t v_stride, double* const* o, int dv) {
+void MixRows(const double* p, int n, const T* v, int64_t v_stride, double* const* o, int dv) {
   int d0 = 0;
   for (; d0 + 32 <= dv; d0 += 32) MixTile<R, 4>(p, n, v, v_stride, o, d0, 0xFF);
   const int rest = dv - d0;
@@ -200,9 +211,9 @@ void MixRows(const float* p, int n, const T* v, int64_t v_stride, double* const*
 }
 
 template <typename T>
-void Mix(int rows, const float* p, int n, const T* v, int64_t v_stride, double* const* o, int dv) {
+void Mix(int rows, const double* p, int n, const T* v, int64_t v_stride, double* const* o, int dv) {
   for (int r0 = 0; r0 < rows; r0 += kMixRows) {
-    const float* pr = p + r0 * kKeyBlock;
+    const double* pr = p + r0 * kKeyBlock;
     double* const* orow = o + r0;
     WithTile<kMixRows>(std::min(kMixRows, rows - r0),
                        [&](auto nr) { MixRows<nr.value>(pr, n, v, v_stride, orow, dv); });
@@ -221,7 +232,8 @@ struct RowState {
 template <typename T>
 void RunItem(const AttentionShape& s, const float* q, int64_t pos0, const T* kh, int64_t k_stride,
              const T* vh, int64_t v_stride, const int64_t* t, const int* h, int rows, float* out) {
-  alignas(64) float p[kMaxRows * kKeyBlock];          // a block's scores, then its weights, per row
+  alignas(64) float p[kMaxRows * kKeyBlock];          // a block's scores per row
+  alignas(64) double pd[kMaxRows * kKeyBlock];        // their weights, as the mix reads them
   alignas(64) double sums[kMaxRows * kBlockedMaxDv];  // the rows' running value sums
   const float* qrow[kMaxRows];
   double* orow[kMaxRows];
@@ -256,8 +268,9 @@ void RunItem(const AttentionShape& s, const float* q, int64_t pos0, const T* kh,
       if (nan) st[r].nan = true;
       const float bmax = _mm512_reduce_max_ps(vmax);
       const float new_max = std::max(st[r].max, bmax);
+      double* pdr = pd + r * kKeyBlock;
       if (n == 0 || new_max == -INFINITY || st[r].nan) {
-        std::memset(pr, 0, sizeof(float) * nb);  // nothing (finite) to mix from this block
+        std::memset(pdr, 0, sizeof(double) * nb);  // nothing (finite) to mix from this block
         continue;
       }
       if (new_max > st[r].max) {
@@ -274,12 +287,13 @@ void RunItem(const AttentionShape& s, const float* q, int64_t pos0, const T* kh,
             static_cast<__mmask16>(n - j >= 16 ? 0xFFFF : (n - j <= 0 ? 0 : (1u << (n - j)) - 1));
         const __m512 e = _mm512_maskz_mov_ps(
             m, avx512::ExpNonPositive(_mm512_sub_ps(_mm512_load_ps(pr + j), mx)));
-        _mm512_store_ps(pr + j, e);
+        _mm512_store_pd(pdr + j, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        _mm512_store_pd(pdr + j + 8, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
         vsum = _mm512_add_ps(vsum, e);
       }
       st[r].sum += _mm512_reduce_add_ps(vsum);
     }
-    Mix(rows, p, nb, vh + b0 * v_stride, v_stride, orow, s.dv);
+    Mix(rows, pd, nb, vh + b0 * v_stride, v_stride, orow, s.dv);
   }
   // Normalize: o = (sum_p e^(s_p - max) v_p) / (sum_p e^(s_p - max)).
   for (int r = 0; r < rows; ++r) {
