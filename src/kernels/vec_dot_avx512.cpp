@@ -639,27 +639,35 @@ void DotFloatWideT(int64_t n, const T* w, const uint8_t* act, size_t stride, flo
   auto load = [&](int64_t i, __mmask16 m) { return LoadFloats16<T, kBf16>(w + i, m); };
   constexpr int kStepBytes = 32 * static_cast<int>(sizeof(T));
   __m512 acc[NT][2];
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
     PrefetchWeights<NT>(w + i, kStepBytes);
     const __m512 w0 = load(i, 0xFFFF), w1 = load(i + 16, 0xFFFF);
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t) {
       const float* a = Act<float>(act, stride, t) + i;
       acc[t][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a), acc[t][0]);
       acc[t][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(a + 16), acc[t][1]);
     }
   }
-  // The rest (under 32): a chunk of up to 16 into each chain, the lanes past n zero.
-#pragma GCC unroll 2
-  for (int h = 0; h < 2 && i < n; ++h, i += 16) {
+  // The rest (under 32): a chunk of up to 16 into each chain, the lanes past n zero. The chain
+  // is a constant and every loop over tokens unrolled whole: a variable index into acc kept it on
+  // the stack for 5-8 tokens (GCC scalarizes an array only under constant indices).
+  auto rest = [&](auto h) {
     const int64_t left = n - i;
     const auto m = static_cast<__mmask16>(left >= 16 ? 0xFFFF : (1u << left) - 1);
     const __m512 wc = load(i, m);
+#pragma GCC unroll 8
     for (int t = 0; t < NT; ++t)
       acc[t][h] = _mm512_fmadd_ps(wc, _mm512_maskz_loadu_ps(m, Act<float>(act, stride, t) + i),
                                   acc[t][h]);
-  }
+    i += 16;
+  };
+  if (i < n) rest(std::integral_constant<int, 0>());
+  if (i < n) rest(std::integral_constant<int, 1>());
+#pragma GCC unroll 8
   for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
 }
 
