@@ -16,22 +16,6 @@
 namespace substrate::avx512 {
 namespace {
 
-// Q4_K's 12 scale bytes -> 8 scales and 8 mins, one byte each, with word operations: words
-// w0..w2 hold bytes 0-3, 4-7, 8-11; scales 0-3 and mins 0-3 are the low 6 bits of w0 and w1;
-// scales/mins 4-7 take their low 4 bits from w2's nibbles and their top 2 from w0/w1's top bits.
-inline void UnpackQ4KScales64(const uint8_t* q, uint64_t* sc, uint64_t* mn) {
-  uint32_t w0, w1, w2;
-  std::memcpy(&w0, q, 4);
-  std::memcpy(&w1, q + 4, 4);
-  std::memcpy(&w2, q + 8, 4);
-  const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
-  uint32_t s_lo = w0 & low6, m_lo = w1 & low6;
-  uint32_t s_hi = (w2 & low4) | (((w0 >> 6) & low2) << 4);
-  uint32_t m_hi = ((w2 >> 4) & low4) | (((w1 >> 6) & low2) << 4);
-  *sc = static_cast<uint64_t>(s_hi) << 32 | s_lo;
-  *mn = static_cast<uint64_t>(m_hi) << 32 | m_lo;
-}
-
 template <int NT>
 void DotQ4_KWideT(int64_t n, const void* wv, const uint8_t* act, size_t stride, float* out) {
   auto* w = static_cast<const BlockQ4_K*>(wv);
