@@ -711,39 +711,18 @@ void DotFloatTileWide(int64_t n, int64_t c0, int64_t c1, const T* w, size_t row_
   }
 }
 
-// Tiles of 4 rows x 4 tokens (16 accumulators, 4 weight and 1 activation registers). Columns go
-// in blocks of kColumns, so that four tokens' activations of a block (16 KiB) stay in L1 while
-// up to kRowsAtOnce rows pass over them: over whole rows they came from L2 for every four rows,
-// and L2 bound the kernel at ~45 % of the FMA rate.
+// Tiles of 4 rows x 4 tokens (16 accumulators, 4 weight and 1 activation registers), walked as
+// FloatRowsByTiles walks them.
 template <typename T, bool kBf16 = false>
 void DotFloatRowsWide(int64_t n, const void* wv, size_t row_bytes, int n_rows, const void* actv,
                       size_t stride, int nt, float* out, int64_t out_stride) {
-  constexpr int kRows = 4, kTokens = 4, kRowsAtOnce = 32;
-  constexpr int64_t kColumns = 1024;
-  alignas(64) __m512 state[kRowsAtOnce / kRows][2 * kRows * kTokens];
-  const auto* act = static_cast<const uint8_t*>(actv);
-  const int64_t full = n / 32 * 32;
-  for (int rs = 0; rs < n_rows; rs += kRowsAtOnce) {
-    const int rows_here = std::min(kRowsAtOnce, n_rows - rs);
-    for (int t0 = 0; t0 < nt; t0 += kTokens) {
-      const uint8_t* a = act + static_cast<size_t>(t0) * stride;
-      for (int64_t c0 = 0, c1 = 0; c1 < n; c0 = c1) {
-        c1 = std::min(c0 + kColumns, full);
-        if (c1 >= full) c1 = n;
-        for (int r0 = rs; r0 < rs + rows_here; r0 += kRows) {
-          const T* w = reinterpret_cast<const T*>(static_cast<const char*>(wv) + r0 * row_bytes);
-          float* o = out + t0 * out_stride + r0;
-          __m512* st = state[(r0 - rs) / kRows];
-          WithTile<kRows>(std::min(kRows, rs + rows_here - r0), [&](auto r) {
-            WithTile<kTokens>(std::min(kTokens, nt - t0), [&](auto t) {
-              DotFloatTileWide<r.value, t.value, T, kBf16>(n, c0, c1, w, row_bytes, a, stride, st,
-                                                           o, out_stride);
-            });
-          });
-        }
-      }
-    }
-  }
+  FloatRowsByTiles<4, 4, 32, __m512, T>(
+      n, wv, row_bytes, n_rows, actv, stride, nt, out, out_stride,
+      [&](auto r, auto t, int64_t c0, int64_t c1, const T* w, const uint8_t* a, __m512* st,
+          float* o) {
+        DotFloatTileWide<r.value, t.value, T, kBf16>(n, c0, c1, w, row_bytes, a, stride, st, o,
+                                                     out_stride);
+      });
 }
 
 template <int NT>
