@@ -3,7 +3,8 @@
 # one sitting: per file, the page cache dropped, llama-bench, the page cache dropped, substrate
 # bench; each engine's peak RSS from /usr/bin/time. One JSON line per file: both engines' pp and
 # tg tokens/s, the ratios, our decode against the memory bandwidth our bench read in the same
-# run (bw_ratio), and both peaks.
+# run (bw_ratio: the highest probe of the run; bw_ratio_run: the probes just before and after the
+# decode run), and both peaks.
 #
 #   bench/side_by_side.sh SUBSTRATE LLAMA_BENCH THREADS FILE...
 #
@@ -43,6 +44,7 @@ print(json.dumps({
              "ratio": round(tg / llama["tg"], 2)},
     "mem_bw_gb_s": round(ours["mem_bw"]["bytes_per_s"] / 1e9, 1),
     "tg_bw_ratio": round(ours["bw_ratio"], 3),
+    "tg_bw_ratio_run": round(ours["bw_ratio_run_median"], 3),
     "peak_rss_gb": {"ours": round(int(ours_kb) / 1e6, 2),
                     "llama.cpp": round(int(llama_kb) / 1e6, 2)},
 }))

@@ -149,9 +149,11 @@ constexpr const char* kUsage =
     "                       [--draft-model M | --draft-mtp] [--draft-max K] [--prompt-file F]\n"
     "Prompt processing (-p tokens in one batch) and generation (-n tokens one at a time)\n"
     "speed, bytes of weights read per generated token, the memory read bandwidth measured\n"
-    "over a --bw-bytes buffer before and after the runs (the higher is the limit; under a\n"
-    "RAM budget on the CPU once, before the model opens, so the run has the whole budget),\n"
-    "and the ratio achieved/limit. -p 0 or -n 0 skips a test.\n"
+    "over a --bw-bytes buffer before and after the runs and around each decode run (the\n"
+    "highest is the limit; under a RAM budget on the CPU once, before the model opens, so the\n"
+    "run has the whole budget), and the ratio achieved/limit; each decode run also against\n"
+    "the probes either side of it (tg.per_run, bw_ratio_run_median).\n"
+    "-p 0 or -n 0 skips a test.\n"
     "-d N (depth): each test starts after an untimed prefill of N tokens, so it reads a KV\n"
     "cache of N positions and more (as llama-bench -d); bytes per generated token then count\n"
     "the cache's rows it reads (their mean over the test) beside the weights.\n"
@@ -360,6 +362,11 @@ int RunBench(const std::vector<std::string>& args) {
   std::vector<float> seq_logits(static_cast<size_t>(seq_caches.size() * n_vocab));
   std::vector<Model::SequencePass> seq_passes(seq_caches.size());
   Series pp, tg;
+  // Each decode repetition's own limit: the bandwidth read right before and right after it, the
+  // higher. A neighbour's load moves the machine's bandwidth between repetitions by more than
+  // our own scatter, so a limit read minutes away says little about one repetition.
+  std::vector<double> tg_rep_limit;
+  double last_probe = 0;       // the last decode run's closing probe
   uint64_t tg_disk_bytes = 0;  // --store: bytes read from the store during timed decode
   uint64_t tg_link_bytes = 0;  // weights a GPU read from host memory in timed decode (--max-vram)
   uint64_t tg_host_bytes = 0;  // of the weights off the GPU, those its host CPU computed (hybrid)
@@ -418,6 +425,8 @@ int RunBench(const std::vector<std::string>& args) {
       const uint64_t link0 = e.backend().host_link_bytes();
       const uint64_t host0 = e.backend().host_compute_bytes();
       const uint64_t drafted_disk0 = spec[1].disk_bytes;
+      Expected<BandwidthMeasurement> rep_bw_before = measure_bw();
+      if (!rep_bw_before.ok()) return PrintError("bench", rep_bw_before.status());
       if (profile && rep == *r - 1) {
         ResetKernelProfile();
         SetKernelProfiling(true);
@@ -478,13 +487,23 @@ int RunBench(const std::vector<std::string>& args) {
       tg_link_bytes += e.backend().host_link_bytes() - link0;
       tg_host_bytes += e.backend().host_compute_bytes() - host0;
       SetKernelProfiling(false);
+      Expected<BandwidthMeasurement> rep_bw_after = measure_bw();
+      if (!rep_bw_after.ok()) return PrintError("bench", rep_bw_after.status());
+      last_probe = rep_bw_after->bytes_per_second;
+      tg_rep_limit.push_back(std::max(rep_bw_before->bytes_per_second, last_probe));
     }
   }
 
   const double bw_before = bw->bytes_per_second;
-  Expected<BandwidthMeasurement> bw_after = measure_bw();
-  if (!bw_after.ok()) return PrintError("bench", bw_after.status());
-  const double limit = std::max(bw_before, bw_after->bytes_per_second);
+  // With decode runs the last one's closing probe is the reading after the runs.
+  double bw_after = last_probe;
+  if (tg_rep_limit.empty()) {
+    Expected<BandwidthMeasurement> m = measure_bw();
+    if (!m.ok()) return PrintError("bench", m.status());
+    bw_after = m->bytes_per_second;
+  }
+  double limit = std::max(bw_before, bw_after);
+  for (double l : tg_rep_limit) limit = std::max(limit, l);
   // Weights are read once per step, for all --sequences; each token reads its own sequence's
   // KV rows, of every layer, at all the positions before it: depth + (n + 1) / 2 on average.
   const double kv_bytes_per_token =
@@ -636,16 +655,16 @@ int RunBench(const std::vector<std::string>& args) {
     j["mem_bw"] = {
         {"bytes_per_s", limit},
         {"before_runs", bw_before},
-        {"after_runs", bw_after->bytes_per_second},
+        {"after_runs", bw_after},
         {"buffer_bytes", bw->buffer_bytes},
         {"method",
          "device memory: one streaming read of 16-byte loads over the buffer, best of 5, "
-         "before and after the runs, the higher"}};
+         "before and after the runs and around each decode run, the highest"}};
   } else {
     j["mem_bw"] = {
         {"bytes_per_s", limit},
         {"before_runs", bw_before},
-        {"after_runs", bw_after->bytes_per_second},
+        {"after_runs", bw_after},
         {"buffer_bytes", bw->buffer_bytes},
         {"threads", bw->threads},
         {"method",
@@ -654,12 +673,29 @@ int RunBench(const std::vector<std::string>& args) {
                "3 repeats, before the model opened (under a RAM budget the buffer would take "
                "the run's room)"
              : "streaming read, widest vector loads, without and with each prefetch, best pass of "
-               "3 repeats, before and after the runs, the higher"}};
+               "3 repeats, before and after the runs and around each decode run, the highest"}};
   }
   if (*n > 0) {
     j["tg_bytes_per_s"] = achieved;
     j["tg_limit_tokens_per_s"] = limit / step_bytes_per_token;
     j["bw_ratio"] = achieved / limit;
+    // Each repetition against the probes on either side of it (under a RAM budget on the host
+    // there is one probe, before the model opened, and these equal the run-wide ratio's terms).
+    nlohmann::json reps = nlohmann::json::array();
+    std::vector<double> ratios;
+    for (size_t i = 0; i < tg.tps.size() && i < tg_rep_limit.size(); ++i) {
+      const double ratio = tg.tps[i] * step_bytes_per_token / tg_rep_limit[i];
+      ratios.push_back(ratio);
+      reps.push_back({{"tokens_per_s", tg.tps[i]},
+                      {"limit_bytes_per_s", tg_rep_limit[i]},
+                      {"bw_ratio", ratio}});
+    }
+    j["tg"]["per_run"] = reps;
+    if (!ratios.empty()) {
+      std::sort(ratios.begin(), ratios.end());
+      const size_t m = ratios.size();
+      j["bw_ratio_run_median"] = m % 2 ? ratios[m / 2] : (ratios[m / 2 - 1] + ratios[m / 2]) / 2;
+    }
   }
   if (tg_link_bytes > 0 || tg_host_bytes > 0) {
     // Out of VRAM: the weights the GPU does not hold cross the link every token, or (the
@@ -725,9 +761,14 @@ int RunBench(const std::vector<std::string>& args) {
   if (*n > 0 && *depth > 0)
     std::printf("at depth %lld: KV cache rows read per token %s\n", static_cast<long long>(*depth),
                 FormatBytes(static_cast<uint64_t>(kv_bytes_per_token)).c_str());
-  if (*n > 0)
+  if (*n > 0) {
     std::printf("generation reads %.2f GB/s = %.1f%% of the limit (limit %.2f tokens/s)\n",
                 achieved / 1e9, 100 * achieved / limit, limit / step_bytes_per_token);
+    std::printf("each run against the probes either side of it:");
+    for (const auto& run : j["tg"]["per_run"])
+      std::printf(" %.1f%%", 100 * run["bw_ratio"].get<double>());
+    std::printf("\n");
+  }
   if (j.contains("host_link")) {
     const auto& l = j["host_link"];
     std::printf("host link: %.1f MB per token over %.2f GB/s (limit %.2f tokens/s, %.1f%%)\n",

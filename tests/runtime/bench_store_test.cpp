@@ -4,6 +4,7 @@
 // decode next to an O_DIRECT read probe of one store file from the same run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -27,7 +28,8 @@ uint64_t PerTokenFromManifest(const std::string& dir, int tier) {
   const json m = json::parse(in);
   std::map<std::string, uint64_t> bytes;
   for (const json& e : m["entries"])
-    if (e["tier"].get<int>() <= tier) bytes[e["tensor"].get<std::string>()] += e["bytes"].get<uint64_t>();
+    if (e["tier"].get<int>() <= tier)
+      bytes[e["tensor"].get<std::string>()] += e["bytes"].get<uint64_t>();
   uint64_t total = 0;
   for (const json& t : m["tensors"]) {
     const std::string name = t["name"];
@@ -67,8 +69,10 @@ TEST(BenchStore, WeightBandwidthAndDiskProbe) {
   ASSERT_TRUE(top.is_object() && low.is_object());
   EXPECT_EQ(top["store"]["serve_tier"], 2);
   EXPECT_EQ(low["store"]["serve_tier"], 0);
-  EXPECT_EQ(top["weight_bytes_per_token"].get<uint64_t>(), PerTokenFromManifest(PackedTinyMoeStore(), 2));
-  EXPECT_EQ(low["weight_bytes_per_token"].get<uint64_t>(), PerTokenFromManifest(PackedTinyMoeStore(), 0));
+  EXPECT_EQ(top["weight_bytes_per_token"].get<uint64_t>(),
+            PerTokenFromManifest(PackedTinyMoeStore(), 2));
+  EXPECT_EQ(low["weight_bytes_per_token"].get<uint64_t>(),
+            PerTokenFromManifest(PackedTinyMoeStore(), 0));
   EXPECT_GT(top["model_bytes"].get<uint64_t>(), low["model_bytes"].get<uint64_t>());
   for (const json* j : {&top, &low}) {
     const json& b = *j;
@@ -129,7 +133,7 @@ TEST(BenchDepth, KvRowsCountedAndCombinationsRefused) {
   auto bench = [&](const std::string& extra, int* rc) {
     const std::string out = StoreTestPath("bench_depth.json");
     const std::string cmd = std::string(SUBSTRATE_BINARY) + " bench -m " + model +
-                            " -p 4 -n 3 -r 1 -t 2 --json --bw-bytes 16M " + extra + " > " + out +
+                            " -p 4 -n 3 -r 2 -t 2 --json --bw-bytes 16M " + extra + " > " + out +
                             " 2>&1";
     *rc = std::system(cmd.c_str());
     std::ifstream in(out);
@@ -151,6 +155,28 @@ TEST(BenchDepth, KvRowsCountedAndCombinationsRefused) {
   EXPECT_NEAR(kv16, 9 * kv0, 1e-6 * kv16);
   EXPECT_GT(b["tg"]["tokens_per_s"].get<double>(), 0);
   EXPECT_GT(b["pp"]["tokens_per_s"].get<double>(), 0);
+  // Each decode run against the probes either side of it; the run-wide limit is the highest.
+  for (const json* j : {&a, &b}) {
+    const json& runs = (*j)["tg"]["per_run"];
+    ASSERT_EQ(runs.size(), 2u) << j->dump();
+    const double per_token =
+        (*j)["weight_bytes_per_token"].get<double>() + (*j)["kv_bytes_per_token"].get<double>();
+    double highest = 0;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const double limit = runs[i]["limit_bytes_per_s"];
+      EXPECT_EQ(runs[i]["tokens_per_s"].get<double>(), (*j)["tg"]["runs"][i].get<double>());
+      EXPECT_NEAR(runs[i]["bw_ratio"].get<double>(),
+                  runs[i]["tokens_per_s"].get<double>() * per_token / limit, 1e-9);
+      highest = std::max(highest, limit);
+    }
+    EXPECT_LE(highest, (*j)["mem_bw"]["bytes_per_s"].get<double>());
+    // The reading after the runs is the last run's closing probe.
+    const double after = (*j)["mem_bw"]["after_runs"];
+    EXPECT_GT(after, 0);
+    EXPECT_GE(runs[1]["limit_bytes_per_s"].get<double>(), after);
+    const double r0 = runs[0]["bw_ratio"], r1 = runs[1]["bw_ratio"];
+    EXPECT_NEAR((*j)["bw_ratio_run_median"].get<double>(), (r0 + r1) / 2, 1e-9);
+  }
   const std::string refused = bench("-d 16 --sequences 2", &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(refused.find("-d goes with neither"), std::string::npos) << refused;
