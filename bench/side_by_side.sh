@@ -4,7 +4,8 @@
 # bench; each engine's peak RSS from /usr/bin/time. One JSON line per file: both engines' pp and
 # tg tokens/s, the ratios, our decode against the memory bandwidth our bench read in the same
 # run (bw_ratio: the highest probe of the run; bw_ratio_run: the probes just before and after the
-# decode run), and both peaks.
+# decode run; bw_ratio_token: each token against 512 MiB reads just before and after it, p10,
+# median and p90), and both peaks.
 #
 #   bench/side_by_side.sh SUBSTRATE LLAMA_BENCH THREADS FILE...
 #
@@ -28,6 +29,7 @@ for file in "$@"; do
     > "$tmp/llama.json" 2> "$tmp/llama.time"
   drop_caches
   /usr/bin/time -v "$substrate" bench -m "$file" -t "$threads" -p 512 -n 64 -r 1 --json \
+    --bw-each-token 512M \
     > "$tmp/ours.json" 2> "$tmp/ours.time"
   python3 - "$file" "$tmp/llama.json" "$tmp/ours.json" "$(peak_kb "$tmp/llama.time")" \
     "$(peak_kb "$tmp/ours.time")" <<'EOF'
@@ -45,6 +47,8 @@ print(json.dumps({
     "mem_bw_gb_s": round(ours["mem_bw"]["bytes_per_s"] / 1e9, 1),
     "tg_bw_ratio": round(ours["bw_ratio"], 3),
     "tg_bw_ratio_run": round(ours["bw_ratio_run_median"], 3),
+    "tg_bw_ratio_token": {k: round(ours["tg"]["per_token"]["bw_ratio_" + k], 3)
+                          for k in ("p10", "median", "p90")},
     "peak_rss_gb": {"ours": round(int(ours_kb) / 1e6, 2),
                     "llama.cpp": round(int(llama_kb) / 1e6, 2)},
 }))

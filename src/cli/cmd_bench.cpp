@@ -142,7 +142,8 @@ nlohmann::json ProfileJson(const std::vector<KernelProfileEntry>& entries, doubl
 
 constexpr const char* kUsage =
     "usage: substrate bench -m MODEL [-p 512] [-n 128] [-d 0] [-t N] [-r 2] [--json] [--profile]\n"
-    "                       [--bw-bytes 2G] [--kv-type f32|f16] [--device cpu|cuda] [--gpu N]\n"
+    "                       [--bw-bytes 2G] [--bw-each-token SIZE] [--kv-type f32|f16] [--device "
+    "cpu|cuda] [--gpu N]\n"
     "                       [--max-vram SIZE] [--store STORE/ --max-ram SIZE [--tier N] ...]\n"
     "                       [--cache-aware-routing DELTA] [--lookahead N]\n"
     "                       [--verify all|margin [--verify-window W] [--verify-tau T] ...]\n"
@@ -152,7 +153,10 @@ constexpr const char* kUsage =
     "over a --bw-bytes buffer before and after the runs and around each decode run (the\n"
     "highest is the limit; under a RAM budget on the CPU once, before the model opens, so the\n"
     "run has the whole budget), and the ratio achieved/limit; each decode run also against\n"
-    "the probes either side of it (tg.per_run, bw_ratio_run_median).\n"
+    "the probes either side of it (tg.per_run, bw_ratio_run_median). --bw-each-token SIZE\n"
+    "(plain resident decode on the CPU) reads a SIZE buffer before each token and after the\n"
+    "last, and adds each token's ratio against the readings either side of it (tg.per_token:\n"
+    "p10, median, p90): the limit at the moment the token ran; the probe's time is not timed.\n"
     "-p 0 or -n 0 skips a test.\n"
     "-d N (depth): each test starts after an untimed prefill of N tokens, so it reads a KV\n"
     "cache of N positions and more (as llama-bench -d); bytes per generated token then count\n"
@@ -178,12 +182,30 @@ constexpr const char* kUsage =
     "--print-plan prints the plan the session chose (see substrate run --help) on stderr.\n";
 
 int RunBench(const std::vector<std::string>& args) {
-  Flags f(args, {StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-d", "--depth", "-t",
-                                      "--threads", "-r", "--repetitions", "--bw-bytes",
-                                      "--probe-bytes", "--kv-type", "--cache-type", "--verify",
-                                      "--verify-window", "--verify-tau", "--verify-tier",
-                                      "--draft-tier", "--sequences", "--draft-model",
-                                      "--draft-max", "--prompt-file"}),
+  Flags f(args, {StoreFlagsWithValue({"-m",
+                                      "--model",
+                                      "-p",
+                                      "-n",
+                                      "-d",
+                                      "--depth",
+                                      "-t",
+                                      "--threads",
+                                      "-r",
+                                      "--repetitions",
+                                      "--bw-bytes",
+                                      "--probe-bytes",
+                                      "--kv-type",
+                                      "--cache-type",
+                                      "--verify",
+                                      "--verify-window",
+                                      "--verify-tau",
+                                      "--verify-tier",
+                                      "--draft-tier",
+                                      "--sequences",
+                                      "--draft-model",
+                                      "--draft-max",
+                                      "--prompt-file",
+                                      "--bw-each-token"}),
                  StoreSwitches({"--json", "--profile", "--draft-mtp"})});
   if (!f.status().ok()) return UsageError("bench", f.status(), kUsage);
   if (f.help()) {
@@ -209,6 +231,8 @@ int RunBench(const std::vector<std::string>& args) {
       f.Get({"--bw-bytes"},
             f.Has("--store") || f.Has("--max-ram") || f.Has("--max-vram") ? "128M" : "2G"));
   if (!bw_bytes.ok()) return PrintError("bench", bw_bytes.status());
+  auto token_probe_bytes = ParseBytes(f.Get({"--bw-each-token"}, "0"));
+  if (!token_probe_bytes.ok()) return PrintError("bench", token_probe_bytes.status());
   auto probe_bytes = ParseBytes(f.Get({"--probe-bytes"}, "256M"));
   if (!probe_bytes.ok()) return PrintError("bench", probe_bytes.status());
   const bool json = f.Has("--json"), profile = f.Has("--profile");
@@ -249,6 +273,11 @@ int RunBench(const std::vector<std::string>& args) {
   if (Status st = ParseDraftFlags(f, &draft_max, &eo.draft_model, &eo.draft_mtp); !st.ok())
     return PrintError("bench", st);
   const bool drafting = draft_max > 0;
+  if (*token_probe_bytes > 0 &&
+      (host_budget || eo.device != "cpu" || drafting || verifying || *seqs > 1 || *n == 0))
+    return PrintError("bench", InvalidArgument("--bw-each-token goes with plain resident decode "
+                                               "on the CPU only (-n > 0, no budget, no drafts, "
+                                               "--verify or --sequences)"));
   std::string prompt_text;
   if (f.Has("--prompt-file")) {
     if (!drafting)
@@ -351,6 +380,14 @@ int RunBench(const std::vector<std::string>& args) {
 
   auto cache = KvCache::Create(model.hparams(), bench_ctx, model.backend(), *kv_type);
   if (!cache.ok()) return PrintError("bench", cache.status());
+  // Weights are read once per step, for all --sequences; each token reads its own sequence's
+  // KV rows, of every layer, at all the positions before it: depth + (n + 1) / 2 on average.
+  const double kv_bytes_per_token =
+      static_cast<double>(cache->k_row_bytes() + cache->v_row_bytes()) *
+      static_cast<double>(model.hparams().n_layer) *
+      (static_cast<double>(*depth) + static_cast<double>(*n + 1) / 2);
+  const double step_bytes_per_token =
+      static_cast<double>(w.per_token_bytes) / static_cast<double>(*seqs) + kv_bytes_per_token;
   std::vector<float> logits;
   // --sequences: one cache per sequence, and each one's last logits.
   std::vector<KvCache> seq_caches;
@@ -367,6 +404,16 @@ int RunBench(const std::vector<std::string>& args) {
   // our own scatter, so a limit read minutes away says little about one repetition.
   std::vector<double> tg_rep_limit;
   double last_probe = 0;       // the last decode run's closing probe
+  // --bw-each-token: a probe read between decode steps, and each step's ratio against the
+  // readings either side of it: the limit at the moment the step ran, on a machine whose
+  // neighbours move its bandwidth within a run.
+  std::optional<MemoryReadProbe> token_probe;
+  if (*token_probe_bytes > 0) {
+    auto probe = MemoryReadProbe::Create(e.pool(), *token_probe_bytes);
+    if (!probe.ok()) return PrintError("bench", probe.status().WithContext("--bw-each-token"));
+    token_probe.emplace(std::move(*probe));
+  }
+  std::vector<double> token_ratios;
   uint64_t tg_disk_bytes = 0;  // --store: bytes read from the store during timed decode
   uint64_t tg_link_bytes = 0;  // weights a GPU read from host memory in timed decode (--max-vram)
   uint64_t tg_host_bytes = 0;  // of the weights off the GPU, those its host CPU computed (hybrid)
@@ -473,6 +520,22 @@ int RunBench(const std::vector<std::string>& args) {
           if (!st.ok()) return PrintError("bench", st);
           e.AfterToken();
         }
+      } else if (token_probe) {
+        // A probe pass before each token and after the last; the run's time is its tokens'.
+        double seconds = 0, probe_before = token_probe->Read();
+        for (int64_t i = 0; i < *n; ++i) {
+          const auto t0 = Clock::now();
+          Status st = model.Forward(&tokens[i], 1, *cache, false, &logits);
+          if (!st.ok()) return PrintError("bench", st);
+          e.AfterToken();
+          const double s = Seconds(t0);
+          seconds += s;
+          const double probe_after = token_probe->Read();
+          token_ratios.push_back(step_bytes_per_token / s / std::max(probe_before, probe_after));
+          probe_before = probe_after;
+        }
+        start = Clock::now() -
+                std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
       } else {
         for (int64_t i = 0; i < *n; ++i) {
           Status st = model.Forward(&tokens[i], 1, *cache, false, &logits);
@@ -504,14 +567,6 @@ int RunBench(const std::vector<std::string>& args) {
   }
   double limit = std::max(bw_before, bw_after);
   for (double l : tg_rep_limit) limit = std::max(limit, l);
-  // Weights are read once per step, for all --sequences; each token reads its own sequence's
-  // KV rows, of every layer, at all the positions before it: depth + (n + 1) / 2 on average.
-  const double kv_bytes_per_token =
-      static_cast<double>(cache->k_row_bytes() + cache->v_row_bytes()) *
-      static_cast<double>(model.hparams().n_layer) *
-      (static_cast<double>(*depth) + static_cast<double>(*n + 1) / 2);
-  const double step_bytes_per_token =
-      static_cast<double>(w.per_token_bytes) / static_cast<double>(*seqs) + kv_bytes_per_token;
   const double achieved = tg.Mean() * step_bytes_per_token;
   nlohmann::json j;
   j["model"] = path;
@@ -691,6 +746,18 @@ int RunBench(const std::vector<std::string>& args) {
                       {"bw_ratio", ratio}});
     }
     j["tg"]["per_run"] = reps;
+    if (!token_ratios.empty()) {
+      std::sort(token_ratios.begin(), token_ratios.end());
+      auto at = [&](double q) {
+        return token_ratios[static_cast<size_t>(q * static_cast<double>(token_ratios.size() - 1))];
+      };
+      j["tg"]["per_token"] = {{"probe_bytes", token_probe->buffer_bytes()},
+                              {"tokens", token_ratios.size()},
+                              {"bw_ratio_p10", at(0.1)},
+                              {"bw_ratio_median", at(0.5)},
+                              {"bw_ratio_p90", at(0.9)}};
+      j["bw_ratio_token_median"] = at(0.5);
+    }
     if (!ratios.empty()) {
       std::sort(ratios.begin(), ratios.end());
       const size_t m = ratios.size();
@@ -768,6 +835,13 @@ int RunBench(const std::vector<std::string>& args) {
     for (const auto& run : j["tg"]["per_run"])
       std::printf(" %.1f%%", 100 * run["bw_ratio"].get<double>());
     std::printf("\n");
+    if (j["tg"].contains("per_token"))
+      std::printf(
+          "each token against the probes either side of it: median %.1f%% (p10 %.1f%%, "
+          "p90 %.1f%%)\n",
+          100 * j["tg"]["per_token"]["bw_ratio_median"].get<double>(),
+          100 * j["tg"]["per_token"]["bw_ratio_p10"].get<double>(),
+          100 * j["tg"]["per_token"]["bw_ratio_p90"].get<double>());
   }
   if (j.contains("host_link")) {
     const auto& l = j["host_link"];

@@ -43,8 +43,7 @@ ReadFn BestReadLoop() {
 
 }  // namespace
 
-Expected<BandwidthMeasurement> MeasureReadBandwidth(ThreadPool& pool, uint64_t buffer_bytes,
-                                                    int repeats) {
+Expected<MemoryReadProbe> MemoryReadProbe::Create(ThreadPool& pool, uint64_t buffer_bytes) {
   buffer_bytes = std::max<uint64_t>(buffer_bytes / 4096 * 4096, 1 << 20);
   ASSIGN_OR_RETURN(auto buf, AlignedBuffer::Allocate(buffer_bytes, &MemoryLedger::Global(),
                                                      "scratch"));
@@ -58,36 +57,47 @@ Expected<BandwidthMeasurement> MeasureReadBandwidth(ThreadPool& pool, uint64_t b
       for (size_t i = b; i < e; ++i) data[i] = i;
     }
   });
+  return MemoryReadProbe(pool, std::move(buf));
+}
+
+double MemoryReadProbe::Read() {
+  const int threads = pool_->size();
+  const size_t words = buffer_.size() / 8;
   std::vector<uint64_t> sink(static_cast<size_t>(threads) * 8);
-  BandwidthMeasurement m;
-  m.buffer_bytes = buffer_bytes;
-  m.threads = threads;
-  m.repeats = std::max(1, repeats);
-  // Each repeat runs the read loop with plain vector loads, with the software prefetch the decode
-  // kernels use on this core, and with the other vendor's distances: which is fastest depends on
-  // the machine, and the limit is the best any reaches.
+  // Plain vector loads, the software prefetch the decode kernels use on this core, and the other
+  // vendor's distances: which is fastest depends on the machine, and the limit is the best any
+  // reaches.
   const ReadFn read = BestReadLoop();
-  const auto* bytes = buf.as<uint8_t>();
+  const auto* bytes = buffer_.as<uint8_t>();
   const PrefetchDistances decode = DecodePrefetch(), intel;
   std::vector<const PrefetchDistances*> settings = {nullptr, &decode};
   if (decode.l1 != intel.l1 || decode.l2 != intel.l2) settings.push_back(&intel);
-  for (int r = 0; r < m.repeats; ++r) {
-    for (const PrefetchDistances* prefetch : settings) {
-      auto start = std::chrono::steady_clock::now();
-      pool.ParallelFor(threads, 1, [&](int64_t t0, int64_t t1, int) {
-        for (int64_t t = t0; t < t1; ++t) {
-          // Slices of whole 4 KiB pages, so the vector loops' aligned loads stay aligned.
-          size_t b = words / 512 * t / threads * 4096, e = words / 512 * (t + 1) / threads * 4096;
-          sink[t * 8] += read(bytes + b, e - b, prefetch);
-        }
-      });
-      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      m.bytes_per_second = std::max(m.bytes_per_second, static_cast<double>(buffer_bytes) / s);
-    }
+  double best = 0;
+  for (const PrefetchDistances* prefetch : settings) {
+    auto start = std::chrono::steady_clock::now();
+    pool_->ParallelFor(threads, 1, [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; ++t) {
+        // Slices of whole 4 KiB pages, so the vector loops' aligned loads stay aligned.
+        size_t b = words / 512 * t / threads * 4096, e = words / 512 * (t + 1) / threads * 4096;
+        sink[t * 8] += read(bytes + b, e - b, prefetch);
+      }
+    });
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, static_cast<double>(buffer_.size()) / s);
   }
-  volatile uint64_t keep = 0;
-  for (uint64_t v : sink) keep = keep + v;
-  (void)keep;
+  for (uint64_t v : sink) sink_ += v;
+  return best;
+}
+
+Expected<BandwidthMeasurement> MeasureReadBandwidth(ThreadPool& pool, uint64_t buffer_bytes,
+                                                    int repeats) {
+  ASSIGN_OR_RETURN(MemoryReadProbe probe, MemoryReadProbe::Create(pool, buffer_bytes));
+  BandwidthMeasurement m;
+  m.buffer_bytes = probe.buffer_bytes();
+  m.threads = probe.threads();
+  m.repeats = std::max(1, repeats);
+  for (int r = 0; r < m.repeats; ++r)
+    m.bytes_per_second = std::max(m.bytes_per_second, probe.Read());
   return m;
 }
 

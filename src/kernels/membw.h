@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/aligned_buffer.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 
@@ -17,11 +18,32 @@ struct BandwidthMeasurement {
   int repeats = 0;
 };
 
-// Reads a `buffer_bytes` buffer (touched first, so pages exist) `repeats` times with every
-// thread of `pool`, each thread its own contiguous slice, with the widest vector loads the CPU
-// has (AVX-512, AVX2, else 64-bit words), each repeat once plain, once with the decode
-// kernels' software prefetch on this core and (where they differ) once with the other vendor's
-// distances, and reports the best pass: the most a streaming read reaches.
+// A buffer read again and again: allocated and touched once (each page from the thread that will
+// read it), so that a bench can take many short readings, say between decode steps, without
+// paying for the allocation each time. Charged to the global ledger as scratch.
+class MemoryReadProbe {
+ public:
+  static Expected<MemoryReadProbe> Create(ThreadPool& pool, uint64_t buffer_bytes);
+
+  // Reads the buffer with every thread of the pool, each thread its own contiguous slice, with
+  // the widest vector loads the CPU has (AVX-512, AVX2, else 64-bit words): once plain, once
+  // with the decode kernels' software prefetch on this core and (where they differ) once with
+  // the other vendor's distances. Returns the best pass's bytes per second: the most a
+  // streaming read reaches.
+  double Read();
+
+  uint64_t buffer_bytes() const { return buffer_.size(); }
+  int threads() const { return pool_->size(); }
+
+ private:
+  MemoryReadProbe(ThreadPool& pool, AlignedBuffer buffer)
+      : pool_(&pool), buffer_(std::move(buffer)) {}
+  ThreadPool* pool_;
+  AlignedBuffer buffer_;
+  uint64_t sink_ = 0;  // keeps the loads
+};
+
+// A MemoryReadProbe of `buffer_bytes`, read `repeats` times; the best pass.
 Expected<BandwidthMeasurement> MeasureReadBandwidth(ThreadPool& pool, uint64_t buffer_bytes,
                                                     int repeats = 3);
 

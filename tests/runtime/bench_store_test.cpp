@@ -177,6 +177,19 @@ TEST(BenchDepth, KvRowsCountedAndCombinationsRefused) {
     const double r0 = runs[0]["bw_ratio"], r1 = runs[1]["bw_ratio"];
     EXPECT_NEAR((*j)["bw_ratio_run_median"].get<double>(), (r0 + r1) / 2, 1e-9);
   }
+  // --bw-each-token: one ratio a decode step against the readings either side of it.
+  const std::string each = bench("--bw-each-token 4M", &rc);
+  ASSERT_EQ(rc, 0) << each;
+  const json c = json::parse(each.substr(each.find('{')));
+  const json& per_token = c["tg"]["per_token"];
+  EXPECT_EQ(per_token["tokens"], 6) << c.dump();  // -n 3, -r 2
+  EXPECT_EQ(per_token["probe_bytes"], 4 << 20);
+  EXPECT_GT(per_token["bw_ratio_p10"].get<double>(), 0);
+  EXPECT_LE(per_token["bw_ratio_p10"].get<double>(), per_token["bw_ratio_median"].get<double>());
+  EXPECT_LE(per_token["bw_ratio_median"].get<double>(), per_token["bw_ratio_p90"].get<double>());
+  EXPECT_EQ(c["bw_ratio_token_median"], per_token["bw_ratio_median"]);
+  bench("--bw-each-token 4M --sequences 2", &rc);
+  EXPECT_NE(rc, 0);
   const std::string refused = bench("-d 16 --sequences 2", &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(refused.find("-d goes with neither"), std::string::npos) << refused;
