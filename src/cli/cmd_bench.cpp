@@ -407,13 +407,7 @@ int RunBench(const std::vector<std::string>& args) {
   // --bw-each-token: a probe read between decode steps, and each step's ratio against the
   // readings either side of it: the limit at the moment the step ran, on a machine whose
   // neighbours move its bandwidth within a run.
-  std::optional<MemoryReadProbe> token_probe;
-  if (*token_probe_bytes > 0) {
-    auto probe = MemoryReadProbe::Create(e.pool(), *token_probe_bytes);
-    if (!probe.ok()) return PrintError("bench", probe.status().WithContext("--bw-each-token"));
-    token_probe.emplace(std::move(*probe));
-  }
-  std::vector<double> token_ratios;
+  std::vector<double> token_ratios, token_probes;
   uint64_t tg_disk_bytes = 0;  // --store: bytes read from the store during timed decode
   uint64_t tg_link_bytes = 0;  // weights a GPU read from host memory in timed decode (--max-vram)
   uint64_t tg_host_bytes = 0;  // of the weights off the GPU, those its host CPU computed (hybrid)
@@ -520,9 +514,14 @@ int RunBench(const std::vector<std::string>& args) {
           if (!st.ok()) return PrintError("bench", st);
           e.AfterToken();
         }
-      } else if (token_probe) {
-        // A probe pass before each token and after the last; the run's time is its tokens'.
+      } else if (*token_probe_bytes > 0) {
+        // A probe pass before each token and after the last; the run's time is its tokens'. The
+        // buffer lives for the run only, never beside the bracketing probes' larger one.
+        auto token_probe = MemoryReadProbe::Create(e.pool(), *token_probe_bytes);
+        if (!token_probe.ok())
+          return PrintError("bench", token_probe.status().WithContext("--bw-each-token"));
         double seconds = 0, probe_before = token_probe->Read();
+        token_probes.push_back(probe_before);
         for (int64_t i = 0; i < *n; ++i) {
           const auto t0 = Clock::now();
           Status st = model.Forward(&tokens[i], 1, *cache, false, &logits);
@@ -531,6 +530,7 @@ int RunBench(const std::vector<std::string>& args) {
           const double s = Seconds(t0);
           seconds += s;
           const double probe_after = token_probe->Read();
+          token_probes.push_back(probe_after);
           token_ratios.push_back(step_bytes_per_token / s / std::max(probe_before, probe_after));
           probe_before = probe_after;
         }
@@ -748,14 +748,17 @@ int RunBench(const std::vector<std::string>& args) {
     j["tg"]["per_run"] = reps;
     if (!token_ratios.empty()) {
       std::sort(token_ratios.begin(), token_ratios.end());
+      std::sort(token_probes.begin(), token_probes.end());
       auto at = [&](double q) {
         return token_ratios[static_cast<size_t>(q * static_cast<double>(token_ratios.size() - 1))];
       };
-      j["tg"]["per_token"] = {{"probe_bytes", token_probe->buffer_bytes()},
+      j["tg"]["per_token"] = {{"probe_bytes", *token_probe_bytes},
                               {"tokens", token_ratios.size()},
                               {"bw_ratio_p10", at(0.1)},
                               {"bw_ratio_median", at(0.5)},
-                              {"bw_ratio_p90", at(0.9)}};
+                              {"bw_ratio_p90", at(0.9)},
+                              {"probe_median_bytes_per_s", token_probes[token_probes.size() / 2]},
+                              {"probe_max_bytes_per_s", token_probes.back()}};
       j["bw_ratio_token_median"] = at(0.5);
     }
     if (!ratios.empty()) {
