@@ -142,15 +142,16 @@ nlohmann::json ProfileJson(const std::vector<KernelProfileEntry>& entries, doubl
 
 constexpr const char* kUsage =
     "usage: substrate bench -m MODEL [-p 512] [-n 128] [-d 0] [-t N] [-r 2] [--json] [--profile]\n"
-    "                       [--bw-bytes 2G] [--bw-each-token SIZE] [--kv-type f32|f16] [--device "
-    "cpu|cuda] [--gpu N]\n"
+    "                       [--bw-bytes SIZE] [--bw-each-token SIZE] [--kv-type f32|f16]\n"
+    "                       [--device cpu|cuda] [--gpu N]\n"
     "                       [--max-vram SIZE] [--store STORE/ --max-ram SIZE [--tier N] ...]\n"
     "                       [--cache-aware-routing DELTA] [--lookahead N]\n"
     "                       [--verify all|margin [--verify-window W] [--verify-tau T] ...]\n"
     "                       [--draft-model M | --draft-mtp] [--draft-max K] [--prompt-file F]\n"
     "Prompt processing (-p tokens in one batch) and generation (-n tokens one at a time)\n"
     "speed, bytes of weights read per generated token, the memory read bandwidth measured\n"
-    "over a --bw-bytes buffer before and after the runs and around each decode run (the\n"
+    "over a --bw-bytes buffer (16x the CPU's last-level cache, 512M-2G; a GPU's 2G; 128M\n"
+    "under a budget) before and after the runs and around each decode run (the\n"
     "highest is the limit; under a RAM budget on the CPU once, before the model opens, so the\n"
     "run has the whole budget), and the ratio achieved/limit; each decode run also against\n"
     "the probes either side of it (tg.per_run, bw_ratio_run_median). --bw-each-token SIZE\n"
@@ -227,9 +228,13 @@ int RunBench(const std::vector<std::string>& args) {
   if (*seqs < 1 || *seqs > 256)
     return PrintError("bench", InvalidArgument("--sequences must be 1..256"));
   // Under a budget (a store, or a GGUF that may run in place) the probe buffer is inside it.
-  auto bw_bytes = ParseBytes(
-      f.Get({"--bw-bytes"},
-            f.Has("--store") || f.Has("--max-ram") || f.Has("--max-vram") ? "128M" : "2G"));
+  // Else a GPU's is 2 GiB, the host's large enough that no cache holds it (and no larger: it
+  // counts in the bench's peak memory, which side-by-side runs compare).
+  const bool under_budget = f.Has("--store") || f.Has("--max-ram") || f.Has("--max-vram");
+  Expected<uint64_t> bw_bytes = under_budget                          ? 128ull << 20
+                                : f.Get({"--device"}, "cpu") != "cpu" ? 2ull << 30
+                                                                      : DefaultProbeBytes();
+  if (f.Has("--bw-bytes")) bw_bytes = ParseBytes(f.Get({"--bw-bytes"}, ""));
   if (!bw_bytes.ok()) return PrintError("bench", bw_bytes.status());
   auto token_probe_bytes = ParseBytes(f.Get({"--bw-each-token"}, "0"));
   if (!token_probe_bytes.ok()) return PrintError("bench", token_probe_bytes.status());
@@ -780,7 +785,8 @@ int RunBench(const std::vector<std::string>& args) {
     if (tg_host_bytes > 0) {
       // Host memory over a buffer no cache holds: --max-vram's default probe (128 MiB, sized for
       // a RAM budget there is none of here) fits a server's L3 and reads 2-3x DRAM's rate.
-      auto m = MeasureReadBandwidth(e.pool(), f.Has("--bw-bytes") ? *bw_bytes : 2ull << 30, 3);
+      auto m =
+          MeasureReadBandwidth(e.pool(), f.Has("--bw-bytes") ? *bw_bytes : DefaultProbeBytes(), 3);
       if (!m.ok()) return PrintError("bench", m.status());
       host_bw = m->bytes_per_second;
     }

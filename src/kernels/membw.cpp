@@ -1,5 +1,7 @@
 #include "kernels/membw.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -87,6 +89,12 @@ double MemoryReadProbe::Read() {
   }
   for (uint64_t v : sink) sink_ += v;
   return best;
+}
+
+uint64_t DefaultProbeBytes() {
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (l3 <= 0) return 2ull << 30;
+  return std::clamp<uint64_t>(16 * static_cast<uint64_t>(l3), 512ull << 20, 2ull << 30);
 }
 
 Expected<BandwidthMeasurement> MeasureReadBandwidth(ThreadPool& pool, uint64_t buffer_bytes,

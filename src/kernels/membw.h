@@ -43,6 +43,10 @@ class MemoryReadProbe {
   uint64_t sink_ = 0;  // keeps the loads
 };
 
+// A buffer size that no cache holds: 16 times the last-level cache, from 512 MiB to 2 GiB (2 GiB
+// where the cache's size is not known). Larger only raises the peak memory of what measures.
+uint64_t DefaultProbeBytes();
+
 // A MemoryReadProbe of `buffer_bytes`, read `repeats` times; the best pass.
 Expected<BandwidthMeasurement> MeasureReadBandwidth(ThreadPool& pool, uint64_t buffer_bytes,
                                                     int repeats = 3);
