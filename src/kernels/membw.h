@@ -28,7 +28,8 @@ class MemoryReadProbe {
   // Reads the buffer with every thread of the pool, each thread its own contiguous slice, with
   // the widest vector loads the CPU has (AVX-512, AVX2, else 64-bit words): once plain, once
   // with the decode kernels' software prefetch on this core and (where they differ) once with
-  // the other vendor's distances. Returns the best pass's bytes per second: the most a
+  // the other vendor's distances; each of them with the slice read as one stream and (vector
+  // loops) as four streams side by side. Returns the best pass's bytes per second: the most a
   // streaming read reaches.
   double Read();
 
