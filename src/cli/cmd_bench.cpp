@@ -183,30 +183,12 @@ constexpr const char* kUsage =
     "--print-plan prints the plan the session chose (see substrate run --help) on stderr.\n";
 
 int RunBench(const std::vector<std::string>& args) {
-  Flags f(args, {StoreFlagsWithValue({"-m",
-                                      "--model",
-                                      "-p",
-                                      "-n",
-                                      "-d",
-                                      "--depth",
-                                      "-t",
-                                      "--threads",
-                                      "-r",
-                                      "--repetitions",
-                                      "--bw-bytes",
-                                      "--probe-bytes",
-                                      "--kv-type",
-                                      "--cache-type",
-                                      "--verify",
-                                      "--verify-window",
-                                      "--verify-tau",
-                                      "--verify-tier",
-                                      "--draft-tier",
-                                      "--sequences",
-                                      "--draft-model",
-                                      "--draft-max",
-                                      "--prompt-file",
-                                      "--bw-each-token"}),
+  Flags f(args, {StoreFlagsWithValue({"-m", "--model", "-p", "-n", "-d", "--depth", "-t",
+                                      "--threads", "-r", "--repetitions", "--bw-bytes",
+                                      "--probe-bytes", "--kv-type", "--cache-type", "--verify",
+                                      "--verify-window", "--verify-tau", "--verify-tier",
+                                      "--draft-tier", "--sequences", "--draft-model",
+                                      "--draft-max", "--prompt-file", "--bw-each-token"}),
                  StoreSwitches({"--json", "--profile", "--draft-mtp"})});
   if (!f.status().ok()) return UsageError("bench", f.status(), kUsage);
   if (f.help()) {
