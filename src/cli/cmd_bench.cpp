@@ -455,6 +455,13 @@ int RunBench(const std::vector<std::string>& args) {
       const uint64_t drafted_disk0 = spec[1].disk_bytes;
       Expected<BandwidthMeasurement> rep_bw_before = measure_bw();
       if (!rep_bw_before.ok()) return PrintError("bench", rep_bw_before.status());
+      // --bw-each-token's buffer lives for the run only, never beside the bracketing probes'.
+      std::optional<MemoryReadProbe> token_probe;
+      if (*token_probe_bytes > 0) {
+        auto probe = MemoryReadProbe::Create(e.pool(), *token_probe_bytes);
+        if (!probe.ok()) return PrintError("bench", probe.status().WithContext("--bw-each-token"));
+        token_probe.emplace(std::move(*probe));
+      }
       if (profile && rep == *r - 1) {
         ResetKernelProfile();
         SetKernelProfiling(true);
@@ -501,33 +508,27 @@ int RunBench(const std::vector<std::string>& args) {
           if (!st.ok()) return PrintError("bench", st);
           e.AfterToken();
         }
-      } else if (*token_probe_bytes > 0) {
-        // A probe pass before each token and after the last; the run's time is its tokens'. The
-        // buffer lives for the run only, never beside the bracketing probes' larger one.
-        auto token_probe = MemoryReadProbe::Create(e.pool(), *token_probe_bytes);
-        if (!token_probe.ok())
-          return PrintError("bench", token_probe.status().WithContext("--bw-each-token"));
-        double seconds = 0, probe_before = token_probe->Read();
-        token_probes.push_back(probe_before);
+      } else {
+        // --bw-each-token: a probe read before each token and after the last, left out of the
+        // run's time (`start` moves past each read).
+        auto probe_read = [&] {
+          const auto p0 = Clock::now();
+          token_probes.push_back(token_probe->Read());
+          start += Clock::now() - p0;
+          return token_probes.back();
+        };
+        double probe_before = token_probe ? probe_read() : 0;
         for (int64_t i = 0; i < *n; ++i) {
           const auto t0 = Clock::now();
           Status st = model.Forward(&tokens[i], 1, *cache, false, &logits);
           if (!st.ok()) return PrintError("bench", st);
-          e.AfterToken();
-          const double s = Seconds(t0);
-          seconds += s;
-          const double probe_after = token_probe->Read();
-          token_probes.push_back(probe_after);
-          token_ratios.push_back(step_bytes_per_token / s / std::max(probe_before, probe_after));
-          probe_before = probe_after;
-        }
-        start = Clock::now() -
-                std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-      } else {
-        for (int64_t i = 0; i < *n; ++i) {
-          Status st = model.Forward(&tokens[i], 1, *cache, false, &logits);
-          if (!st.ok()) return PrintError("bench", st);
           e.AfterToken();  // the adaptive runtime's verifier and controller, when on
+          if (!token_probe) continue;
+          const double seconds = Seconds(t0);
+          const double probe_after = probe_read();
+          token_ratios.push_back(step_bytes_per_token / seconds /
+                                 std::max(probe_before, probe_after));
+          probe_before = probe_after;
         }
       }
       tg.tps.push_back(static_cast<double>(*n * *seqs) / Seconds(start));
@@ -537,6 +538,7 @@ int RunBench(const std::vector<std::string>& args) {
       tg_link_bytes += e.backend().host_link_bytes() - link0;
       tg_host_bytes += e.backend().host_compute_bytes() - host0;
       SetKernelProfiling(false);
+      token_probe.reset();
       Expected<BandwidthMeasurement> rep_bw_after = measure_bw();
       if (!rep_bw_after.ok()) return PrintError("bench", rep_bw_after.status());
       last_probe = rep_bw_after->bytes_per_second;
