@@ -1,6 +1,6 @@
-// The read loops of the bandwidth probe in AVX2 (see membw.cpp): 32-byte loads, four
-// independent accumulators, the slice read as `streams` parts side by side, optionally with the
-// decode kernels' software prefetch.
+// The read loops of the bandwidth probe in AVX2 (see membw.cpp): 32-byte loads, the slice read
+// as `streams` parts side by side (an accumulator each, four lines summed before they meet it),
+// optionally with the decode kernels' software prefetch.
 #include <immintrin.h>
 
 #include <cstddef>

@@ -1,6 +1,6 @@
-// The read loops of the bandwidth probe in AVX-512 (see membw.cpp): 64-byte loads, four
-// independent accumulators, the slice read as `streams` parts side by side, optionally with the
-// decode kernels' software prefetch.
+// The read loops of the bandwidth probe in AVX-512 (see membw.cpp): 64-byte loads, the slice read
+// as `streams` parts side by side (an accumulator each, four lines summed before they meet it),
+// optionally with the decode kernels' software prefetch.
 // GCC 12's 512-bit reduce/extract intrinsics pass an "undefined" vector that its own
 // -Wuninitialized then flags; the warning is about the header, not this code.
 #pragma GCC diagnostic ignored "-Wuninitialized"
