@@ -840,6 +840,89 @@ Failures CheckAttention(Backend& be, double prefill_nmse) {
   return f;
 }
 
+// One token's decode steps as the model records them: q and k rotated, k and v stored, then
+// attention (a GPU joins the store to the rotation's launch, and its attention reads the
+// history before it waits and the token's own row after), over positions that cross tiles and
+// splits, against the reference: each step's output and, for float caches, every cached row.
+// A cached row stored wrong also shows in the outputs of the steps after it.
+Failures CheckDecodeSteps(Backend& be) {
+  Failures f;
+  ReferenceBackend ref(&Ledger());
+  std::mt19937 rng(21);
+  struct Case {
+    AttentionShape s;
+    RopeStyle style;
+    DType kv;
+    bool yarn;  // (a GPU does not join the store to a YaRN rotation)
+  };
+  for (const Case& c : {Case{{8, 2, 128, 128, 0.0883f}, RopeStyle::kNormal, DType::kF32, false},
+                        Case{{4, 4, 64, 64, 0.125f}, RopeStyle::kNeox, DType::kF16, false},
+                        Case{{8, 1, 128, 128, 0.0883f}, RopeStyle::kNeox, DType::kF16, false},
+                        Case{{4, 2, 64, 64, 0.125f}, RopeStyle::kNormal, DType::kF32, true}}) {
+    const AttentionShape& s = c.s;
+    RopeParams rp;
+    rp.style = c.style;
+    rp.n_rot = s.dk;
+    rp.freq_base = 10000.0f;
+    if (c.yarn) {
+      rp.yarn_factor = 4.0f;
+      rp.yarn_orig_ctx = 256;
+      rp.attn_factor = 1.1f;
+    }
+    const int64_t qd = int64_t{s.n_head} * s.dk, kd = int64_t{s.n_head_kv} * s.dk;
+    const int64_t vd = int64_t{s.n_head_kv} * s.dv, od = int64_t{s.n_head} * s.dv;
+    constexpr int32_t kSteps = 70;  // three tiles of 32 positions
+    Tensors tb(be), tr(ref);
+    struct Side {
+      Backend* b;
+      Tensors* t;
+      KvLayer kv;
+      Tensor q, k, v, o;
+    };
+    Side sides[2];
+    for (int i = 0; i < 2; ++i) {
+      Tensors& t = i == 0 ? tb : tr;
+      sides[i] = {i == 0 ? &be : static_cast<Backend*>(&ref), &t, t.Kv(c.kv, kSteps, kd, vd),
+                  t.Zeros(1, qd), t.Zeros(1, kd), t.Zeros(1, vd), t.Zeros(1, od)};
+    }
+    const std::string what = std::string("decode steps kv ") + DTypeName(c.kv) + " heads " +
+                             std::to_string(s.n_head) + "/" + std::to_string(s.n_head_kv) +
+                             " dk " + std::to_string(s.dk) + (c.yarn ? " yarn" : "");
+    for (int32_t pos = 0; pos < kSteps; ++pos) {
+      const std::vector<float> q = Random(qd, rng), k = Random(kd, rng), v = Random(vd, rng);
+      for (const Side& d : sides) {
+        d.b->Upload(q.data(), d.q);
+        d.b->Upload(k.data(), d.k);
+        d.b->Upload(v.data(), d.v);
+        d.b->Rope(d.q, s.n_head, s.dk, 0, &pos, rp);
+        d.b->Rope(d.k, s.n_head_kv, s.dk, 0, &pos, rp);
+        d.b->StoreKv(d.kv, pos, d.k, d.v);
+        d.b->Attention(s, d.q, d.kv, pos, d.o);
+      }
+      Expect(f, what + " pos " + std::to_string(pos), tb.Read(sides[0].o), tr.Read(sides[1].o),
+             1e-9);
+    }
+    if (c.kv == DType::kF32) {
+      for (const bool keys : {true, false}) {
+        const auto rows = [&](const KvLayer& kv) {
+          return Tensor{static_cast<float*>(keys ? kv.k : kv.v), kSteps, keys ? kd : vd};
+        };
+        Expect(f, what + (keys ? ": cached k" : ": cached v"), tb.Read(rows(sides[0].kv)),
+               tr.Read(rows(sides[1].kv)), 1e-10);
+      }
+    }
+  }
+  return f;
+}
+
+TEST(BackendOps, DecodeStepsRotateStoreAndAttend) {
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    auto be = c.make();
+    for (const std::string& m : CheckDecodeSteps(*be)) ADD_FAILURE() << c.name << ": " << m;
+  }
+}
+
 TEST(BackendOps, AttentionGqaKvTypesAndMla) {
   for (const Candidate& c : Backends()) {
     ScopedIsa isa(c.isa);
@@ -1184,6 +1267,11 @@ TEST(BackendOps, AWrongKernelFailsTheChecks) {
   {
     WrongBackend be(WrongBackend::kRopeAngle);
     EXPECT_FALSE(CheckRope(be).empty());
+    EXPECT_FALSE(CheckDecodeSteps(be).empty());
+  }
+  {
+    WrongBackend be(WrongBackend::kAttentionScale);
+    EXPECT_FALSE(CheckDecodeSteps(be).empty());
   }
   {
     WrongBackend be(WrongBackend::kNormEps);

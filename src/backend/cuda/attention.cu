@@ -187,7 +187,6 @@ __device__ __forceinline__ void StoreOutputs(const AttentionParams& p, const flo
 template <bool kVec, bool kF16, int kAcc>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     AttentionKernel(const __grid_constant__ AttentionParams p) {
-  PdlStart();
   extern __shared__ float smem[];
   const int hb = p.heads_per_block, qb = p.q_per_block, dk = p.dk, dv = p.dv;
   const int group = p.n_head / p.n_head_kv;
@@ -215,8 +214,39 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   float* a_s = l_s + rmax;                // [rmax] rescale of the accumulators
   float* w_s = a_s + rmax;                // [rmax][kAttentionMaxSplits] each split's merge weight
 
-  // The position is read here and used after the query loads, so both round trips overlap.
-  const int64_t pos0 = *p.pos0;
+  // Early (one token's decode, kVec): the position, the splits and the first tile's history
+  // before the wait. The position comes from the argument copy ahead of the whole chain; cache
+  // rows below pos0 were stored by earlier steps, which had completed before the kernel before
+  // this one could let it launch. Only position pos0 is the kernel before's to store.
+  const bool early = kVec && p.early;
+  int64_t pos0 = 0, tile_now = -1;  // tile_now: the tile of pos0 where this block takes it
+  if (early) {
+    pos0 = *p.pos0;
+    const int64_t n_tiles = pos0 / kTile + 1;
+    const int splits = static_cast<int>(min(static_cast<int64_t>(p.splits), n_tiles));
+    if (split < splits) {
+      LoadTiles(TileSide{p.k, p.k_stride, static_cast<int64_t>(hk) * dk, dk, k_s, kld},
+                TileSide{p.v, p.v_stride, static_cast<int64_t>(hk) * dv, dv, v_s, dv}, kF16,
+                static_cast<int64_t>(split) * kTile, pos0);
+      if ((n_tiles - 1) % splits == split) tile_now = n_tiles - 1;
+    }
+    PdlStart();
+    if (split >= splits) return;
+  } else {
+    PdlStart();
+    // The position is read here and used after the query loads, so both round trips overlap.
+    pos0 = *p.pos0;
+  }
+  // The token's own K/V row, where this block takes its tile: a thread's first elements are
+  // requested with the queries (one round trip) and go into the tile when it is in.
+  const int64_t k_at = pos0 * p.k_stride + static_cast<int64_t>(hk) * dk;
+  const int64_t v_at = pos0 * p.v_stride + static_cast<int64_t>(hk) * dv;
+  float k_first[2] = {0.0f, 0.0f}, v_first = 0.0f;  // a thread's first elements of each
+  if (tile_now >= 0) {
+    if (tid < dk) k_first[0] = LoadKv(p.k, kF16, k_at + tid);
+    if (tid + kThreads < dk) k_first[1] = LoadKv(p.k, kF16, k_at + tid + kThreads);
+    if (tid < dv) v_first = LoadKv(p.v, kF16, v_at + tid);
+  }
   // The block's query rows (row r: token r / nh, head r % nh; each row's dk floats contiguous).
   auto q_at = [&](int i) {
     const int r = i / dk, d = i % dk;
@@ -265,9 +295,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   for (int64_t tile = split; tile < n_tiles; tile += splits) {
     const int64_t p0 = tile * kTile;
     if (kVec) {
-      LoadTiles(TileSide{p.k, p.k_stride, static_cast<int64_t>(hk) * dk, dk, k_s, kld},
-                TileSide{p.v, p.v_stride, static_cast<int64_t>(hk) * dv, dv, v_s, dv}, kF16, p0,
-                n_kv_max);
+      // (Early: the first tile is in already, and no tile reads position pos0 from the cache.)
+      if (!early || tile != split)
+        LoadTiles(TileSide{p.k, p.k_stride, static_cast<int64_t>(hk) * dk, dk, k_s, kld},
+                  TileSide{p.v, p.v_stride, static_cast<int64_t>(hk) * dv, dv, v_s, dv}, kF16,
+                  p0, early ? pos0 : n_kv_max);
     } else {
       for (int i = tid; i < kTile * dk; i += kThreads) {
         const int r = i / dk, d = i % dk;
@@ -285,6 +317,16 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       }
     }
     __syncthreads();
+    if (tile == tile_now) {  // the token's own row
+      const int64_t r = pos0 - p0;
+      for (int d = tid; d < dk; d += kThreads)
+        k_s[r * kld + d] = d < kThreads       ? k_first[0]
+                           : d < 2 * kThreads ? k_first[1]
+                                              : LoadKv(p.k, kF16, k_at + d);
+      for (int d = tid; d < dv; d += kThreads)
+        v_s[r * dv + d] = d < kThreads ? v_first : LoadKv(p.v, kF16, v_at + d);
+      __syncthreads();
+    }
     if (kVec) {
       // A warp's lanes take the tile's positions, the warp every kWarps-th row (kPass of them a
       // pass): each K row is read once for all of a thread's rows, whose queries are

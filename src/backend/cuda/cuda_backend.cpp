@@ -627,6 +627,7 @@ void CudaBackend::Attention(const AttentionShape& s, const Tensor& q, const KvLa
   p->smem_bytes = smem;
   p->vec = vec ? 1 : 0;
   p->mma = mma ? 1 : 0;
+  p->early = attn_early_ && !mma && vec && q.rows == 1 && qb == 1 ? 1 : 0;
   Wrote(out);
 }
 

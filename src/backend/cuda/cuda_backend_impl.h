@@ -377,6 +377,9 @@ class CudaBackend final : public Backend {
   int attn_smem_allowed_ = 48 * 1024;
   bool attn_mma_ = false;  // prefill attention on tensor cores where the shape allows
   int attn_heads_ = 0;     // SUBSTRATE_CUDA_ATTN_HEADS: decode's query heads a block (0: auto)
+  // One token's decode attention reads its history before its wait (AttentionParams::early;
+  // SUBSTRATE_CUDA_ATTN_EARLY=0 turns it off for A/B measurements).
+  bool attn_early_ = true;
   bool moe_mma_ = false;   // the routed experts' prefill tiles on int8 tensor cores
 
   const CublasApi* cublas_ = nullptr;

@@ -82,6 +82,7 @@ Status CudaBackend::Init() {
   if (const char* h = std::getenv("SUBSTRATE_CUDA_ATTN_HEADS"))
     attn_heads_ = std::max(0, std::atoi(h));
   if (attn_mma_) AllowAttentionMmaSmem();
+  attn_early_ = !EnvIs("SUBSTRATE_CUDA_ATTN_EARLY", "0");
   moe_mma_ = cc_major >= 8 && !EnvIs("SUBSTRATE_CUDA_MOE_MMA", "0");
   if (moe_mma_) AllowGemvTilesMmaSmem();
   free_ctx_ = new FreeContext{this, opt_.device};  // leaked on purpose: see FreeContext

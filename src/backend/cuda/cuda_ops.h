@@ -289,6 +289,10 @@ struct AttentionParams {
                     // splits = AttentionMmaSplits
   int8_t* xq = nullptr;  // when set (dv % 32 == 0): out quantized as by LaunchQuantizeQ8 too
   float2* xs = nullptr;
+  // One token's decode (n_tok == 1, vec): the position and the first tile's history
+  // (positions below pos0, which no recent kernel writes) are read before the wait for the
+  // kernel before, the token's own K/V row (position pos0, stored by that kernel) after it.
+  int32_t early = 0;
 };
 void LaunchAttention(const void* params, cudaStream_t stream);
 // Dynamic shared memory an attention launch of `rows` (q_per_block * heads_per_block) rows
