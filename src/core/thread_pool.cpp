@@ -38,6 +38,9 @@ namespace {
 // forward pass, short enough not to burn a core when the pool goes idle.
 constexpr int kSpinIterations = 20000;
 
+// Bumped by RestSpinners: a worker polling for its next job stops when it changes.
+std::atomic<uint64_t> g_rest_epoch{0};
+
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -48,8 +51,11 @@ inline void CpuRelax() {
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
+    const uint64_t rest = g_rest_epoch.load(std::memory_order_relaxed);
     for (int i = 0; i < kSpinIterations; ++i) {
-      if (generation_.load(std::memory_order_acquire) != seen || stop_.load()) break;
+      if (generation_.load(std::memory_order_acquire) != seen || stop_.load() ||
+          g_rest_epoch.load(std::memory_order_relaxed) != rest)
+        break;
       CpuRelax();
     }
     {
@@ -101,6 +107,15 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   std::unique_lock<std::mutex> lock(mu_);
   done_cv_.wait(lock, [&] { return active_.load() == 0; });
   job_ = nullptr;
+}
+
+void ThreadPool::RestSpinners() {
+  // SUBSTRATE_REST_ON_WAIT=0 keeps the workers polling, for A/B benchmarks.
+  static const bool on = [] {
+    const char* v = std::getenv("SUBSTRATE_REST_ON_WAIT");
+    return !v || std::atoi(v) != 0;
+  }();
+  if (on) g_rest_epoch.fetch_add(1, std::memory_order_relaxed);
 }
 
 namespace {

@@ -29,6 +29,11 @@ class ThreadPool {
   // nothing (fn is referenced, not copied).
   void ParallelFor(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t, int)> fn);
 
+  // Every pool's idle workers stop polling for their next job and sleep until it comes: for a
+  // thread about to block (on a read, say), whose pool's workers would otherwise poll on cores
+  // that the threads it waits for need. Their next job then costs a wake-up.
+  static void RestSpinners();
+
   // A process-wide pool, sized on first use (SUBSTRATE_THREADS or hardware concurrency).
   static ThreadPool& Default();
   static void SetDefaultThreads(int n_threads);

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "core/thread_pool.h"
+
 namespace substrate {
 
 PrefetchScheduler::PrefetchScheduler(const StoreIndex& index, IoMode mode, int n_workers,
@@ -69,10 +71,16 @@ bool PrefetchScheduler::Ready(const ReadTicket* t) {
 Status PrefetchScheduler::Wait(ReadTicket* t, int64_t* waited_us) {
   const auto t0 = RuntimeClock::now();
   std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] {
+  auto over = [&] {
     return t->state == ReadTicket::kDone || t->state == ReadTicket::kFailed ||
            t->state == ReadTicket::kIdle;
-  });
+  };
+  if (!over()) {
+    // The compute threads have nothing to do until this read lands, and the threads landing it
+    // (the readers' checks, the experts' rearrangement) need the cores they would poll on.
+    ThreadPool::RestSpinners();
+    done_cv_.wait(lock, over);
+  }
   if (waited_us)
     *waited_us = std::chrono::duration_cast<std::chrono::microseconds>(RuntimeClock::now() - t0)
                      .count();

@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 #include "core/file_io.h"
@@ -59,6 +61,30 @@ TEST(ThreadPool, LateWorkersNeverTouchAFinishedJob) {
     returned = true;
     for (int64_t i = 0; i < n; ++i)
       ASSERT_EQ(hits[static_cast<size_t>(i)], 1) << "round " << round << " i=" << i;
+  }
+}
+
+// Workers told to rest (a thread about to block on a read) sleep instead of polling; the next
+// job must still wake them: each job's first item waits until a worker has run the other.
+TEST(ThreadPool, RestedWorkersJoinTheNextJob) {
+  ThreadPool pool(2);
+  for (int round = 0; round < 200; ++round) {
+    ThreadPool::RestSpinners();
+    if (round % 2) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    std::atomic<bool> worker_ran{false};
+    bool waited_in_vain = false;
+    pool.ParallelFor(2, 1, [&](int64_t b, int64_t, int thread) {
+      if (thread != 0) {
+        worker_ran = true;
+        return;
+      }
+      if (b != 0) return;
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (!worker_ran.load() && std::chrono::steady_clock::now() < give_up)
+        std::this_thread::yield();
+      waited_in_vain = !worker_ran.load();
+    });
+    ASSERT_FALSE(waited_in_vain) << "round " << round << ": the rested worker never woke";
   }
 }
 
