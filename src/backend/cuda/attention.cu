@@ -213,6 +213,13 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   float* l_s = m_s + rmax;                // [rmax]
   float* a_s = l_s + rmax;                // [rmax] rescale of the accumulators
   float* w_s = a_s + rmax;                // [rmax][kAttentionMaxSplits] each split's merge weight
+  // The K and V tile at position p0 into k_s and v_s (the 16-byte path), rows from `end` on
+  // zeros.
+  auto load_tile = [&](int64_t p0, int64_t end) {
+    LoadTiles(TileSide{p.k, p.k_stride, static_cast<int64_t>(hk) * dk, dk, k_s, kld},
+              TileSide{p.v, p.v_stride, static_cast<int64_t>(hk) * dv, dv, v_s, dv}, kF16, p0,
+              end);
+  };
 
   // Early (one token's decode, kVec): the position, the splits and the first tile's history
   // before the wait. The position comes from the argument copy ahead of the whole chain; cache
@@ -225,9 +232,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const int64_t n_tiles = pos0 / kTile + 1;
     const int splits = static_cast<int>(min(static_cast<int64_t>(p.splits), n_tiles));
     if (split < splits) {
-      LoadTiles(TileSide{p.k, p.k_stride, static_cast<int64_t>(hk) * dk, dk, k_s, kld},
-                TileSide{p.v, p.v_stride, static_cast<int64_t>(hk) * dv, dv, v_s, dv}, kF16,
-                static_cast<int64_t>(split) * kTile, pos0);
+      load_tile(static_cast<int64_t>(split) * kTile, pos0);
       if ((n_tiles - 1) % splits == split) tile_now = n_tiles - 1;
     }
     PdlStart();
@@ -296,10 +301,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const int64_t p0 = tile * kTile;
     if (kVec) {
       // (Early: the first tile is in already, and no tile reads position pos0 from the cache.)
-      if (!early || tile != split)
-        LoadTiles(TileSide{p.k, p.k_stride, static_cast<int64_t>(hk) * dk, dk, k_s, kld},
-                  TileSide{p.v, p.v_stride, static_cast<int64_t>(hk) * dv, dv, v_s, dv}, kF16,
-                  p0, early ? pos0 : n_kv_max);
+      if (!early || tile != split) load_tile(p0, early ? pos0 : n_kv_max);
     } else {
       for (int i = tid; i < kTile * dk; i += kThreads) {
         const int r = i / dk, d = i % dk;
