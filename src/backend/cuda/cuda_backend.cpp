@@ -752,6 +752,7 @@ void CudaBackend::AddExpertGemv(const DevPart& part, bool fast, int64_t cols, co
   p->cols = cols;
   p->variant = !(part.type & kRepacked) ? 0
                : gemv_variant_ >= 0     ? gemv_variant_
+               : expert_variant_ >= 0   ? expert_variant_
                                         : GemvDefaultVariant(part.type, jobs[0].rows);
   const int per_block = GemvRowsPerBlock(part.type, fast, p->variant);
   p->n_jobs = n_jobs;

@@ -347,6 +347,8 @@ class CudaBackend final : public Backend {
   bool repack_ = true;     // SUBSTRATE_CUDA_REPACK=0 keeps the GGUF layout on the device (A/B)
   bool route_ = true;      // SUBSTRATE_CUDA_ROUTE=0: MoE routing on the host, as before (A/B)
   int gemv_variant_ = -1;  // SUBSTRATE_CUDA_GEMV_VARIANT: the repacked products' kernel shape
+  // The routed experts' (SUBSTRATE_CUDA_EXPERT_VARIANT; -1: by type and size as the others).
+  int expert_variant_ = 2;
   // SUBSTRATE_CUDA_HOSTTIME=1: how much of the wall time the host waited for the device (the
   // rest it spent recording, or the device idled), printed when the backend closes.
   bool host_time_ = false;

@@ -67,6 +67,8 @@ Status CudaBackend::Init() {
   if (EnvIs("SUBSTRATE_CUDA_ROUTE", "0")) route_ = false;
   if (const char* g = std::getenv("SUBSTRATE_CUDA_GEMV_VARIANT"))
     gemv_variant_ = std::clamp(std::atoi(g), -1, kGemvVariants - 1);
+  if (const char* g = std::getenv("SUBSTRATE_CUDA_EXPERT_VARIANT"))
+    expert_variant_ = std::clamp(std::atoi(g), -1, kGemvVariants - 1);
   if (EnvIs("SUBSTRATE_CUDA_HOSTTIME", "1")) host_time_ = true;
   if (const char* g = std::getenv("SUBSTRATE_CUDA_CHUNK")) chunk_recs_ = std::max(0, std::atoi(g));
   recs_.reserve(4096);
