@@ -539,6 +539,81 @@ TEST(BackendOps, MatMulOverRepackedDeviceLayout) {
   }
 }
 
+// A decode layer's one-token chain as the model records it: a product adding to the residual
+// stream, that stream's norm, and the products reading the norm (two at once, then gate and up
+// with SwiGLU). The GPU carries each norm in the launches around it, its own launch gone: the
+// stream, the norm's output (which an op after the products may read) and the products must
+// agree with the reference, with and without residual tiers.
+TEST(BackendOps, NormsBetweenRepackedProducts) {
+  constexpr int64_t d = 512, ff = 768;
+  for (const Candidate& c : Backends()) {
+    ScopedIsa isa(c.isa);
+    std::mt19937 rng(23);
+    for (DType type : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K}) {
+      const Weight o = MakeWeight(type, d, d, rng), q = MakeWeight(type, d, d, rng),
+                   k = MakeWeight(type, 128, d, rng), gate = MakeWeight(type, ff, d, rng),
+                   up = MakeWeight(type, ff, d, rng);
+      // Norm weights near 1 and a stream of scale 3, as a model's (its norm's scale ~1/3: a
+      // product that misses it is far off).
+      const auto norm_weight = [&] {
+        Weight w{DType::kF32, 1, d, {}, {}, {}};
+        std::vector<float> v = Random(d, rng, 0.1f);
+        for (float& e : v) e += 1.0f;
+        const auto* b = reinterpret_cast<const uint8_t*>(v.data());
+        w.skeleton.assign(b, b + v.size() * sizeof(float));
+        return w;
+      };
+      const Weight n1 = norm_weight(), n2 = norm_weight();
+      for (int tier : {0, 2}) {
+        // The backend's own copies (a CPU backend may rearrange adopted bytes in place), made
+        // before it: adopted bytes must outlive it.
+        Weight mine[5] = {o, q, k, gate, up};
+        auto be = c.make();
+        ReferenceBackend ref(&Ledger());
+        WeightView v[5];
+        for (int i = 0; i < 5; ++i) {
+          Weight& w = mine[i];
+          v[i] = w.View(tier);
+          v[i].layout = be->AdoptResidentWeight(w.type, w.rows, w.cols, w.skeleton.data());
+        }
+        const std::vector<float> a = Random(d, rng), r0 = Random(d, rng, 3.0f);
+        struct Out {
+          std::vector<float> res, h1, qy, ky, h2, glu;
+        };
+        const auto chain = [&](Backend& b, const WeightView& wo, const WeightView& wq,
+                               const WeightView& wk, const WeightView& wg, const WeightView& wu) {
+          Tensors t(b);
+          const Tensor res = t.Make(1, d, r0), ob = t.Zeros(1, d), h1 = t.Zeros(1, d),
+                       qy = t.Zeros(1, d), ky = t.Zeros(1, 128), o2 = t.Zeros(1, d),
+                       h2 = t.Zeros(1, d), g = t.Zeros(1, ff), u = t.Zeros(1, ff);
+          b.MatMul(wo, t.Make(1, d, a), ob);
+          b.Add(res, ob);
+          b.RmsNorm(res, n1.View(0), 1e-5f, h1);
+          const MatMulOp qk[2] = {{&wq, h1, qy}, {&wk, h1, ky}};
+          b.MatMulBatch(qk, 2);
+          b.MatMul(wo, qy, o2);
+          b.Add(res, o2);
+          b.RmsNorm(res, n2.View(0), 1e-5f, h2);
+          const MatMulOp gu[2] = {{&wg, h2, g}, {&wu, h2, u}};
+          b.MatMulBatch(gu, 2);
+          b.SwiGlu(g, u, g);
+          return Out{t.Read(res), t.Read(h1), t.Read(qy), t.Read(ky), t.Read(h2), t.Read(g)};
+        };
+        const Out got = chain(*be, v[0], v[1], v[2], v[3], v[4]);
+        const Out want =
+            chain(ref, o.View(tier), q.View(tier), k.View(tier), gate.View(tier), up.View(tier));
+        const std::string what = c.name + " " + DTypeName(type) + " tier " + std::to_string(tier);
+        EXPECT_LE(Nmse(got.res, want.res), 2e-4) << what << " residual stream";
+        EXPECT_LE(Nmse(got.h1, want.h1), 2e-4) << what << " first norm";
+        EXPECT_LE(Nmse(got.qy, want.qy), 2e-4) << what << " first product";
+        EXPECT_LE(Nmse(got.ky, want.ky), 2e-4) << what << " second product";
+        EXPECT_LE(Nmse(got.h2, want.h2), 2e-4) << what << " second norm";
+        EXPECT_LE(Nmse(got.glu, want.glu), 4e-4) << what << " SwiGLU";
+      }
+    }
+  }
+}
+
 Failures CheckMatMulBatchAndEmbed(Backend& be) {
   Failures f;
   ReferenceBackend ref(&Ledger());

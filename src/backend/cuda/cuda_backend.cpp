@@ -91,12 +91,15 @@ void CudaBackend::AddGemvJob(int type, bool fast, const Tensor& x, const void* x
                                                        : GemvDefaultVariant(type, y.cols);
   const int per_block = GemvRowsPerBlock(type, fast, variant);
   const int blocks = static_cast<int>((y.cols + per_block - 1) / per_block);
+  // A product over a joined norm's output takes its scale (JoinNorm).
+  const bool norm_in = norm_in_.ss && fast && xq == norm_in_xq_;
   // Join the previous launch when it is a product of the same kind and neither reads what the
-  // other writes.
+  // other writes (nor a joined norm's output the other computes or scales).
   if (n_recs_ > 0 && recs_[n_recs_ - 1].fn == &LaunchGemv) {
     auto* p = reinterpret_cast<GemvParams*>(recs_[n_recs_ - 1].p);
     bool ok = p->type == type && p->fast == (fast ? 1 : 0) && p->cols == x.cols &&
-              p->ntok == ntok && p->variant == variant && p->n_jobs < kGemvMaxJobs;
+              p->ntok == ntok && p->variant == variant && p->n_jobs < kGemvMaxJobs &&
+              !p->norm_out.xq && (p->norm_in.ss != nullptr) == norm_in;
     for (int j = 0; ok && j < p->n_jobs; ++j) {
       // Write after write, read after write, and (float inputs) write after read.
       const GemvJob& e = p->jobs[j];
@@ -122,6 +125,10 @@ void CudaBackend::AddGemvJob(int type, bool fast, const Tensor& x, const void* x
   p->block_start[0] = 0;
   p->block_start[1] = blocks;
   p->jobs[0] = job;
+  if (norm_in) {
+    p->norm_in = norm_in_;
+    norm_in_.y = nullptr;  // written once, by the first
+  }
 }
 
 void CudaBackend::RecordGemm(const MatMulOp& op, const DevPart* parts, int n_parts) {
@@ -242,11 +249,21 @@ void CudaBackend::DeviceMatMulBatch(const MatMulOp* ops, int n_ops) {
       spans[n_spans++] = t;
     }
   }
+  // One token, every product repacked over the same row: the norm that wrote it may join the
+  // products around it (JoinNorm), which this batch's products then complete.
+  norm_join_batch_ = ops[0].x.rows == 1;
+  for (int i = 0; i < n_ops && norm_join_batch_; ++i) {
+    norm_join_batch_ = ops[i].x.data == ops[0].x.data && ops[i].x.rows == 1 && !UseGemm(ops[i]);
+    for (int k = 0; k < n_parts[i]; ++k)
+      norm_join_batch_ =
+          norm_join_batch_ && (parts[static_cast<size_t>(i) * kMaxParts + k].type & kRepacked);
+  }
   for (size_t i = 0; i < n_spans; ++i) {
     void* q = nullptr;
     void* qs = nullptr;
     ConvertAct(spans[i], false, &q, &qs);
   }
+  norm_join_batch_ = false;
   // Skeletons first, then each residual tier (they add to what the skeleton wrote).
   for (int k = 0; k < kMaxParts; ++k) {
     for (int i = 0; i < n_ops; ++i) {
@@ -265,6 +282,8 @@ void CudaBackend::DeviceMatMulBatch(const MatMulOp* ops, int n_ops) {
       AddGemvJob(part.type, fast, op.x, xq, static_cast<const float2*>(xs), op.y, part, k > 0);
     }
   }
+  norm_in_ = {};
+  norm_in_xq_ = nullptr;
   for (int i = 0; i < n_ops; ++i) Wrote(ops[i].y);
   FinishStaged();
 }
