@@ -578,26 +578,29 @@ TEST(BackendOps, NormsBetweenRepackedProducts) {
         }
         const std::vector<float> a = Random(d, rng), r0 = Random(d, rng, 3.0f);
         struct Out {
-          std::vector<float> res, h1, qy, ky, h2, glu;
+          std::vector<float> res, h1, qy, ky, q_again, h2, glu;
         };
         const auto chain = [&](Backend& b, const WeightView& wo, const WeightView& wq,
                                const WeightView& wk, const WeightView& wg, const WeightView& wu) {
           Tensors t(b);
           const Tensor res = t.Make(1, d, r0), ob = t.Zeros(1, d), h1 = t.Zeros(1, d),
-                       qy = t.Zeros(1, d), ky = t.Zeros(1, 128), o2 = t.Zeros(1, d),
-                       h2 = t.Zeros(1, d), g = t.Zeros(1, ff), u = t.Zeros(1, ff);
+                       qy = t.Zeros(1, d), ky = t.Zeros(1, 128), q_again = t.Zeros(1, d),
+                       o2 = t.Zeros(1, d), h2 = t.Zeros(1, d), g = t.Zeros(1, ff),
+                       u = t.Zeros(1, ff);
           b.MatMul(wo, t.Make(1, d, a), ob);
           b.Add(res, ob);
           b.RmsNorm(res, n1.View(0), 1e-5f, h1);
           const MatMulOp qk[2] = {{&wq, h1, qy}, {&wk, h1, ky}};
           b.MatMulBatch(qk, 2);
+          b.MatMul(wq, h1, q_again);  // the norm's output read again by a later product
           b.MatMul(wo, qy, o2);
           b.Add(res, o2);
           b.RmsNorm(res, n2.View(0), 1e-5f, h2);
           const MatMulOp gu[2] = {{&wg, h2, g}, {&wu, h2, u}};
           b.MatMulBatch(gu, 2);
           b.SwiGlu(g, u, g);
-          return Out{t.Read(res), t.Read(h1), t.Read(qy), t.Read(ky), t.Read(h2), t.Read(g)};
+          return Out{t.Read(res),     t.Read(h1), t.Read(qy), t.Read(ky),
+                     t.Read(q_again), t.Read(h2), t.Read(g)};
         };
         const Out got = chain(*be, v[0], v[1], v[2], v[3], v[4]);
         const Out want =
@@ -607,6 +610,7 @@ TEST(BackendOps, NormsBetweenRepackedProducts) {
         EXPECT_LE(Nmse(got.h1, want.h1), 2e-4) << what << " first norm";
         EXPECT_LE(Nmse(got.qy, want.qy), 2e-4) << what << " first product";
         EXPECT_LE(Nmse(got.ky, want.ky), 2e-4) << what << " second product";
+        EXPECT_LE(Nmse(got.q_again, want.q_again), 2e-4) << what << " a later product";
         EXPECT_LE(Nmse(got.h2, want.h2), 2e-4) << what << " second norm";
         EXPECT_LE(Nmse(got.glu, want.glu), 4e-4) << what << " SwiGLU";
       }

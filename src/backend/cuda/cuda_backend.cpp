@@ -282,6 +282,11 @@ void CudaBackend::DeviceMatMulBatch(const MatMulOp* ops, int n_ops) {
       AddGemvJob(part.type, fast, op.x, xq, static_cast<const float2*>(xs), op.y, part, k > 0);
     }
   }
+  if (norm_in_xq_) {  // a joined norm's int8 output lacks its scale: no later product reuses it
+    acts_.erase(std::remove_if(acts_.begin(), acts_.end(),
+                               [&](const ActEntry& e) { return e.data == norm_in_xq_; }),
+                acts_.end());
+  }
   norm_in_ = {};
   norm_in_xq_ = nullptr;
   for (int i = 0; i < n_ops; ++i) Wrote(ops[i].y);
