@@ -251,19 +251,18 @@ void CudaBackend::DeviceMatMulBatch(const MatMulOp* ops, int n_ops) {
   }
   // One token, every product repacked over the same row: the norm that wrote it may join the
   // products around it (JoinNorm), which this batch's products then complete.
-  norm_join_batch_ = ops[0].x.rows == 1;
-  for (int i = 0; i < n_ops && norm_join_batch_; ++i) {
-    norm_join_batch_ = ops[i].x.data == ops[0].x.data && ops[i].x.rows == 1 && !UseGemm(ops[i]);
+  bool may_join_norm = ops[0].x.rows == 1;
+  for (int i = 0; i < n_ops && may_join_norm; ++i) {
+    may_join_norm = ops[i].x.data == ops[0].x.data && ops[i].x.rows == 1 && !UseGemm(ops[i]);
     for (int k = 0; k < n_parts[i]; ++k)
-      norm_join_batch_ =
-          norm_join_batch_ && (parts[static_cast<size_t>(i) * kMaxParts + k].type & kRepacked);
+      may_join_norm =
+          may_join_norm && (parts[static_cast<size_t>(i) * kMaxParts + k].type & kRepacked);
   }
   for (size_t i = 0; i < n_spans; ++i) {
     void* q = nullptr;
     void* qs = nullptr;
-    ConvertAct(spans[i], false, &q, &qs);
+    ConvertAct(spans[i], false, &q, &qs, may_join_norm);
   }
-  norm_join_batch_ = false;
   // Skeletons first, then each residual tier (they add to what the skeleton wrote).
   for (int k = 0; k < kMaxParts; ++k) {
     for (int i = 0; i < n_ops; ++i) {

@@ -163,7 +163,9 @@ class CudaBackend final : public Backend {
   // The cached conversion of x, or false.
   bool FindAct(const Tensor& x, bool half, void** data, void** scales) const;
   // Quantizes (or converts to half) rows of x, recording the launch; work must be ensured.
-  void ConvertAct(const Tensor& x, bool half, void** data, void** scales);
+  // `may_join_norm`: the caller's products all read x through repacked kernels (JoinNorm).
+  void ConvertAct(const Tensor& x, bool half, void** data, void** scales,
+                  bool may_join_norm = false);
   // Whether a recorded launch leaves x as it was (the kinds recorded between a MoE layer's norm
   // and its experts' quantization; false for any other kind).
   static bool ReadsOnly(const Rec& r, const Tensor& x);
@@ -382,9 +384,7 @@ class CudaBackend final : public Backend {
   double* norm_ss_ = nullptr;          // GemvNormOut::ss, kNormJoinMaxCols / 32
   // SUBSTRATE_CUDA_NORM_JOIN=0 keeps every norm its own launch (A/B).
   bool norm_join_ = true;
-  // Set by DeviceMatMulBatch while its products all read one row through repacked kernels (a
-  // norm may join them); norm_in_ (ss set) is what they take once one has.
-  bool norm_join_batch_ = false;
+  // What DeviceMatMulBatch's products take once a norm joined them (ss set).
   GemvNormIn norm_in_;
   const int8_t* norm_in_xq_ = nullptr;
   int* flag_dev_ = nullptr;

@@ -557,7 +557,8 @@ bool CudaBackend::FindAct(const Tensor& x, bool half, void** data, void** scales
   return false;
 }
 
-void CudaBackend::ConvertAct(const Tensor& x, bool half, void** data, void** scales) {
+void CudaBackend::ConvertAct(const Tensor& x, bool half, void** data, void** scales,
+                             bool may_join_norm) {
   if (FindAct(x, half, data, scales)) return;
   ActEntry e;
   e.half = half;
@@ -585,7 +586,7 @@ void CudaBackend::ConvertAct(const Tensor& x, bool half, void** data, void** sca
       if (n->y == x.data && n->rows == x.rows && n->cols == x.cols && !n->xq && n->rows2 == 0) {
         n->xq = q;
         n->xs = qs;
-        if (last == &recs_[n_recs_ - 1] && norm_join_batch_) JoinNorm(q, qs);
+        if (last == &recs_[n_recs_ - 1] && may_join_norm) JoinNorm(q, qs);
         last = nullptr;
       }
     } else if (last && last->fn == &LaunchGemv) {
