@@ -540,10 +540,10 @@ TEST(BackendOps, MatMulOverRepackedDeviceLayout) {
 }
 
 // A decode layer's one-token chain as the model records it: a product adding to the residual
-// stream, that stream's norm, and the products reading the norm (two at once, then gate and up
-// with SwiGLU). The GPU carries each norm in the launches around it, its own launch gone: the
-// stream, the norm's output (which an op after the products may read) and the products must
-// agree with the reference, with and without residual tiers.
+// stream (a GPU joins the add to the product), that stream's norm, and the products reading the
+// norm (two at once, then gate and up with SwiGLU). The stream, the norm's output (which an op
+// after the products may read) and the products must agree with the reference, with and
+// without residual tiers.
 TEST(BackendOps, NormsBetweenRepackedProducts) {
   constexpr int64_t d = 512, ff = 768;
   for (const Candidate& c : Backends()) {
@@ -1108,6 +1108,9 @@ Failures CheckRoutedExperts(const Candidate& cand,
         for (int e = 0; e < c.E; ++e)
           be->AdoptResidentWeight(w->type, rows, w->cols, w->skeleton.data() + e * slice);
       }
+      // The routing bias too, as a model's resident weights hand it over: a GPU stages a weight
+      // it has not seen and issues the ops recorded so far, so the add below would not join.
+      be->AdoptResidentBytes(bias.skeleton.data(), bias.skeleton.size());
       const WeightView gv = gate.View(0), uv = up.View(0), dv = down.View(0), bv = bias.View(0);
       Tensors tb(*be);
       RoutedExpertsOp op;
@@ -1119,6 +1122,10 @@ Failures CheckRoutedExperts(const Candidate& cand,
       op.down = &dv;
       op.xn = tb.Make(n, c.d, x);
       op.acc = tb.Zeros(n, c.d);
+      // The stream the layer adds to, made first: an upload issues the ops recorded before it,
+      // and the launch that sums the experts could then not take the add.
+      const std::vector<float> resid = Random(n * c.d, rng);
+      const Tensor rt = tb.Make(n, c.d, resid);
       const bool took = be->RoutedExperts(op);
       if (took != takes(c.gate, c.down, n)) {
         f.push_back(what + (took ? ": taken" : ": declined"));
@@ -1130,8 +1137,6 @@ Failures CheckRoutedExperts(const Candidate& cand,
       }
       // The residual add a MoE layer does next (a GPU joins it to the launch that sums the
       // experts).
-      const std::vector<float> resid = Random(n * c.d, rng);
-      const Tensor rt = tb.Make(n, c.d, resid);
       be->Add(rt, op.acc);
       const std::vector<float> got = tb.Read(op.acc), got_resid = tb.Read(rt);
 

@@ -91,15 +91,12 @@ void CudaBackend::AddGemvJob(int type, bool fast, const Tensor& x, const void* x
                                                        : GemvDefaultVariant(type, y.cols);
   const int per_block = GemvRowsPerBlock(type, fast, variant);
   const int blocks = static_cast<int>((y.cols + per_block - 1) / per_block);
-  // A product over a joined norm's output takes its scale (JoinNorm).
-  const bool norm_in = norm_in_.ss && fast && xq == norm_in_xq_;
   // Join the previous launch when it is a product of the same kind and neither reads what the
-  // other writes (nor a joined norm's output the other computes or scales).
+  // other writes.
   if (n_recs_ > 0 && recs_[n_recs_ - 1].fn == &LaunchGemv) {
     auto* p = reinterpret_cast<GemvParams*>(recs_[n_recs_ - 1].p);
     bool ok = p->type == type && p->fast == (fast ? 1 : 0) && p->cols == x.cols &&
-              p->ntok == ntok && p->variant == variant && p->n_jobs < kGemvMaxJobs &&
-              !p->norm_out.xq && (p->norm_in.ss != nullptr) == norm_in;
+              p->ntok == ntok && p->variant == variant && p->n_jobs < kGemvMaxJobs;
     for (int j = 0; ok && j < p->n_jobs; ++j) {
       // Write after write, read after write, and (float inputs) write after read.
       const GemvJob& e = p->jobs[j];
@@ -125,10 +122,6 @@ void CudaBackend::AddGemvJob(int type, bool fast, const Tensor& x, const void* x
   p->block_start[0] = 0;
   p->block_start[1] = blocks;
   p->jobs[0] = job;
-  if (norm_in) {
-    p->norm_in = norm_in_;
-    norm_in_.y = nullptr;  // written once, by the first
-  }
 }
 
 void CudaBackend::RecordGemm(const MatMulOp& op, const DevPart* parts, int n_parts) {
@@ -249,19 +242,10 @@ void CudaBackend::DeviceMatMulBatch(const MatMulOp* ops, int n_ops) {
       spans[n_spans++] = t;
     }
   }
-  // One token, every product repacked over the same row: the norm that wrote it may join the
-  // products around it (JoinNorm), which this batch's products then complete.
-  bool may_join_norm = ops[0].x.rows == 1;
-  for (int i = 0; i < n_ops && may_join_norm; ++i) {
-    may_join_norm = ops[i].x.data == ops[0].x.data && ops[i].x.rows == 1 && !UseGemm(ops[i]);
-    for (int k = 0; k < n_parts[i]; ++k)
-      may_join_norm =
-          may_join_norm && (parts[static_cast<size_t>(i) * kMaxParts + k].type & kRepacked);
-  }
   for (size_t i = 0; i < n_spans; ++i) {
     void* q = nullptr;
     void* qs = nullptr;
-    ConvertAct(spans[i], false, &q, &qs, may_join_norm);
+    ConvertAct(spans[i], false, &q, &qs);
   }
   // Skeletons first, then each residual tier (they add to what the skeleton wrote).
   for (int k = 0; k < kMaxParts; ++k) {
@@ -281,13 +265,6 @@ void CudaBackend::DeviceMatMulBatch(const MatMulOp* ops, int n_ops) {
       AddGemvJob(part.type, fast, op.x, xq, static_cast<const float2*>(xs), op.y, part, k > 0);
     }
   }
-  if (norm_in_xq_) {  // a joined norm's int8 output lacks its scale: no later product reuses it
-    acts_.erase(std::remove_if(acts_.begin(), acts_.end(),
-                               [&](const ActEntry& e) { return e.data == norm_in_xq_; }),
-                acts_.end());
-  }
-  norm_in_ = {};
-  norm_in_xq_ = nullptr;
   for (int i = 0; i < n_ops; ++i) Wrote(ops[i].y);
   FinishStaged();
 }

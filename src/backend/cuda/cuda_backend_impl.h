@@ -163,17 +163,10 @@ class CudaBackend final : public Backend {
   // The cached conversion of x, or false.
   bool FindAct(const Tensor& x, bool half, void** data, void** scales) const;
   // Quantizes (or converts to half) rows of x, recording the launch; work must be ensured.
-  // `may_join_norm`: the caller's products all read x through repacked kernels (JoinNorm).
-  void ConvertAct(const Tensor& x, bool half, void** data, void** scales,
-                  bool may_join_norm = false);
+  void ConvertAct(const Tensor& x, bool half, void** data, void** scales);
   // Whether a recorded launch leaves x as it was (the kinds recorded between a MoE layer's norm
   // and its experts' quantization; false for any other kind).
   static bool ReadsOnly(const Rec& r, const Tensor& x);
-  // The one-row RMSNorm just recorded, whose output this batch's products read quantized (xq,
-  // xs): when the launch before it is a repacked product adding to the norm's input, that launch
-  // takes the norm's first half (GemvNormOut), the batch's products take its second (norm_in_,
-  // GemvNormIn), and the norm's own launch goes. False where it cannot.
-  bool JoinNorm(int8_t* xq, float2* xs);
   void Wrote(const Tensor& t) { Wrote(t.data, static_cast<size_t>(t.size()) * 4); }
   void Wrote(const void* p, size_t bytes);
 
@@ -381,12 +374,6 @@ class CudaBackend final : public Backend {
   uint32_t* counters_ = nullptr;
   uint32_t* glu_counters_ = nullptr;   // GemvParams::glu_counters, kGluCounterCells
   uint32_t* route_counter_ = nullptr;  // GemvParams::route_counter
-  double* norm_ss_ = nullptr;          // GemvNormOut::ss, kNormJoinMaxCols / 32
-  // SUBSTRATE_CUDA_NORM_JOIN=0 keeps every norm its own launch (A/B).
-  bool norm_join_ = true;
-  // What DeviceMatMulBatch's products take once a norm joined them (ss set).
-  GemvNormIn norm_in_;
-  const int8_t* norm_in_xq_ = nullptr;
   int* flag_dev_ = nullptr;
   int* flag_host_ = nullptr;
   int attn_smem_allowed_ = 48 * 1024;

@@ -65,7 +65,6 @@ Status CudaBackend::Init() {
   }
   if (EnvIs("SUBSTRATE_CUDA_REPACK", "0")) repack_ = false;
   if (EnvIs("SUBSTRATE_CUDA_ROUTE", "0")) route_ = false;
-  if (EnvIs("SUBSTRATE_CUDA_NORM_JOIN", "0")) norm_join_ = false;
   if (const char* g = std::getenv("SUBSTRATE_CUDA_GEMV_VARIANT"))
     gemv_variant_ = std::clamp(std::atoi(g), -1, kGemvVariants - 1);
   if (const char* g = std::getenv("SUBSTRATE_CUDA_EXPERT_VARIANT"))
@@ -105,8 +104,6 @@ Status CudaBackend::Init() {
   RETURN_IF_ERROR(charge(kGluCounterCells * sizeof(uint32_t)));
   CK(cudaMalloc(&route_counter_, sizeof(uint32_t)));
   CK(cudaMemset(route_counter_, 0, sizeof(uint32_t)));
-  CK(cudaMalloc(&norm_ss_, kNormJoinMaxCols / 32 * sizeof(double)));
-  RETURN_IF_ERROR(charge(kNormJoinMaxCols / 32 * sizeof(double)));
   CK(cudaMalloc(&flag_dev_, sizeof(int)));
   CK(cudaMalloc(&link_counter_, sizeof(unsigned long long)));
   CK(cudaMemset(link_counter_, 0, sizeof(unsigned long long)));
@@ -179,7 +176,6 @@ CudaBackend::~CudaBackend() {
   cudaFree(counters_);
   cudaFree(glu_counters_);
   cudaFree(route_counter_);
-  cudaFree(norm_ss_);
   cudaFree(flag_dev_);
   cudaFree(link_counter_);
   for (auto& [gate, link] : expert_link_) cudaFree(link.first);
@@ -557,8 +553,7 @@ bool CudaBackend::FindAct(const Tensor& x, bool half, void** data, void** scales
   return false;
 }
 
-void CudaBackend::ConvertAct(const Tensor& x, bool half, void** data, void** scales,
-                             bool may_join_norm) {
+void CudaBackend::ConvertAct(const Tensor& x, bool half, void** data, void** scales) {
   if (FindAct(x, half, data, scales)) return;
   ActEntry e;
   e.half = half;
@@ -586,7 +581,6 @@ void CudaBackend::ConvertAct(const Tensor& x, bool half, void** data, void** sca
       if (n->y == x.data && n->rows == x.rows && n->cols == x.cols && !n->xq && n->rows2 == 0) {
         n->xq = q;
         n->xs = qs;
-        if (last == &recs_[n_recs_ - 1] && may_join_norm) JoinNorm(q, qs);
         last = nullptr;
       }
     } else if (last && last->fn == &LaunchGemv) {
@@ -621,24 +615,6 @@ void CudaBackend::ConvertAct(const Tensor& x, bool half, void** data, void** sca
   acts_.push_back(e);
   *data = e.data;
   *scales = e.scales;
-}
-
-bool CudaBackend::JoinNorm(int8_t* xq, float2* xs) {
-  if (!norm_join_ || n_recs_ < 2 || recs_[n_recs_ - 2].fn != &LaunchGemv) return false;
-  const auto* n = reinterpret_cast<const RmsNormParams*>(recs_[n_recs_ - 1].p);
-  auto* g = reinterpret_cast<GemvParams*>(recs_[n_recs_ - 2].p);
-  const GemvJob& job = g->jobs[0];
-  if (n->rows != 1 || n->cols % 32 != 0 || n->cols > kNormJoinMaxCols || !(g->type & kRepacked) ||
-      g->ntok != 1 || g->n_jobs != 1 || job.add_to != n->x || job.rows != n->cols ||
-      job.slot_expert || g->glu_out || g->norm_out.xq || g->norm_in.ss)
-    return false;
-  g->norm_out = {n->w, xq, xs, norm_ss_};
-  g->variant = kGemvNormOutVariant;  // a block's 32 rows: one group of the quantized output
-  g->block_start[1] = static_cast<int32_t>(n->cols / 32);
-  norm_in_ = {norm_ss_, n->eps, n->x, n->w, n->y};
-  norm_in_xq_ = xq;
-  --n_recs_;
-  return true;
 }
 
 bool CudaBackend::ReadsOnly(const Rec& r, const Tensor& x) {

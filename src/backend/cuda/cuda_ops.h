@@ -97,28 +97,6 @@ struct GemvJob {
   int32_t x_div = 1;
 };
 
-// The producer's side of a joined norm: a block computes 32 rows of job 0 (kernel shape
-// kGemvNormOutVariant), then quantizes w * x there, x its rows of the residual stream (add_to),
-// into xq / xs and writes the sum of squares of x to ss[group].
-struct GemvNormOut {
-  const float* w = nullptr;
-  int8_t* xq = nullptr;
-  float2* xs = nullptr;
-  double* ss = nullptr;
-};
-// The consumers' side: every result times the scale from ss (cols / 32 sums, in a fixed order);
-// the first consumer (y set) also writes the norm's float output y = x * scale * w, which an op
-// after the products may read.
-struct GemvNormIn {
-  const double* ss = nullptr;
-  float eps = 0;
-  const float* x = nullptr;
-  const float* w = nullptr;
-  float* y = nullptr;
-};
-// The widest norm that joins (a consumer's warp holds cols / 1024 sums of squares a lane).
-constexpr int64_t kNormJoinMaxCols = 4096;
-
 // Jobs of one weight type, one width and one token count, in one launch.
 struct GemvParams {
   int32_t type = 0;
@@ -143,19 +121,11 @@ struct GemvParams {
   // route_counter zero between launches, each launch leaves it zero).
   RouteTopKParams route;
   uint32_t* route_counter = nullptr;
-  // An RMSNorm of one row carried by the products around it instead of its own launch
-  // (CudaBackend::JoinNorm). Its scale 1 / sqrt(mean(x^2) + eps) is one factor over the whole
-  // row, so the int8 values of weight * x quantized per 32 do not depend on it, and the scales
-  // of those blocks, and so the products over them, are linear in it.
-  GemvNormOut norm_out;  // in the repacked product whose job 0 adds to x (its add_to)
-  GemvNormIn norm_in;    // in the repacked products that read norm_out's xq
 };
 void LaunchGemv(const void* params, cudaStream_t stream);
 // Rows per launch block of the product `type` takes (`fast`: the int8 path), variant 0.
 int GemvRowsPerBlock(int type, bool fast, int variant = 0);
-constexpr int kGemvVariants = 7;
-// The shape of a product carrying a joined norm's first half (GemvNormOut): 32 rows a block.
-constexpr int kGemvNormOutVariant = 6;
+constexpr int kGemvVariants = 6;
 // The kernel shape a repacked product of `rows` rows takes by default.
 int GemvDefaultVariant(int type, int64_t rows);
 // Whether the int8 path exists for `type` with rows of `row_bytes` at `w` (alignment).

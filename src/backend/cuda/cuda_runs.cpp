@@ -37,8 +37,7 @@ std::string LaunchName(const Rec& r) {
     const auto* g = reinterpret_cast<const GemvParams*>(r.p);
     name += std::string(" ") + DTypeName(static_cast<DType>(g->type & ~kRepacked)) +
             (g->type & kRepacked ? " repacked" : "") + (g->fast ? " int8" : " float") + " nt" +
-            std::to_string(g->nt) + " jobs" + std::to_string(g->n_jobs) +
-            (g->norm_out.xq ? " +norm" : "") + (g->norm_in.ss ? " norm+" : "");
+            std::to_string(g->nt) + " jobs" + std::to_string(g->n_jobs);
   } else if (r.fn == &LaunchElementwise) {
     static const char* kinds[] = {"add_bias", "fill", "add", "swiglu", "scale_sigmoid"};
     const auto* e = reinterpret_cast<const ElementwiseParams*>(r.p);

@@ -190,11 +190,11 @@ __device__ __forceinline__ const uint8_t* JobRow(const GemvJob& job, int row, in
 
 template <int NT>
 __device__ __forceinline__ void WriteRows(const GemvJob& job, int row, int t0, int nt,
-                                          float (&acc)[NT], float scale = 1.0f) {
+                                          float (&acc)[NT]) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    const float v = WarpSum(acc[t]) * scale;
+    const float v = WarpSum(acc[t]);
     if (lane == 0 && t < nt) {
       const int64_t i = static_cast<int64_t>(t0 + t) * job.ldy + row;
       job.y[i] = job.accumulate ? job.y[i] + v : v;
@@ -629,69 +629,12 @@ __device__ __forceinline__ void GluEpilogue(const GemvParams& p, int row0, int n
   if (lane == 0) p.glu_counters[g] = 0;
 }
 
-// A joined norm's producer (GemvNormOut), a block of 32 rows of job 0 once every warp has
-// added its rows to the residual stream: its first warp quantizes weight * x there and writes
-// their sum of squares (in double, as the norm kernel sums). The block's barrier is all the
-// ordering it needs (a count across blocks of 8 rows, with a fence in every warp, cost the
-// step as much as the norm's own launch did, on an H100).
-__device__ __forceinline__ void NormOutEpilogue(const GemvParams& p) {
-  const GemvNormOut& n = p.norm_out;
-  const int lane = threadIdx.x & 31, g = static_cast<int>(blockIdx.x), i = 32 * g + lane;
-  const float w = threadIdx.x < 32 ? n.w[i] : 0.0f;
-  __syncthreads();
-  if (threadIdx.x >= 32) return;
-  const float x = __ldcg(p.jobs[0].add_to + i);
-  QuantizeWarpStore(x * w, i, n.xq, n.xs);
-  double ss = static_cast<double>(x) * x;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (lane == 0) n.ss[g] = ss;
-}
-
-// A joined norm's consumer (GemvNormIn): its sums of squares, read right after the wait (the
-// kernel before wrote them) so that they are in registers when the results are scaled...
-constexpr int kNormPartsPerLane = static_cast<int>(kNormJoinMaxCols / 32 / 32);
-struct NormParts {
-  double v[kNormPartsPerLane];
-};
-__device__ __forceinline__ NormParts NormInLoad(const GemvParams& p) {
-  const int64_t groups = p.cols / 32;
-  NormParts s;
-#pragma unroll
-  for (int k = 0; k < kNormPartsPerLane; ++k) {
-    const int64_t g = (threadIdx.x & 31) + 32 * k;
-    s.v[k] = g < groups ? __ldcg(p.norm_in.ss + g) : 0.0;
-  }
-  return s;
-}
-// ...and the scale from them, the same in every warp (a fixed order of additions).
-__device__ __forceinline__ float NormInScale(const GemvParams& p, const NormParts& s) {
-  double ss = 0;
-#pragma unroll
-  for (int k = 0; k < kNormPartsPerLane; ++k) ss += s.v[k];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  return static_cast<float>(
-      1.0 / sqrt(ss / static_cast<double>(p.cols) + static_cast<double>(p.norm_in.eps)));
-}
-// The first consumer also writes the norm's float output, as the norm kernel would: an
-// element a thread at the end of its work, in the grid's first blocks (one block writing it
-// all, an element after another, kept the launch ~10 us longer).
-__device__ __forceinline__ void NormInWriteOutput(const GemvParams& p, float scale) {
-  const GemvNormIn& n = p.norm_in;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < p.cols;
-       c += step)
-    n.y[c] = __ldcg(n.x + c) * scale * n.w[c];
-}
-
 // Kernel shapes (R rows per warp, U units per lane in flight, warps per block), by variant.
 struct RpShape {
   int r, u, warps;
 };
-constexpr RpShape kRpShapes[kGemvVariants] = {{1, 4, 4}, {2, 4, 4}, {2, 2, 4}, {4, 2, 4},
-                                              {1, 8, 4}, {2, 4, 8}, {2, 2, 16}};
-static_assert(kRpShapes[kGemvNormOutVariant].r * kRpShapes[kGemvNormOutVariant].warps == 32);
+constexpr RpShape kRpShapes[kGemvVariants] = {{1, 4, 4}, {2, 4, 4}, {2, 2, 4},
+                                              {4, 2, 4}, {1, 8, 4}, {2, 4, 8}};
 
 template <int T, int NT, int R, int U, int WARPS>
 __global__ void __launch_bounds__(32 * WARPS) GemvRpKernel(const __grid_constant__ GemvParams p) {
@@ -724,16 +667,7 @@ __global__ void __launch_bounds__(32 * WARPS) GemvRpKernel(const __grid_constant
   };
   if (nr > 0) load(0);
   PdlStart();
-  NormParts norm_parts;
-  if constexpr (NT == 1) {
-    if (p.norm_in.ss) norm_parts = NormInLoad(p);
-  }
-  if (nr <= 0) {
-    if constexpr (NT == 1) {
-      if (p.norm_in.y) NormInWriteOutput(p, NormInScale(p, norm_parts));
-    }
-    return;
-  }
+  if (nr <= 0) return;
   const int t0 = blockIdx.y * NT, nt = min(NT, p.ntok - t0);
   const int64_t groups = cols / 32;
   const int8_t* xq = static_cast<const int8_t*>(job.x) + (t0 + xrow) * cols;
@@ -760,20 +694,11 @@ __global__ void __launch_bounds__(32 * WARPS) GemvRpKernel(const __grid_constant
       }
     }
   }
-  float scale = 1.0f;
-  if constexpr (NT == 1) {
-    if (p.norm_in.ss) scale = NormInScale(p, norm_parts);
-    if (p.norm_in.y) NormInWriteOutput(p, scale);
-  }
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    if (r < nr) WriteRows<NT>(job, row0 + r, t0, nt, acc[r], scale);
+    if (r < nr) WriteRows<NT>(job, row0 + r, t0, nt, acc[r]);
   if constexpr (NT == 1) {
     if (p.glu_out) GluEpilogue(p, row0, nr);
-    // Only in the shape of 32 rows a block, where no warp returned early (JoinNorm).
-    if constexpr (R * WARPS == 32) {
-      if (p.norm_out.xq) NormOutEpilogue(p);
-    }
   }
 }
 
@@ -798,8 +723,6 @@ void LaunchRp(const GemvParams& p, cudaStream_t stream) {
         return LaunchRpShape<T, NT, 4>(p, stream);
       case 5:
         return LaunchRpShape<T, NT, 5>(p, stream);
-      case 6:
-        return LaunchRpShape<T, NT, 6>(p, stream);
       default:
         break;
     }
