@@ -438,6 +438,23 @@ float YarnCorrDim(int n_rot, int orig_ctx, float n_rotations, float base) {
 
 }  // namespace
 
+// qwen3's head norms of q and k (one launch, in place) right before the rotation of both: the
+// rotation norms each head first, one launch less a layer.
+void CudaBackend::JoinHeadNorms(RopeParamsDev* r) {
+  if (n_recs_ < 2 || recs_[n_recs_ - 2].fn != &LaunchRmsNorm) return;
+  const auto* n = reinterpret_cast<const RmsNormParams*>(recs_[n_recs_ - 2].p);
+  const int half = r->n_rot / 2;
+  if (n->xq || n->x != r->x || n->y != r->x || n->x2 != r->x2 || n->y2 != r->x2 ||
+      n->cols != r->head_dim || r->n_rot != r->head_dim || n->rows != r->rows * r->n_heads ||
+      n->rows2 != r->rows * r->n_heads2 || half > 128 || (half & (half - 1)) != 0)
+    return;
+  r->norm_w = n->w;
+  r->norm_w2 = n->w2;
+  r->norm_eps = n->eps;
+  recs_[n_recs_ - 2] = recs_[n_recs_ - 1];
+  --n_recs_;
+}
+
 void CudaBackend::Rope(const Tensor& x, int n_heads, int head_dim, int head_offset,
                        const int32_t* pos, const RopeParams& p) {
   EnsureArgs(static_cast<size_t>(x.rows) * 4 + 16);
@@ -454,6 +471,7 @@ void CudaBackend::Rope(const Tensor& x, int n_heads, int head_dim, int head_offs
                  static_cast<size_t>(x.size()) * 4)) {
       r->x2 = x.data + head_offset;
       r->n_heads2 = n_heads;
+      JoinHeadNorms(r);
       Wrote(x);
       return;
     }

@@ -167,6 +167,7 @@ class CudaBackend final : public Backend {
   // Whether a recorded launch leaves x as it was (the kinds recorded between a MoE layer's norm
   // and its experts' quantization; false for any other kind).
   static bool ReadsOnly(const Rec& r, const Tensor& x);
+  void JoinHeadNorms(RopeParamsDev* r);  // Rope: the q and k head norms recorded before
   void Wrote(const Tensor& t) { Wrote(t.data, static_cast<size_t>(t.size()) * 4); }
   void Wrote(const void* p, size_t bytes);
 

@@ -277,6 +277,24 @@ __global__ void CopyColumnsKernel(const __grid_constant__ CopyColumnsParams p) {
   p.dst[t * p.dst_stride + p.dst_col + c] = p.src[t * p.src_stride + p.src_col + c];
 }
 
+// A joined head norm's scale (RopeParamsDev::norm_w) from a thread's pair: the head's `half`
+// threads are consecutive and lie in one block of 128. Every thread of the block calls it.
+__device__ __forceinline__ float HeadNormScale(float x0, float x1, int half, int head_dim,
+                                               float eps) {
+  __shared__ double part[4];
+  double ss = static_cast<double>(x0) * x0 + static_cast<double>(x1) * x1;
+  const int span = min(half, 32);
+  for (int o = 1; o < span; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (half > 32) {  // the head's warps add their sums
+    const int warp = static_cast<int>(threadIdx.x >> 5), per = half / 32;
+    if ((threadIdx.x & 31) == 0) part[warp] = ss;
+    __syncthreads();
+    ss = 0;
+    for (int k = warp / per * per; k < (warp / per + 1) * per; ++k) ss += part[k];
+  }
+  return static_cast<float>(1.0 / sqrt(ss / head_dim + static_cast<double>(eps)));
+}
+
 // One thread per (row, head, pair): the angle in double as the reference computes it.
 __global__ void RopeKernel(const __grid_constant__ RopeParamsDev p) {
   const int half = p.n_rot / 2;
@@ -305,6 +323,19 @@ __global__ void RopeKernel(const __grid_constant__ RopeParamsDev p) {
     s = static_cast<float>(sin(theta)) * p.attn_factor;
   }
   PdlStart();
+  const int h = static_cast<int>((idx / half) % heads);
+  const int a = p.neox ? i : 2 * i, b = p.neox ? i + half : 2 * i + 1;
+  float* xh = h < p.n_heads ? p.x + (t * p.n_heads + h) * p.head_dim
+                            : p.x2 + (t * p.n_heads2 + (h - p.n_heads)) * p.head_dim;
+  float x0 = rotates ? xh[a] : 0.0f, x1 = rotates ? xh[b] : 0.0f;
+  if (p.norm_w) {  // a joined head norm, as the norm kernel computes it
+    const float scale = HeadNormScale(x0, x1, half, p.head_dim, p.norm_eps);
+    const float* w = h < p.n_heads ? p.norm_w : p.norm_w2;
+    if (rotates) {
+      x0 = x0 * scale * w[a];
+      x1 = x1 * scale * w[b];
+    }
+  }
   if (!rotates) {
     // The threads past the rotation copy v into the cache (a joined StoreKv).
     idx -= p.rows * heads * half;
@@ -319,11 +350,6 @@ __global__ void RopeKernel(const __grid_constant__ RopeParamsDev p) {
     }
     return;
   }
-  const int h = static_cast<int>((idx / half) % heads);
-  const int a = p.neox ? i : 2 * i, b = p.neox ? i + half : 2 * i + 1;
-  float* xh = h < p.n_heads ? p.x + (t * p.n_heads + h) * p.head_dim
-                            : p.x2 + (t * p.n_heads2 + (h - p.n_heads)) * p.head_dim;
-  const float x0 = xh[a], x1 = xh[b];
   const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
   xh[a] = y0;
   xh[b] = y1;
