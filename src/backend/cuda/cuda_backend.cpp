@@ -446,7 +446,7 @@ void CudaBackend::JoinHeadNorms(RopeParamsDev* r) {
   const int half = r->n_rot / 2;
   if (n->xq || n->x != r->x || n->y != r->x || n->x2 != r->x2 || n->y2 != r->x2 ||
       n->cols != r->head_dim || r->n_rot != r->head_dim || n->rows != r->rows * r->n_heads ||
-      n->rows2 != r->rows * r->n_heads2 || half > 128 || (half & (half - 1)) != 0)
+      n->rows2 != r->rows * r->n_heads2 || half > kRopeThreads || (half & (half - 1)) != 0)
     return;
   r->norm_w = n->w;
   r->norm_w2 = n->w2;

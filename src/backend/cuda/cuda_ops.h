@@ -237,12 +237,14 @@ struct RopeParamsDev {
   int32_t f16 = 0;
   const int64_t* pos0 = nullptr;  // device
   // The heads' RMSNorm joined (qwen3's q and k norms, in place, every column rotated, n_rot / 2
-  // a power of two up to 128): each head of x (x2) normed by norm_w (norm_w2) before it turns.
+  // a power of two up to kRopeThreads): each head of x (x2) normed by norm_w (norm_w2) before it
+  // turns.
   const float* norm_w = nullptr;
   const float* norm_w2 = nullptr;
   float norm_eps = 0;
 };
 void LaunchRope(const void* params, cudaStream_t stream);
+constexpr int kRopeThreads = 128;  // a rotation's block: a joined head norm's pairs lie in one
 
 // ---- KV cache and attention ----
 

@@ -278,10 +278,10 @@ __global__ void CopyColumnsKernel(const __grid_constant__ CopyColumnsParams p) {
 }
 
 // A joined head norm's scale (RopeParamsDev::norm_w) from a thread's pair: the head's `half`
-// threads are consecutive and lie in one block of 128. Every thread of the block calls it.
+// threads are consecutive and lie in one block. Every thread of the block calls it.
 __device__ __forceinline__ float HeadNormScale(float x0, float x1, int half, int head_dim,
                                                float eps) {
-  __shared__ double part[4];
+  __shared__ double part[kRopeThreads / 32];
   double ss = static_cast<double>(x0) * x0 + static_cast<double>(x1) * x1;
   const int span = min(half, 32);
   for (int o = 1; o < span; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -489,7 +489,7 @@ void LaunchRope(const void* params, cudaStream_t stream) {
   const RopeParamsDev& p = *static_cast<const RopeParamsDev*>(params);
   const int64_t n =
       p.rows * (p.n_heads + p.n_heads2) * (p.n_rot / 2) + (p.kc ? p.rows * p.v_cols : 0);
-  LaunchKernel(RopeKernel, dim3(Blocks(n, 128)), dim3(128), 0, stream, p);
+  LaunchKernel(RopeKernel, dim3(Blocks(n, kRopeThreads)), dim3(kRopeThreads), 0, stream, p);
 }
 
 void LaunchGather(const void* params, cudaStream_t stream) {
