@@ -796,7 +796,8 @@ Failures CheckRope(Backend& be) {
       const std::vector<float> q = Random(n * qd, rng), kk = Random(n * kd, rng);
       const std::vector<float> v = Random(n * kd, rng);
       // Resident, as a model's (a GPU would stage them and issue the norms at once, never
-      // joining them to the rotation), so kept as long as the backend.
+      // joining them to the rotation), and kept to the check's end: a GPU finds adopted bytes
+      // by address, and a freed weight's address may come back holding another's.
       const Weight& qn = norms.emplace_back(MakeWeight(DType::kF32, 1, k.head_dim, rng));
       const Weight& kn = norms.emplace_back(MakeWeight(DType::kF32, 1, k.head_dim, rng));
       be.AdoptResidentBytes(qn.skeleton.data(), qn.skeleton.size());
