@@ -741,6 +741,16 @@ TEST(BackendOps, NormsBiasActivationsCopies) {
   }
 }
 
+// The launches a CUDA backend has recorded (CudaLaunches), 0 for any other or without CUDA.
+int64_t CudaLaunchesOf(const Backend& be) {
+#ifdef SUBSTRATE_HAVE_CUDA
+  return CudaLaunches(be);
+#else
+  (void)be;
+  return 0;
+#endif
+}
+
 Failures CheckRope(Backend& be) {
   Failures f;
   ReferenceBackend ref(&Ledger());
@@ -803,24 +813,33 @@ Failures CheckRope(Backend& be) {
       be.AdoptResidentBytes(qn.skeleton.data(), qn.skeleton.size());
       be.AdoptResidentBytes(kn.skeleton.data(), kn.skeleton.size());
       Tensors tb(be), tr(ref);
-      const Tensor qb = tb.Make(n, qd, q), kb = tb.Make(n, kd, kk);
-      const Tensor qr = tr.Make(n, qd, q), kr = tr.Make(n, kd, kk);
+      // Every input made first: an upload issues the ops recorded before it, which then join
+      // nothing.
+      const Tensor qb = tb.Make(n, qd, q), kb = tb.Make(n, kd, kk), vb = tb.Make(n, kd, v);
+      const Tensor qr = tr.Make(n, qd, q), kr = tr.Make(n, kd, kk), vr = tr.Make(n, kd, v);
       const KvLayer cb = tb.Kv(DType::kF32, pos0 + n, kd, kd);
       const KvLayer cr = tr.Kv(DType::kF32, pos0 + n, kd, kd);
-      for (auto [b, qt, kt, c, tens] :
-           {std::tuple<Backend*, Tensor, Tensor, KvLayer, Tensors*>{&be, qb, kb, cb, &tb},
-            {&ref, qr, kr, cr, &tr}}) {
+      int64_t launches = 0;
+      for (auto [b, qt, kt, vt, c] :
+           {std::tuple<Backend*, Tensor, Tensor, Tensor, KvLayer>{&be, qb, kb, vb, cb},
+            {&ref, qr, kr, vr, cr}}) {
         const Tensor qh = qt.Reshape(n * k.n_heads, k.head_dim);
         const Tensor kh = kt.Reshape(n * kv_heads, k.head_dim);
+        launches -= CudaLaunchesOf(*b);
         b->RmsNorm(qh, qn.View(0), 1e-6f, qh);
         b->RmsNorm(kh, kn.View(0), 1e-6f, kh);
         b->Rope(qt, k.n_heads, k.head_dim, 0, pos.data(), p);
         b->Rope(kt, kv_heads, k.head_dim, 0, pos.data(), p);
-        b->StoreKv(c, pos0, kt, tens->Make(n, kd, v));
+        b->StoreKv(c, pos0, kt, vt);
+        launches += CudaLaunchesOf(*b);
       }
       const std::string what = "head norms, Rope and StoreKv " + std::to_string(k.n_heads) +
                                "x" + std::to_string(k.head_dim) + " rot " +
                                std::to_string(k.n_rot) + " n=" + std::to_string(n);
+      // A GPU: the two norms one launch, q and k's rotations one with the store; where every
+      // column turns, all of it one launch.
+      if (launches != 0 && launches != (k.n_rot == k.head_dim ? 1 : 3))
+        f.push_back(what + ": " + std::to_string(launches) + " launches");
       Expect(f, what + ": q", tb.Read(qb), tr.Read(qr), 1e-10);
       Expect(f, what + ": k", tb.Read(kb), tr.Read(kr), 1e-10);
       for (const bool keys : {true, false}) {
@@ -1144,7 +1163,10 @@ Failures CheckRoutedExperts(const Candidate& cand,
       }
       // The residual add a MoE layer does next (a GPU joins it to the launch that sums the
       // experts).
+      const int64_t launches = CudaLaunchesOf(*be);
       be->Add(rt, op.acc);
+      if (cand.name == "cuda" && CudaLaunchesOf(*be) != launches)
+        f.push_back(what + ": the residual add did not join the experts' sum");
       const std::vector<float> got = tb.Read(op.acc), got_resid = tb.Read(rt);
 
       ReferenceBackend ref(&Ledger());

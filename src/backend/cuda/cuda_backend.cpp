@@ -1053,4 +1053,9 @@ int CudaDeviceCount() {
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
+int64_t CudaLaunches(const Backend& backend) {
+  const auto* cuda = dynamic_cast<const cuda::CudaBackend*>(&backend);
+  return cuda ? cuda->launches() : 0;
+}
+
 }  // namespace substrate

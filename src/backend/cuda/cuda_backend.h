@@ -50,4 +50,8 @@ Expected<std::unique_ptr<Backend>> NewCudaBackend(const CudaBackendOptions& opti
 // Devices the driver sees (0 without a driver or a GPU).
 int CudaDeviceCount();
 
+// The launches a CUDA backend has recorded so far, those issued and those pending (0 for any
+// other backend): the op test checks that ops join the launches they mean to.
+int64_t CudaLaunches(const Backend& backend);
+
 }  // namespace substrate

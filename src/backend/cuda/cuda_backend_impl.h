@@ -81,6 +81,7 @@ class CudaBackend final : public Backend {
   Status Init();
 
   const char* name() const override { return "cuda"; }
+  int64_t launches() const { return launches_ + static_cast<int64_t>(n_recs_); }  // CudaLaunches
 
   Expected<Buffer> Allocate(size_t bytes, const std::string& account) override;
   void Download(const Tensor& src, float* host) override;
@@ -350,6 +351,7 @@ class CudaBackend final : public Backend {
   int gemv_variant_ = -1;  // SUBSTRATE_CUDA_GEMV_VARIANT: the repacked products' kernel shape
   // The routed experts' (SUBSTRATE_CUDA_EXPERT_VARIANT; -1: by type and size as the others).
   int expert_variant_ = 2;
+  int64_t launches_ = 0;  // recorded launches issued so far (CudaLaunches)
   // SUBSTRATE_CUDA_HOSTTIME=1: how much of the wall time the host waited for the device (the
   // rest it spent recording, or the device idled), printed when the backend closes.
   bool host_time_ = false;

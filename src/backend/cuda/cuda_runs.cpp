@@ -172,6 +172,7 @@ void CudaBackend::Flush() {
   if (!done) Issue(copy_off, copy_len);
   CK(cudaGetLastError());
   arena_copied_ = arena_off_;
+  launches_ += static_cast<int64_t>(n_recs_);
   n_recs_ = 0;
   uncapturable_ = false;
 }
