@@ -567,14 +567,15 @@ TEST(BackendOps, NormsBetweenRepackedProducts) {
       const Weight n1 = norm_weight(), n2 = norm_weight();
       for (int tier : {0, 2}) {
         // The backend's own copies (a CPU backend may rearrange adopted bytes in place), made
-        // before it: adopted bytes must outlive it.
-        Weight mine[5] = {o, q, k, gate, up};
+        // before it: adopted bytes must outlive it. The norm weights are adopted too, as a
+        // model's are (a GPU stages a weight it does not hold with a launch of its own).
+        Weight mine[7] = {o, q, k, gate, up, n1, n2};
         auto be = c.make();
         ReferenceBackend ref(&Ledger());
-        WeightView v[5];
-        for (int i = 0; i < 5; ++i) {
+        WeightView v[7];
+        for (int i = 0; i < 7; ++i) {
           Weight& w = mine[i];
-          v[i] = w.View(tier);
+          v[i] = w.View(i < 5 ? tier : 0);
           v[i].layout = be->AdoptResidentWeight(w.type, w.rows, w.cols, w.skeleton.data());
         }
         const std::vector<float> a = Random(d, rng), r0 = Random(d, rng, 3.0f);
@@ -582,7 +583,8 @@ TEST(BackendOps, NormsBetweenRepackedProducts) {
           std::vector<float> res, h1, qy, ky, q_again, h2, glu;
         };
         const auto chain = [&](Backend& b, const WeightView& wo, const WeightView& wq,
-                               const WeightView& wk, const WeightView& wg, const WeightView& wu) {
+                               const WeightView& wk, const WeightView& wg, const WeightView& wu,
+                               const WeightView& wn1, const WeightView& wn2) {
           Tensors t(b);
           const Tensor res = t.Make(1, d, r0), ob = t.Zeros(1, d), h1 = t.Zeros(1, d),
                        qy = t.Zeros(1, d), ky = t.Zeros(1, 128), q_again = t.Zeros(1, d),
@@ -590,22 +592,22 @@ TEST(BackendOps, NormsBetweenRepackedProducts) {
                        u = t.Zeros(1, ff);
           b.MatMul(wo, t.Make(1, d, a), ob);
           b.Add(res, ob);
-          b.RmsNorm(res, n1.View(0), 1e-5f, h1);
+          b.RmsNorm(res, wn1, 1e-5f, h1);
           const MatMulOp qk[2] = {{&wq, h1, qy}, {&wk, h1, ky}};
           b.MatMulBatch(qk, 2);
           b.MatMul(wq, h1, q_again);  // the norm's output read again by a later product
           b.MatMul(wo, qy, o2);
           b.Add(res, o2);
-          b.RmsNorm(res, n2.View(0), 1e-5f, h2);
+          b.RmsNorm(res, wn2, 1e-5f, h2);
           const MatMulOp gu[2] = {{&wg, h2, g}, {&wu, h2, u}};
           b.MatMulBatch(gu, 2);
           b.SwiGlu(g, u, g);
           return Out{t.Read(res),     t.Read(h1), t.Read(qy), t.Read(ky),
                      t.Read(q_again), t.Read(h2), t.Read(g)};
         };
-        const Out got = chain(*be, v[0], v[1], v[2], v[3], v[4]);
-        const Out want =
-            chain(ref, o.View(tier), q.View(tier), k.View(tier), gate.View(tier), up.View(tier));
+        const Out got = chain(*be, v[0], v[1], v[2], v[3], v[4], v[5], v[6]);
+        const Out want = chain(ref, o.View(tier), q.View(tier), k.View(tier), gate.View(tier),
+                               up.View(tier), n1.View(0), n2.View(0));
         const std::string what = c.name + " " + DTypeName(type) + " tier " + std::to_string(tier);
         EXPECT_LE(Nmse(got.res, want.res), 2e-4) << what << " residual stream";
         EXPECT_LE(Nmse(got.h1, want.h1), 2e-4) << what << " first norm";
