@@ -1100,10 +1100,13 @@ TEST(BackendOps, RoutingGatherScatter) {
 // reference, summed with the routing weights. The experts are adopted one by one, as the
 // resident weight source hands them over. `takes` says which cases the backend must take (and
 // then choose the same experts and give the same sums) and which it must decline (return
-// false). A fresh backend per case (the adopted bytes outlive it).
+// false). A fresh backend per case (the adopted bytes outlive it). The last case is one token
+// whose router input a norm writes and whose logits a float product makes, as a model's are;
+// with `count_norm_join` (a GPU) that norm must join the router's launch.
 Failures CheckRoutedExperts(const Candidate& cand,
                             const std::function<bool(DType, DType, int64_t)>& takes,
-                            const std::function<void(Backend&, int64_t n)>& after = nullptr) {
+                            const std::function<void(Backend&, int64_t n)>& after = nullptr,
+                            bool count_norm_join = false) {
   Failures f;
   std::mt19937 rng(11);
   struct Case {
@@ -1119,16 +1122,21 @@ Failures CheckRoutedExperts(const Candidate& cand,
         Case{DType::kQ4_K, DType::kQ6_K, 20, 4, 256, 768, GatingFunc::kSoftmax, true, false, 1},
         Case{DType::kQ8_0, DType::kQ8_0, 128, 8, 128, 64, GatingFunc::kSigmoid, true, true, 2.5f},
         Case{DType::kQ5_K, DType::kF16, 8, 2, 256, 256, GatingFunc::kSoftmax, false, false, 1}}) {
-    for (int64_t n : {1, 3, 40}) {
+    int64_t plain_launches = -1;  // of the one-token case
+    for (int64_t case_n : {1, 3, 40, -1}) {
+      const bool from_norm = case_n < 0;
+      const int64_t n = from_norm ? 1 : case_n;
       const std::string what = std::string("RoutedExperts ") + DTypeName(c.gate) + "/" +
                                DTypeName(c.down) + " E=" + std::to_string(c.E) +
-                               " n=" + std::to_string(n);
+                               " n=" + std::to_string(n) + (from_norm ? " from a norm" : "");
       Weight gate = MakeWeight(c.gate, c.E * c.ff, c.d, rng);
       Weight up = MakeWeight(c.gate, c.E * c.ff, c.d, rng);
       Weight down = MakeWeight(c.down, c.E * c.d, c.ff, rng);
       const Weight bias = MakeWeight(DType::kF32, 1, c.E, rng);
-      const std::vector<float> logits = Random(n * c.E, rng, 2.0f);
-      const std::vector<float> x = Random(n * c.d, rng);
+      Weight router = MakeWeight(DType::kF32, c.E, c.d, rng);
+      const Weight norm = MakeWeight(DType::kF32, 1, c.d, rng);
+      std::vector<float> logits = Random(n * c.E, rng, 2.0f);
+      std::vector<float> x = Random(n * c.d, rng);  // the norm's input when from_norm
       auto be = cand.make();
       for (Weight* w : {&gate, &up, &down}) {
         const int64_t rows = w->rows / c.E;
@@ -1139,22 +1147,41 @@ Failures CheckRoutedExperts(const Candidate& cand,
       // The routing bias too, as a model's resident weights hand it over: a GPU stages a weight
       // it has not seen and issues the ops recorded so far, so the add below would not join.
       be->AdoptResidentBytes(bias.skeleton.data(), bias.skeleton.size());
-      const WeightView gv = gate.View(0), uv = up.View(0), dv = down.View(0), bv = bias.View(0);
+      be->AdoptResidentBytes(norm.skeleton.data(), norm.skeleton.size());
+      WeightView rv = router.View(0);
+      rv.layout =
+          be->AdoptResidentWeight(router.type, router.rows, router.cols, router.skeleton.data());
+      const WeightView gv = gate.View(0), uv = up.View(0), dv = down.View(0), bv = bias.View(0),
+                       nv = norm.View(0);
       Tensors tb(*be);
       RoutedExpertsOp op;
-      op.logits = tb.Make(n, c.E, logits);
+      const Tensor raw = tb.Make(n, c.d, x);
+      op.logits = from_norm ? tb.Zeros(n, c.E) : tb.Make(n, c.E, logits);
       op.bias = c.bias ? &bv : nullptr;
       op.routing = RoutingParams{c.E, c.k, c.gating, c.normalize, c.scale};
       op.gate = &gv;
       op.up = &uv;
       op.down = &dv;
-      op.xn = tb.Make(n, c.d, x);
+      op.xn = from_norm ? tb.Zeros(n, c.d) : raw;
       op.acc = tb.Zeros(n, c.d);
       // The stream the layer adds to, made first: an upload issues the ops recorded before it,
       // and the launch that sums the experts could then not take the add.
       const std::vector<float> resid = Random(n * c.d, rng);
       const Tensor rt = tb.Make(n, c.d, resid);
+      int64_t launches = CudaLaunchesOf(*be);
+      if (from_norm) {
+        be->RmsNorm(raw, nv, 1e-6f, op.xn);
+        be->MatMul(rv, op.xn, op.logits);
+      }
       const bool took = be->RoutedExperts(op);
+      launches = CudaLaunchesOf(*be) - launches;
+      if (case_n == 1) plain_launches = launches;
+      // With int8 activations the plain case quantizes them in a launch of its own; the norm
+      // joined to the router quantizes them there, and computes the norm there.
+      const bool fast = c.gate == DType::kQ4_0 || c.gate == DType::kQ8_0 || c.gate == DType::kQ4_K;
+      if (count_norm_join && from_norm && took && fast && launches != plain_launches - 1)
+        f.push_back(what + ": " + std::to_string(launches) + " launches against " +
+                    std::to_string(plain_launches) + " without the norm and the router");
       if (took != takes(c.gate, c.down, n)) {
         f.push_back(what + (took ? ": taken" : ": declined"));
         return f;
@@ -1165,7 +1192,7 @@ Failures CheckRoutedExperts(const Candidate& cand,
       }
       // The residual add a MoE layer does next (a GPU joins it to the launch that sums the
       // experts).
-      const int64_t launches = CudaLaunchesOf(*be);
+      launches = CudaLaunchesOf(*be);
       be->Add(rt, op.acc);
       if (cand.name == "cuda" && CudaLaunchesOf(*be) != launches)
         f.push_back(what + ": the residual add did not join the experts' sum");
@@ -1173,6 +1200,14 @@ Failures CheckRoutedExperts(const Candidate& cand,
 
       ReferenceBackend ref(&Ledger());
       Tensors tr(ref);
+      if (from_norm) {  // the reference's own norm and logits
+        const Tensor xn = tr.Zeros(n, c.d), lg = tr.Zeros(n, c.E);
+        ref.RmsNorm(tr.Make(n, c.d, x), nv, 1e-6f, xn);
+        ref.MatMul(router.View(0), xn, lg);
+        x = tr.Read(xn);
+        logits = tr.Read(lg);
+        Expect(f, what + ", the norm", tb.Read(op.xn), x, 1e-10);
+      }
       std::vector<int32_t> sel(static_cast<size_t>(n * c.k));
       std::vector<float> wt(sel.size());
       ref.Route(tr.Make(n, c.E, logits), op.bias, op.routing, sel.data(), wt.data());
@@ -1224,7 +1259,7 @@ TEST(BackendOps, RoutedExpertsOnTheBackend) {
     ScopedIsa isa(c.isa);
     const auto cpu = [](DType, DType, int64_t) { return false; };
     for (const std::string& m :
-         c.name == "cuda" ? CheckRoutedExperts(c, gpu) : CheckRoutedExperts(c, cpu))
+         c.name == "cuda" ? CheckRoutedExperts(c, gpu, nullptr, true) : CheckRoutedExperts(c, cpu))
       ADD_FAILURE() << c.name << ": " << m;
   }
 }

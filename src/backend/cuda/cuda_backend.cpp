@@ -95,8 +95,10 @@ void CudaBackend::AddGemvJob(int type, bool fast, const Tensor& x, const void* x
   // other writes.
   if (n_recs_ > 0 && recs_[n_recs_ - 1].fn == &LaunchGemv) {
     auto* p = reinterpret_cast<GemvParams*>(recs_[n_recs_ - 1].p);
+    // (Not a router's launch: its kernel computes one job, and may write activations.)
     bool ok = p->type == type && p->fast == (fast ? 1 : 0) && p->cols == x.cols &&
-              p->ntok == ntok && p->variant == variant && p->n_jobs < kGemvMaxJobs;
+              p->ntok == ntok && p->variant == variant && p->n_jobs < kGemvMaxJobs &&
+              !p->route.logits;
     for (int j = 0; ok && j < p->n_jobs; ++j) {
       // Write after write, read after write, and (float inputs) write after read.
       const GemvJob& e = p->jobs[j];
@@ -939,6 +941,24 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
   if (joined) {
     router->route = route;
     router->route_counter = route_counter_;
+    // The norm that wrote the router's input, recorded just before it: the router's launch
+    // does its work too, one launch less (the experts' activations are quantized there).
+    const auto* norm = n_recs_ >= 2 && recs_[n_recs_ - 2].fn == &LaunchRmsNorm
+                           ? reinterpret_cast<const RmsNormParams*>(recs_[n_recs_ - 2].p)
+                           : nullptr;
+    const size_t bytes = static_cast<size_t>(d) * 4;
+    if (norm && norm->rows == 1 && norm->rows2 == 0 && !norm->xq && norm->cols == d &&
+        d % 32 == 0 && norm->y == op.xn.data && router->jobs[0].x == op.xn.data &&
+        router->cols == d && !Overlap(norm->x, bytes, norm->y, bytes)) {
+      const RmsNormParams nm = *norm;
+      recs_[n_recs_ - 2] = recs_[n_recs_ - 1];
+      --n_recs_;
+      router = reinterpret_cast<GemvParams*>(recs_[n_recs_ - 1].p);
+      router->jobs[0].x = nm.x;
+      router->norm_w = nm.w;
+      router->norm_y = nm.y;
+      router->norm_eps = nm.eps;
+    }
   } else {
     *Add<RouteTopKParams>(&LaunchRouteTopK) = route;
   }

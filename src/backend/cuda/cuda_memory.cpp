@@ -589,6 +589,10 @@ void CudaBackend::ConvertAct(const Tensor& x, bool half, void** data, void** sca
         g->glu_xq = q;
         g->glu_xs = qs;
         last = nullptr;
+      } else if (g->norm_y == x.data && x.rows == 1 && x.cols == g->cols && !g->norm_xq) {
+        g->norm_xq = q;
+        g->norm_xs = qs;
+        last = nullptr;
       }
     } else if (last && last->fn == &LaunchAttention) {
       auto* a = reinterpret_cast<AttentionParams*>(last->p);
@@ -626,7 +630,7 @@ bool CudaBackend::ReadsOnly(const Rec& r, const Tensor& x) {
   }
   if (r.fn != &LaunchGemv) return false;
   const auto* g = reinterpret_cast<const GemvParams*>(r.p);
-  if (g->glu_out) return false;
+  if (g->glu_out || g->norm_y) return false;
   if (g->route.logits &&
       (Overlap(g->route.sel, static_cast<size_t>(g->route.n) * g->route.k * 4, x.data, bytes) ||
        Overlap(g->route.weight, static_cast<size_t>(g->route.n) * g->route.k * 4, x.data, bytes)))

@@ -121,6 +121,16 @@ struct GemvParams {
   // route_counter zero between launches, each launch leaves it zero).
   RouteTopKParams route;
   uint32_t* route_counter = nullptr;
+  // The one-row RMSNorm whose output the router reads, joined into the router's launch (route
+  // joined, norm_y set; jobs[0].x is then the norm's input): every block sums the squares of
+  // the input with its product, so it scales its logit by the norm's scale itself; its warps
+  // write groups of 32 of the norm's output, and their quantization where norm_xq is set (the
+  // experts' products read it).
+  const float* norm_w = nullptr;
+  float* norm_y = nullptr;
+  int8_t* norm_xq = nullptr;
+  float2* norm_xs = nullptr;
+  float norm_eps = 0;
 };
 void LaunchGemv(const void* params, cudaStream_t stream);
 // Rows per launch block of the product `type` takes (`fast`: the int8 path), variant 0.

@@ -14,7 +14,8 @@
 namespace substrate::cuda {
 namespace {
 
-__device__ __forceinline__ float WarpSum(float v) {
+template <typename V>
+__device__ __forceinline__ V WarpSum(V v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -874,7 +875,10 @@ __global__ void __launch_bounds__(128) GemvFloatKernel(const __grid_constant__ G
 // row reads one chunk of 8 floats: qwen3-30b-a3b 329.5-331.2 tokens/s against 324.1-328.3 with
 // four (H100, alternating); qwen2moe-a2.7b level. The block that writes the last row routes.
 constexpr int kRouterWarps = 8;
-template <int T>
+// NORM: the norm before the router joined (GemvParams::norm_y): x is the norm's input, and the
+// product is taken over x * norm_w, scaled at the end by the norm's scale, which each block
+// finds from the squares it summed on the way.
+template <int T, bool NORM>
 __global__ void __launch_bounds__(32 * kRouterWarps)
     GemvRouterKernel(const __grid_constant__ GemvParams p) {
   constexpr int kThreads = 32 * kRouterWarps, kInFlight = 4;
@@ -893,6 +897,16 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
   load(tid);  // the weights before the wait: the kernel before wrote x only
   PdlStart();
   float acc = 0.0f;
+  double ss = 0;
+  auto input = [&](int64_t e) {  // x, times the norm's weight when joined
+    const float v = x[e];
+    if constexpr (!NORM) {
+      return v;
+    } else {
+      ss += static_cast<double>(v) * v;
+      return v * p.norm_w[e];
+    }
+  };
   for (int64_t c0 = tid; c0 < chunks; c0 += kThreads * kInFlight) {
     if (c0 != tid) load(c0);
 #pragma unroll
@@ -900,17 +914,37 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
       const int64_t c = c0 + kThreads * u;
       if (c >= chunks) break;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc = fmaf(wv[u][i], x[c * 8 + i], acc);
+      for (int i = 0; i < 8; ++i) acc = fmaf(wv[u][i], input(c * 8 + i), acc);
     }
   }
   for (int64_t e = chunks * 8 + tid; e < cols; e += kThreads)
-    acc = fmaf(FloatElem<T>(w, e), x[e], acc);
+    acc = fmaf(FloatElem<T>(w, e), input(e), acc);
   __shared__ float part[kRouterWarps];
+  __shared__ double ss_part[kRouterWarps];
   acc = WarpSum(acc);
   if (lane == 0) part[warp] = acc;
+  if constexpr (NORM) {
+    ss = WarpSum(ss);
+    if (lane == 0) ss_part[warp] = ss;
+  }
   __syncthreads();
+  float scale = 1.0f;
+  if constexpr (NORM) {
+    double total = 0;
+    for (int k = 0; k < kRouterWarps; ++k) total += ss_part[k];
+    scale = static_cast<float>(1.0 / sqrt(total / static_cast<double>(cols) +
+                                          static_cast<double>(p.norm_eps)));
+    // The norm's output in groups of 32, spread over the grid's warps (cols % 32 == 0).
+    for (int64_t g = static_cast<int64_t>(row) * kRouterWarps + warp; g < cols / 32;
+         g += static_cast<int64_t>(gridDim.x) * kRouterWarps) {
+      const int64_t i = 32 * g + lane;
+      const float o = x[i] * scale * p.norm_w[i];
+      p.norm_y[i] = o;
+      if (p.norm_xq) QuantizeWarpStore(o, i, p.norm_xq, p.norm_xs);
+    }
+  }
   if (warp != 0) return;
-  const float v = WarpSum(lane < kRouterWarps ? part[lane] : 0.0f);
+  const float v = WarpSum(lane < kRouterWarps ? part[lane] : 0.0f) * scale;
   if (lane == 0) job.y[row] = v;
   if (!WarpArrivesLast(p.route_counter, 1, static_cast<uint32_t>(job.rows))) return;
   __shared__ float prob[2 * kRouteMaxExperts];  // and the k chosen
@@ -941,8 +975,12 @@ void LaunchTyped(const GemvParams& p, cudaStream_t stream) {
   }
   if constexpr (NT == 1 && (T == kTypeF32 || T == kTypeF16 || T == kTypeBF16)) {
     if (p.route.logits) {
-      LaunchKernel(GemvRouterKernel<T>, dim3(p.jobs[0].rows), dim3(32 * kRouterWarps), 0, stream,
-                   p);
+      if (p.norm_y)
+        LaunchKernel(GemvRouterKernel<T, true>, dim3(p.jobs[0].rows), dim3(32 * kRouterWarps), 0,
+                     stream, p);
+      else
+        LaunchKernel(GemvRouterKernel<T, false>, dim3(p.jobs[0].rows), dim3(32 * kRouterWarps), 0,
+                     stream, p);
       return;
     }
   }
