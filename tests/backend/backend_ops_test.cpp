@@ -840,7 +840,7 @@ Failures CheckRope(Backend& be) {
                                std::to_string(k.n_rot) + " n=" + std::to_string(n);
       // A GPU: the two norms one launch, q and k's rotations one with the store; where every
       // column turns, all of it one launch.
-      if (launches != 0 && launches != (k.n_rot == k.head_dim ? 1 : 3))
+      if (std::string(be.name()) == "cuda" && launches != (k.n_rot == k.head_dim ? 1 : 3))
         f.push_back(what + ": " + std::to_string(launches) + " launches");
       Expect(f, what + ": q", tb.Read(qb), tr.Read(qr), 1e-10);
       Expect(f, what + ": k", tb.Read(kb), tr.Read(kr), 1e-10);
