@@ -453,8 +453,7 @@ void CudaBackend::JoinHeadNorms(RopeParamsDev* r) {
   r->norm_w = n->w;
   r->norm_w2 = n->w2;
   r->norm_eps = n->eps;
-  recs_[n_recs_ - 2] = recs_[n_recs_ - 1];
-  --n_recs_;
+  DropRecordBeforeLast();
 }
 
 void CudaBackend::Rope(const Tensor& x, int n_heads, int head_dim, int head_offset,
@@ -871,6 +870,25 @@ void CudaBackend::AddMoeCombine(const float* out, const float* weight, const int
   Wrote(acc);
 }
 
+// The norm that wrote the router's input xn, recorded just before the router: the router's
+// launch does its work too, one launch less (the experts' activations are quantized there).
+GemvParams* CudaBackend::JoinNormToRouter(GemvParams* router, const Tensor& xn) {
+  if (n_recs_ < 2 || recs_[n_recs_ - 2].fn != &LaunchRmsNorm) return router;
+  const RmsNormParams n = *reinterpret_cast<const RmsNormParams*>(recs_[n_recs_ - 2].p);
+  const int64_t d = xn.cols;
+  const size_t bytes = static_cast<size_t>(d) * 4;
+  if (xn.rows != 1 || n.rows != 1 || n.rows2 != 0 || n.xq || n.cols != d || d % 32 != 0 ||
+      n.y != xn.data || router->jobs[0].x != xn.data || router->cols != d ||
+      Overlap(n.x, bytes, n.y, bytes))
+    return router;
+  router = static_cast<GemvParams*>(DropRecordBeforeLast());
+  router->jobs[0].x = n.x;
+  router->norm_w = n.w;
+  router->norm_y = n.y;
+  router->norm_eps = n.eps;
+  return router;
+}
+
 bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
   const RoutingParams& rp = op.routing;
   const int E = rp.n_expert, K = rp.k;
@@ -941,24 +959,7 @@ bool CudaBackend::RoutedExperts(const RoutedExpertsOp& op) {
   if (joined) {
     router->route = route;
     router->route_counter = route_counter_;
-    // The norm that wrote the router's input, recorded just before it: the router's launch
-    // does its work too, one launch less (the experts' activations are quantized there).
-    const auto* norm = n_recs_ >= 2 && recs_[n_recs_ - 2].fn == &LaunchRmsNorm
-                           ? reinterpret_cast<const RmsNormParams*>(recs_[n_recs_ - 2].p)
-                           : nullptr;
-    const size_t bytes = static_cast<size_t>(d) * 4;
-    if (norm && norm->rows == 1 && norm->rows2 == 0 && !norm->xq && norm->cols == d &&
-        d % 32 == 0 && norm->y == op.xn.data && router->jobs[0].x == op.xn.data &&
-        router->cols == d && !Overlap(norm->x, bytes, norm->y, bytes)) {
-      const RmsNormParams nm = *norm;
-      recs_[n_recs_ - 2] = recs_[n_recs_ - 1];
-      --n_recs_;
-      router = reinterpret_cast<GemvParams*>(recs_[n_recs_ - 1].p);
-      router->jobs[0].x = nm.x;
-      router->norm_w = nm.w;
-      router->norm_y = nm.y;
-      router->norm_eps = nm.eps;
-    }
+    router = JoinNormToRouter(router, op.xn);
   } else {
     *Add<RouteTopKParams>(&LaunchRouteTopK) = route;
   }

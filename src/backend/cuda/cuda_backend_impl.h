@@ -169,6 +169,16 @@ class CudaBackend final : public Backend {
   // and its experts' quantization; false for any other kind).
   static bool ReadsOnly(const Rec& r, const Tensor& x);
   void JoinHeadNorms(RopeParamsDev* r);  // Rope: the q and k head norms recorded before
+  // RoutedExperts: the one-row norm recorded before the router's product that joined its
+  // top-k, taken into that launch; returns the router's parameters, moved.
+  GemvParams* JoinNormToRouter(GemvParams* router, const Tensor& xn);
+  // Drops the record before the last (an op the last one has taken in); returns the last's
+  // parameters, now one place earlier.
+  void* DropRecordBeforeLast() {
+    recs_[n_recs_ - 2] = recs_[n_recs_ - 1];
+    --n_recs_;
+    return recs_[n_recs_ - 1].p;
+  }
   void Wrote(const Tensor& t) { Wrote(t.data, static_cast<size_t>(t.size()) * 4); }
   void Wrote(const void* p, size_t bytes);
 
