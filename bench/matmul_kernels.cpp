@@ -180,7 +180,9 @@ int main(int argc, char** argv) {
       }
     }
     WeightView view;
-    if (layout == "decode" && DetectedIsa() >= Isa::kAvx512)
+    // The layout the CPU backend gives the matrix at load (interleaved.h).
+    if (layout == "decode" &&
+        InterleavedKernelFor(DecodeLayoutFor(*type, rows, cols), DetectedIsa()))
       view.layout = InterleaveForDecode(*type, rows, cols, w.data(), &pool);
     view.type = *type;
     view.data = w.data();

@@ -50,6 +50,11 @@ WeightLayout DecodeLayoutFor(DType type, int64_t rows, int64_t cols) {
   return WeightLayout::kRows;
 }
 
+bool InterleavedKernelFor(WeightLayout layout, Isa isa) {
+  if (layout == WeightLayout::kRows) return false;
+  return isa >= Isa::kAvx512 || (isa >= Isa::kAvx2 && layout == WeightLayout::kQ4_0Interleaved);
+}
+
 WeightLayout InterleaveForDecode(DType type, int64_t rows, int64_t cols, uint8_t* data,
                                  ThreadPool* pool) {
   const LayoutEntry& e = Entry(DecodeLayoutFor(type, rows, cols));

@@ -9,6 +9,7 @@
 
 #include "core/thread_pool.h"
 #include "format/dtype.h"
+#include "kernels/cpu_features.h"
 #include "quant/weight_view.h"
 
 namespace substrate {
@@ -17,6 +18,10 @@ namespace substrate {
 // type and shape alone, so a store can hold a matrix in it (store/pack.h) for any CPU that
 // chooses it.
 WeightLayout DecodeLayoutFor(DType type, int64_t rows, int64_t cols);
+
+// Whether `isa` has a product kernel for `layout` (AVX-512 every layout; AVX2 Q4_0's): where
+// it has none, a matrix stays in plain rows (an interleaved one is read back into them).
+bool InterleavedKernelFor(WeightLayout layout, Isa isa);
 
 // Rearranges a resident rows x cols matrix of `type` in place into DecodeLayoutFor's layout, and
 // returns that layout (kRows: left as it is). Groups of 16 rows are independent: rearranging a

@@ -55,4 +55,10 @@ void GemvQ4_0Interleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t 
                          const uint8_t* tile, int nt, float* y, int64_t y_stride);
 }  // namespace avx512
 
+namespace avx2 {
+// The same product on AVX2 (interleaved_q4_0_avx2.cpp): the CPUs without AVX-512.
+void GemvQ4_0Interleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t g1,
+                         const uint8_t* tile, int nt, float* y, int64_t y_stride);
+}  // namespace avx2
+
 }  // namespace substrate

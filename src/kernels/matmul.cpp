@@ -161,6 +161,7 @@ struct JobPlan {
   int n_parts;
   int64_t items;         // work items of kItemRows rows (interleaved: one group each)
   const uint8_t* tiles;  // kInterleaved Q8_0 / Q4_0: the activations' tiles (ActTileBytes apart)
+  Isa isa;               // the tier the batch runs at
 };
 
 // One distinct set of quantized activation rows: (x, n_tokens, cols, format).
@@ -209,6 +210,7 @@ void PlanJob(BatchState& st, const MatMulJob& job, JobPlan& p) {
   const WeightView& w = *job.w;
   p = JobPlan{};
   p.job = &job;
+  p.isa = st.isa;
   if (job.n_tokens <= 0 || w.rows <= 0) {
     p.path = Path::kSkip;
     return;
@@ -222,7 +224,7 @@ void PlanJob(BatchState& st, const MatMulJob& job, JobPlan& p) {
       GemmSupports(w.type, w.cols, job.n_tokens, st.isa) &&
       p.parts[0].kernel->act_type == GemmActType(w.type)) {
     p.path = Path::kGemm;
-  } else if (interleaved && st.isa >= Isa::kAvx512) {
+  } else if (InterleavedKernelFor(w.layout, st.isa)) {
     p.path = Path::kInterleaved;
   } else if (interleaved) {
     p.path = Path::kDeinterleaved;
@@ -332,8 +334,8 @@ void RunItems(const JobPlan& p, int64_t a, int64_t b, uint8_t* plain) {
                                         w.rows);
             break;
           case WeightLayout::kQ4_0Interleaved:
-            avx512::GemvQ4_0Interleaved(w.data, w.cols, g0, g1, p.tiles + t0 / tile * tile_bytes,
-                                        nt, yt, w.rows);
+            (p.isa >= Isa::kAvx512 ? avx512::GemvQ4_0Interleaved : avx2::GemvQ4_0Interleaved)(
+                w.data, w.cols, g0, g1, p.tiles + t0 / tile * tile_bytes, nt, yt, w.rows);
             break;
           default:
             avx512::GemvQ8_0Interleaved(w.data, w.cols, g0, g1, p.tiles + t0 / tile * tile_bytes,

@@ -62,8 +62,9 @@ void CpuBackend::Upload(const float* host, const Tensor& dst) {
 }
 
 WeightLayout CpuBackend::AdoptedLayout(DType type, int64_t rows, int64_t cols) const {
-  if (!options_.decode_layout || ActiveIsa() < Isa::kAvx512) return WeightLayout::kRows;
-  return DecodeLayoutFor(type, rows, cols);
+  if (!options_.decode_layout) return WeightLayout::kRows;
+  const WeightLayout layout = DecodeLayoutFor(type, rows, cols);
+  return InterleavedKernelFor(layout, ActiveIsa()) ? layout : WeightLayout::kRows;
 }
 
 WeightLayout CpuBackend::AdoptResidentWeight(DType type, int64_t rows, int64_t cols,
