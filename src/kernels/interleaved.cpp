@@ -52,7 +52,12 @@ WeightLayout DecodeLayoutFor(DType type, int64_t rows, int64_t cols) {
 
 bool InterleavedKernelFor(WeightLayout layout, Isa isa) {
   if (layout == WeightLayout::kRows) return false;
-  return isa >= Isa::kAvx512 || (isa >= Isa::kAvx2 && layout == WeightLayout::kQ4_0Interleaved);
+  if (isa >= Isa::kAvx512) return true;
+  // AVX2: the kernels of interleaved_q4_0_avx2.cpp, interleaved_q4_k_avx2.cpp and
+  // interleaved_q6_k_avx2.cpp.
+  return isa >= Isa::kAvx2 &&
+         (layout == WeightLayout::kQ4_0Interleaved || layout == WeightLayout::kQ4_KInterleaved ||
+          layout == WeightLayout::kQ6_KInterleaved);
 }
 
 WeightLayout InterleaveForDecode(DType type, int64_t rows, int64_t cols, uint8_t* data,

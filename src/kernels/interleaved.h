@@ -19,8 +19,9 @@ namespace substrate {
 // chooses it.
 WeightLayout DecodeLayoutFor(DType type, int64_t rows, int64_t cols);
 
-// Whether `isa` has a product kernel for `layout` (AVX-512 every layout; AVX2 Q4_0's): where
-// it has none, a matrix stays in plain rows (an interleaved one is read back into them).
+// Whether `isa` has a product kernel for `layout` (AVX-512 every layout; AVX2 Q4_0's, Q4_K's
+// and Q6_K's): where it has none, a matrix stays in plain rows (an interleaved one is read back
+// into them).
 bool InterleavedKernelFor(WeightLayout layout, Isa isa);
 
 // Rearranges a resident rows x cols matrix of `type` in place into DecodeLayoutFor's layout, and

@@ -53,4 +53,10 @@ void GemvQ6_KInterleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t 
                          int64_t y_stride);
 }  // namespace avx512
 
+namespace avx2 {
+// The same product on AVX2 (interleaved_q6_k_avx2.cpp): the CPUs without AVX-512.
+void GemvQ6_KInterleaved(const uint8_t* data, int64_t cols, int64_t g0, int64_t g1,
+                         const uint8_t* act, size_t act_stride, int nt, float* y, int64_t y_stride);
+}  // namespace avx2
+
 }  // namespace substrate

@@ -322,16 +322,16 @@ void RunItems(const JobPlan& p, int64_t a, int64_t b, uint8_t* plain) {
         float* yt = y + t0 * w.rows;
         switch (w.layout) {
           case WeightLayout::kQ4_KInterleaved:
-            avx512::GemvQ4_KInterleaved(w.data, w.cols, g0, g1, act, part.act_stride, nt, yt,
-                                        w.rows);
+            (p.isa >= Isa::kAvx512 ? avx512::GemvQ4_KInterleaved : avx2::GemvQ4_KInterleaved)(
+                w.data, w.cols, g0, g1, act, part.act_stride, nt, yt, w.rows);
             break;
           case WeightLayout::kQ5_KInterleaved:
             avx512::GemvQ5_KInterleaved(w.data, w.cols, g0, g1, act, part.act_stride, nt, yt,
                                         w.rows);
             break;
           case WeightLayout::kQ6_KInterleaved:
-            avx512::GemvQ6_KInterleaved(w.data, w.cols, g0, g1, act, part.act_stride, nt, yt,
-                                        w.rows);
+            (p.isa >= Isa::kAvx512 ? avx512::GemvQ6_KInterleaved : avx2::GemvQ6_KInterleaved)(
+                w.data, w.cols, g0, g1, act, part.act_stride, nt, yt, w.rows);
             break;
           case WeightLayout::kQ4_0Interleaved:
             (p.isa >= Isa::kAvx512 ? avx512::GemvQ4_0Interleaved : avx2::GemvQ4_0Interleaved)(
