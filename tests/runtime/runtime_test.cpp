@@ -23,6 +23,7 @@
 #include "core/thread_pool.h"
 #include "format/model_file.h"
 #include "kernels/cpu_features.h"
+#include "kernels/interleaved.h"
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/op_id.h"
@@ -241,9 +242,15 @@ TEST(Runtime, PreadAndBothCachePoliciesGiveTheGoldenStart) {
   }
 }
 
-// Experts read into the cache's slots and rearranged there into the backend's layout (on
-// AVX-512: the interleaved one, with the residual tiers on top), by the reading threads or by
-// the compute threads before their first product, give the golden tokens, with many misses
+// Whether this CPU's tier computes on the packed experts' (Q4_K) interleaved layout: AVX-512, and
+// AVX2 since it has Q4_K's kernel.
+bool ComputesOnExpertLayout() {
+  return InterleavedKernelFor(WeightLayout::kQ4_KInterleaved, ActiveIsa());
+}
+
+// Experts read into the cache's slots and rearranged there into the backend's layout (where the
+// CPU computes on it: the interleaved one, with the residual tiers on top), by the reading threads
+// or by the compute threads before their first product, give the golden tokens, with many misses
 // and evictions.
 TEST(Runtime, ExpertsRearrangedAsReadGiveTheGoldenTokens) {
   if (PackedTinyMoeStore().empty()) GTEST_SKIP() << "no fixture";
@@ -260,7 +267,7 @@ TEST(Runtime, ExpertsRearrangedAsReadGiveTheGoldenTokens) {
     ExpectGoldenStart(m->get(), &ledger, 8);
     const ResidencyStats s = (*m)->stats();
     EXPECT_GT(s.expert_misses + s.expert_late, 0u);
-    if (ActiveIsa() >= Isa::kAvx512) {
+    if (ComputesOnExpertLayout()) {
       EXPECT_GT(s.expert_relayouts, 0u) << "no expert read was rearranged";
     } else {
       EXPECT_EQ(s.expert_relayouts, 0u);
@@ -281,9 +288,9 @@ const std::string& PackedCpuLayoutStore() {
 
 // A store holding the experts in the CPU kernels' layout: the manifest names it on the experts'
 // skeletons only; their reads need no rearranging where the backend computes on that layout
-// (AVX-512), are put back into rows where it does not (decode layout off), and are computed on
-// as stored without a backend; the golden tokens every way. A mislabelled range (rows read as
-// interleaved) gives other tokens, so the layout is what the kernels read.
+// (ComputesOnExpertLayout), are put back into rows where it does not (decode layout off), and are
+// computed on as stored without a backend; the golden tokens every way. A mislabelled range (rows
+// read as interleaved) gives other tokens, so the layout is what the kernels read.
 TEST(Runtime, ExpertsStoredInTheCpuLayoutGiveTheGoldenTokens) {
   if (PackedCpuLayoutStore().empty()) GTEST_SKIP() << "no fixture";
   std::ifstream in(PackedCpuLayoutStore() + "/manifest.json");
@@ -312,7 +319,7 @@ TEST(Runtime, ExpertsStoredInTheCpuLayoutGiveTheGoldenTokens) {
     ExpectGoldenStart(m->get(), &ledger, 8);
     const ResidencyStats s = (*m)->stats();
     EXPECT_GT(s.expert_misses + s.expert_late, 0u);
-    if (mode == 2 || (mode < 2 && ActiveIsa() < Isa::kAvx512)) {
+    if (mode == 2 || (mode < 2 && !ComputesOnExpertLayout())) {
       EXPECT_GT(s.expert_relayouts, 0u) << "experts put back into rows";
     } else {
       EXPECT_EQ(s.expert_relayouts, 0u) << "experts rearranged although stored in the layout";
