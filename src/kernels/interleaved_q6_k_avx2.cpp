@@ -1,9 +1,11 @@
 // The interleaved Q6_K product (interleaved_q6_k.h) in AVX2, decode and prefill, for CPUs
-// without AVX-512: the AVX-512 kernel's steps on 8 rows a register. A 16-element sub-block's 4
-// words of 6-bit quants (0..63) meet the token's words in maddubs, two at a time summed in 16
-// bits (at most 2 x 2 x 63 x 128) and widened by a madd; each sub-block's sum is scaled in float
-// by the rows' d * scale, and the -32 offset comes from the activation's 16-element sums. Per
-// token the float operations do not depend on how many tokens share the pass.
+// without AVX-512, on 8 rows a register. A 16-element sub-block's 4 words of 6-bit quants (0..63)
+// meet the token's words in maddubs, two at a time summed in 16 bits (at most 2 x 2 x 63 x 128);
+// a madd multiplies each pair sum by the rows' signed scale into the block's 32-bit integer sum
+// (at most 16 x 258,048 x 128 in magnitude), and the -32 offset comes from the activation's
+// 16-element sums, so a block ends in one conversion and two FMAs a token. Integer sums equal
+// the row kernels'; per token the float operations do not depend on how many tokens share the
+// pass.
 #include <immintrin.h>
 
 #include <cstring>
@@ -53,12 +55,12 @@ inline __m256i Quants(const uint8_t* ql, const uint8_t* qh) {
 }
 
 // Quarter k of half n of a block for rows 8h..8h+7: two sub-blocks, each 4 weight vectors and,
-// per token, a chain and one fma by the rows' d * scale.
+// per token, a chain multiplied by the rows' scale into the token's integer sum.
 template <int NT, int k>
-inline void SubBlocks(const uint8_t* blk, int n, int h, __m256 d, const BlockQ8_K* const* y,
-                      int64_t b, const PrefetchDistances& ahead, __m256* part) {
-  const __m256i ones = _mm256_set1_epi16(1);
+inline void SubBlocks(const uint8_t* blk, int n, int h, const BlockQ8_K* const* y, int64_t b,
+                      const PrefetchDistances& ahead, __m256i* isum) {
   const __m256i pair = ScalePair(blk, 4 * n + k, h);
+  const __m256i low16 = _mm256_set1_epi32(0xFFFF);
   for (int lh = 0; lh < 2; ++lh) {
     if (h == 0) {  // 16 steps per block, 4 lines each
       const char* step = reinterpret_cast<const char*>(blk) + 256 * (8 * n + 2 * k + lh);
@@ -67,9 +69,10 @@ inline void SubBlocks(const uint8_t* blk, int n, int h, __m256 d, const BlockQ8_
         if (ahead.l2) _mm_prefetch(step + ahead.l2 + o, _MM_HINT_T1);
       }
     }
+    // The sub-block's scale in both 16-bit halves of each lane.
     const __m256i sc =
-        lh ? _mm256_srai_epi32(pair, 16) : _mm256_srai_epi32(_mm256_slli_epi32(pair, 16), 16);
-    const __m256 fsc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+        lh ? _mm256_or_si256(_mm256_srli_epi32(pair, 16), _mm256_andnot_si256(low16, pair))
+           : _mm256_or_si256(_mm256_and_si256(pair, low16), _mm256_slli_epi32(pair, 16));
     __m256i q[4];
     for (int i = 0; i < 4; ++i) {
       const int w = 4 * lh + i;
@@ -82,9 +85,8 @@ inline void SubBlocks(const uint8_t* blk, int n, int h, __m256 d, const BlockQ8_
                                            _mm256_maddubs_epi16(q[1], Word(a + 4)));
       const __m256i c23 = _mm256_add_epi16(_mm256_maddubs_epi16(q[2], Word(a + 8)),
                                            _mm256_maddubs_epi16(q[3], Word(a + 12)));
-      const __m256i c =
-          _mm256_add_epi32(_mm256_madd_epi16(c01, ones), _mm256_madd_epi16(c23, ones));
-      part[t] = _mm256_fmadd_ps(fsc, _mm256_cvtepi32_ps(c), part[t]);
+      isum[t] = _mm256_add_epi32(
+          isum[t], _mm256_add_epi32(_mm256_madd_epi16(c01, sc), _mm256_madd_epi16(c23, sc)));
     }
   }
 }
@@ -101,26 +103,26 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float
       for (int o = kScales; o < kBlockBytes; o += 64)
         _mm_prefetch(reinterpret_cast<const char*>(blk) + 2 * kBlockBytes + o, _MM_HINT_T0);
     for (int h = 0; h < 2; ++h) {
-      const __m256 d =
-          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kD + 16 * h)));
-      __m256 part[NT];
-      for (int t = 0; t < NT; ++t) part[t] = _mm256_setzero_ps();
+      __m256i isum[NT];
+      for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
       for (int n = 0; n < 2; ++n) {
-        SubBlocks<NT, 0>(blk, n, h, d, y, b, ahead, part);
-        SubBlocks<NT, 1>(blk, n, h, d, y, b, ahead, part);
-        SubBlocks<NT, 2>(blk, n, h, d, y, b, ahead, part);
-        SubBlocks<NT, 3>(blk, n, h, d, y, b, ahead, part);
+        SubBlocks<NT, 0>(blk, n, h, y, b, ahead, isum);
+        SubBlocks<NT, 1>(blk, n, h, y, b, ahead, isum);
+        SubBlocks<NT, 2>(blk, n, h, y, b, ahead, isum);
+        SubBlocks<NT, 3>(blk, n, h, y, b, ahead, isum);
       }
       __m256i pairs[8];
       for (int m = 0; m < 8; ++m) pairs[m] = ScalePair(blk, m, h);
-      const __m256 d32 = _mm256_mul_ps(d, _mm256_set1_ps(32.0f));
+      const __m256 d =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kD + 16 * h)));
       for (int t = 0; t < NT; ++t) {
         const BlockQ8_K& yb = y[t][b];
         __m256i off = _mm256_setzero_si256();
         for (int m = 0; m < 8; ++m)
           off = _mm256_add_epi32(off, _mm256_madd_epi16(pairs[m], Word(yb.bsums + 2 * m)));
-        part[t] = _mm256_fnmadd_ps(d32, _mm256_cvtepi32_ps(off), part[t]);
-        acc[t][h] = _mm256_fmadd_ps(part[t], _mm256_set1_ps(yb.d), acc[t][h]);
+        const __m256i s = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(off, 5));  // - 32 * off
+        acc[t][h] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(yb.d)), _mm256_cvtepi32_ps(s),
+                                    acc[t][h]);
       }
     }
   }
