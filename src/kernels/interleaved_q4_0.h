@@ -1,6 +1,6 @@
-// Q4_0 weights laid out for the AVX-512 VNNI kernels, decode and prefill alike: groups of 16
-// rows whose blocks are interleaved, so that one aligned 64-byte load holds 4 quant bytes (8
-// nibbles) of each of the 16 rows. A dpbusd then multiplies 16 rows x 4 nibbles with one
+// Q4_0 weights laid out for the AVX-512 VNNI kernels (and an AVX2 one), decode and prefill alike:
+// groups of 16 rows whose blocks are interleaved, so that one aligned 64-byte load holds 4 quant
+// bytes (8 nibbles) of each of the 16 rows. A dpbusd then multiplies 16 rows x 4 nibbles with one
 // broadcast activation word: no horizontal sum per row, one scale conversion per 16 rows, and
 // every int8 lane of every dpbusd does useful work (the row kernel spends a dpbusd per block on
 // the -8 offset and a cvt/fmadd per 8 lanes). Tokens share each unpacked weight vector and two

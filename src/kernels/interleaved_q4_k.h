@@ -7,6 +7,7 @@
 // 16 * 15 * 127 in magnitude: an int16) that one dpwssd multiplies by the 16 rows' scales, so
 // the products run at about dpbusd's rate and the scale unpacking is shared by the tokens of a
 // register tile.
+// Q4_K's layout has an AVX2 kernel too (interleaved_q4_k_avx2.cpp: maddubs and madd on 8 rows).
 //
 // Same bytes as the plain rows, rearranged in place when the resident weights are loaded, so
 // no second copy of the weights exists. The 12 packed scale bytes of a row hold eight 6-bit

@@ -7,6 +7,7 @@
 // together from their low-nibble and high-bit words in registers, shared by a tile of tokens;
 // each 16-element sub-block's dpbusd chain is scaled in float (d * scale, once per block for
 // every token), and the -32 offset comes from the activation's 16-element sums (dpwssd).
+// The AVX2 tier has a kernel for it too (interleaved_q6_k_avx2.cpp: the same steps on 8 rows).
 //
 // Same bytes as the plain rows, rearranged in place at load. Layout of block b of group g (16
 // rows of one 256-column block, 3,360 bytes, at data + g * 16 * row_bytes + b * 3360):
