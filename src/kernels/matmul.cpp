@@ -148,10 +148,12 @@ enum class Path : uint8_t {
   kReference,      // no dot kernel for a tier (or an odd shape): the scalar reference
   kGemm,           // prefill: AMX tiles over panels of unpacked rows (gemm.h), alone
   kRows,           // the row kernels (FastRows), in the shared ParallelFor
-  kInterleaved,    // interleaved Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K on AVX-512 (interleaved_q*.h),
-                   // 16 rows per step; residual tiers (plain rows) added by FastRows
-  kDeinterleaved,  // interleaved weights where the ISA has no such kernel (a test lowering
-                   // it): each group put back into plain rows in scratch, then FastRows
+  kInterleaved,    // interleaved weights where the tier has their kernel (InterleavedKernelFor:
+                   // every layout on AVX-512, Q4_0 / Q4_K / Q6_K on AVX2), 16 rows per step;
+                   // residual tiers (plain rows) added by FastRows
+  kDeinterleaved,  // interleaved weights where the tier has no such kernel (a store's experts
+                   // read with no backend to rearrange them, a test lowering the tier): each
+                   // group put back into plain rows in scratch, then FastRows
 };
 
 struct JobPlan {
