@@ -99,6 +99,14 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float
         }
       }
     }
+    // Sub-block sums of each token's activation (pairs of its 16-element bsums), as 16-bit pairs
+    // (sums 2p, 2p + 1) in 32-bit elements 0, 1, 4, 5 of its row: both halves' mins meet them.
+    alignas(32) int32_t pairs[NT][8];
+    for (int t = 0; t < NT; ++t) {
+      const __m256i s32 = _mm256_madd_epi16(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(y[t][b].bsums)), ones);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[t]), _mm256_packs_epi32(s32, s32));
+    }
     for (int h = 0; h < 2; ++h) {
       const __m256i mins[4] = {MinPair(meta, 0, h), MinPair(meta, 1, h), MinPair(meta, 2, h),
                                MinPair(meta, 3, h)};
@@ -107,18 +115,12 @@ void GroupDot(const uint8_t* group, int64_t nb, const BlockQ8_K* const* y, float
       const __m256 dmin =
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(meta + kDmin + 16 * h)));
       for (int t = 0; t < NT; ++t) {
-        const BlockQ8_K& yb = y[t][b];
-        // Sub-block sums of the activation (pairs of its 16-element bsums), as 16-bit pairs
-        // (sums 2p, 2p + 1) in 32-bit elements 0, 1, 4, 5 of `pairs`.
-        const __m256i s32 =
-            _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(yb.bsums)), ones);
-        alignas(32) int32_t pairs[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(pairs), _mm256_packs_epi32(s32, s32));
-        __m256i im = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(pairs[0]));
-        im = _mm256_add_epi32(im, _mm256_madd_epi16(mins[1], _mm256_set1_epi32(pairs[1])));
-        im = _mm256_add_epi32(im, _mm256_madd_epi16(mins[2], _mm256_set1_epi32(pairs[4])));
-        im = _mm256_add_epi32(im, _mm256_madd_epi16(mins[3], _mm256_set1_epi32(pairs[5])));
-        const __m256 yd = _mm256_set1_ps(yb.d);
+        const int32_t* pt = pairs[t];
+        __m256i im = _mm256_madd_epi16(mins[0], _mm256_set1_epi32(pt[0]));
+        im = _mm256_add_epi32(im, _mm256_madd_epi16(mins[1], _mm256_set1_epi32(pt[1])));
+        im = _mm256_add_epi32(im, _mm256_madd_epi16(mins[2], _mm256_set1_epi32(pt[4])));
+        im = _mm256_add_epi32(im, _mm256_madd_epi16(mins[3], _mm256_set1_epi32(pt[5])));
+        const __m256 yd = _mm256_set1_ps(y[t][b].d);
         acc[t][h] =
             _mm256_fmadd_ps(_mm256_mul_ps(d, yd), _mm256_cvtepi32_ps(isum[t][h]), acc[t][h]);
         acc[t][h] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, yd), _mm256_cvtepi32_ps(im), acc[t][h]);
